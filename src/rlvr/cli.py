@@ -1,0 +1,196 @@
+"""The `rlvr` command: parse, resolve the config, call one library function.
+
+    rlvr train [CONFIG_FILE | demo] [key=value ...]   train (no arguments: the built-in demo)
+    rlvr eval  [CONFIG_FILE] [key=value ...]          held-out accuracy of a model on a task
+    rlvr sample model=... prompt="..." n=4 [answer=...] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import sys
+from importlib import resources
+from pathlib import Path
+
+from rlvr.config import Config, ConfigError, build_config, load_yaml, parse_overrides
+
+USAGE_ERRORS = (ConfigError, FileNotFoundError, FileExistsError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlvr", description="Reinforcement learning from verifiable rewards (GRPO).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("train", "train a model (no arguments: the built-in demo)"),
+        ("eval", "held-out accuracy and completion length of a model on a task"),
+        ("sample", "print a few completions of one prompt with their rewards"),
+    ):
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=settings_help(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("args", nargs="*", metavar="[CONFIG_FILE] key=value", help="a YAML config and/or settings")
+    ns = parser.parse_args(argv)
+    _quiet_libraries()
+    try:
+        return COMMANDS[ns.command](ns.args)
+    except USAGE_ERRORS + _library_errors() as e:
+        print(f"rlvr {ns.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rlvr {ns.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _quiet_libraries() -> None:
+    """Our own progress and messages only: no per-file loading bars or deprecation notes from libraries."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _library_errors() -> tuple:
+    from rlvr.models import ModelError
+    from rlvr.rewards import RewardError
+    from rlvr.tasks.dataset import DatasetError
+
+    return (ModelError, RewardError, DatasetError)
+
+
+def split_args(args: list[str]) -> tuple[str | None, list[str]]:
+    files = [a for a in args if "=" not in a]
+    if len(files) > 1:
+        raise ConfigError(f"expected at most one config file, got {files}; settings are key=value")
+    return (files[0] if files else None), [a for a in args if "=" in a]
+
+
+def demo_config_path() -> Path:
+    return Path(str(resources.files("rlvr") / "configs" / "demo.yaml"))
+
+
+def resolve_config(args: list[str], default_file: str | None = None) -> Config:
+    """defaults <- (the resumed run's saved config) <- CONFIG_FILE <- key=value."""
+    config_file, overrides = split_args(args)
+    config_file = config_file or default_file
+    if config_file == "demo":
+        config_file = str(demo_config_path())
+    file_values = load_yaml(config_file) if config_file else {}
+    override_values = parse_overrides(overrides)
+    base = {}
+    merged = {**file_values, **override_values}
+    if merged.get("resume") or merged.get("resume_from_checkpoint"):
+        from rlvr.trainer import latest_run_dir
+
+        run_dir = Path(merged["output_dir"]) if merged.get("output_dir") else latest_run_dir()
+        if (run_dir / "config.yaml").is_file():
+            base = load_yaml(run_dir / "config.yaml")
+        base["output_dir"] = str(run_dir)
+    return build_config(base, file_values, override_values)
+
+
+def cmd_train(args: list[str]) -> int:
+    import yaml
+
+    from rlvr.trainer import train
+
+    cfg = resolve_config(args, default_file=None if args else "demo")
+    print(yaml.safe_dump({k: v for k, v in cfg.to_dict().items()}, sort_keys=False).rstrip())
+    train(cfg)
+    return 0
+
+
+def cmd_eval(args: list[str]) -> int:
+    from rich.table import Table
+
+    from rlvr.evaluate import eval_rewards, evaluate, write_result
+    from rlvr.models import eos_token_ids, is_run_dir, load_model
+    from rlvr.monitor import make_console
+    from rlvr.rollout.engine import HFSampler
+    from rlvr.tasks import load_splits, verifier_name
+
+    cfg = resolve_config(args)
+    console = make_console()
+    _, test = load_splits(cfg)
+    test = test[: cfg.eval_max_examples or None]
+    model, tokenizer, path = load_model(cfg.model, cfg.dtype)
+    sampler = HFSampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
+    verifier = verifier_name(cfg)
+    console.print(f"evaluating {path} on {len(test)} {cfg.dataset or cfg.task} problems...")
+    result = evaluate(sampler, tokenizer, test, eval_rewards(cfg, verifier), verifier, cfg)
+    model_dir = Path(cfg.model)
+    out = Path(cfg.eval_output) if cfg.eval_output else (model_dir / "eval.json" if model_dir.is_dir() and is_run_dir(model_dir) else Path("eval.json"))
+    write_result(result, out, {"model": str(path), "task": cfg.dataset or cfg.task, "config": cfg.to_dict()})
+    table = Table(title=f"rlvr eval: {cfg.dataset or cfg.task}")
+    for col in ("model", "n", "accuracy", "mean length", *[f"reward {n}" for n in result.rewards if n != verifier]):
+        table.add_column(col)
+    table.add_row(
+        str(cfg.model), str(result.n), f"{result.accuracy:.1%}", f"{result.mean_completion_length:.1f}",
+        *[f"{v:.3f}" for n, v in result.rewards.items() if n != verifier],
+    )
+    console.print(table)
+    console.print(f"written to {out}")
+    return 0
+
+
+def cmd_sample(args: list[str]) -> int:
+    import torch
+
+    from rlvr.chat import encode_prompts
+    from rlvr.models import eos_token_ids, load_model
+    from rlvr.rewards import RewardSet
+    from rlvr.rollout import SamplingParams
+    from rlvr.rollout.engine import HFSampler
+    from rlvr.tasks import reward_funcs
+    from rlvr.types import Example
+
+    config_file, overrides = split_args(args)
+    values = parse_overrides(overrides)
+    prompt = values.pop("prompt", None)
+    n = values.pop("n", 4)
+    answer = values.pop("answer", None)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ConfigError('sample needs prompt="..." (and optionally n=4, answer=...)')
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"n must be a positive integer, got {n!r}")
+    cfg = build_config(load_yaml(config_file) if config_file else {}, values)
+    model, tokenizer, path = load_model(cfg.model, cfg.dtype)
+    sampler = HFSampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
+    ids = encode_prompts(tokenizer, [prompt], cfg.system_prompt, cfg.max_prompt_length)
+    params = SamplingParams(n=n, max_tokens=cfg.max_completion_length, temperature=cfg.temperature,
+                            top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings)
+    group = sampler.generate(ids, params, torch.Generator().manual_seed(cfg.seed))[0]
+    example = Example(prompt=prompt, answer=None if answer is None else str(answer),
+                      columns={"answer": None if answer is None else str(answer)})
+    scores = RewardSet(reward_funcs(cfg), cfg.reward_weights).score_groups([example], [group])
+    print(f"model: {path}\nprompt: {prompt}\n")
+    for i, r in enumerate(group):
+        shown = ", ".join(f"{k}={'n/a' if v[i] is None else f'{v[i]:g}'}" for k, v in scores.per_func.items())
+        print(f"--- completion {i + 1}/{n}  ({len(r.completion_ids)} tokens, {r.finish_reason})  reward {scores.total[i]:g}  [{shown}]")
+        print(r.text)
+    if answer is None:
+        print("\n(no answer=... given: accuracy rewards are n/a)")
+    return 0
+
+
+def settings_help() -> str:
+    """Every setting with its default and comment, read from Config's source."""
+    lines = ["settings (key=value, or in the YAML file):"]
+    for raw in inspect.getsource(Config).splitlines():
+        m = re.match(r"\s{4}(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$", raw)
+        section = re.match(r"\s{4}# --- (\w[\w ]*?) -+$", raw)
+        if section:
+            lines.append(f"\n  {section.group(1)}:")
+        elif m:
+            default = m.group(2).replace("field(default_factory=dict)", "{}")
+            lines.append(f"    {m.group(1)} = {default}" + (f"   # {m.group(3)}" if m.group(3) else ""))
+    return "\n".join(lines)
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""The whole run configuration: one frozen dataclass, defaults defined once.
+
+Names follow TRL's GRPOConfig wherever TRL has the setting, with TRL's defaults,
+so a TRL recipe ports unchanged.  A config is built from a YAML file, then
+`key=value` overrides (values parsed as YAML, `task_args.digits=2` reaches into
+a mapping), and validated before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- model ---------------------------------------------------------------
+    model: str = "default"  # "default" (embedded SmolLM2-135M-Instruct), a local dir, a run dir, or a hub id
+    dtype: str = "float32"  # weights: float32 | bfloat16
+
+    # --- data ----------------------------------------------------------------
+    task: str = "arithmetic"  # a built-in generated task; ignored when `dataset` is set
+    task_args: dict = field(default_factory=dict)  # the task's own knobs, e.g. {digits: 2, operands: 3}
+    dataset: str | None = None  # hub id, or a local .jsonl / .json / .parquet / .csv file
+    dataset_config: str | None = None
+    dataset_train_split: str = "train"
+    dataset_test_split: str = "test"  # held out from train when the dataset has no such split
+    prompt_column: str | None = None  # default: the first of prompt, question, problem
+    answer_column: str | None = None  # default: the first of answer, solution, ground_truth
+    system_prompt: str | None = None  # text, or "r1" for the built-in think/answer prompt
+    max_prompt_length: int | None = 512  # longer prompts are cut from the left
+
+    # --- rollout -------------------------------------------------------------
+    num_generations: int = 8  # G: completions per prompt (one group)
+    max_completion_length: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k filtering
+    stop_strings: tuple = ()  # generation also stops at any of these (text is cut before it)
+
+    # --- reward --------------------------------------------------------------
+    reward_funcs: tuple | None = None  # built-in names or `package.module:function`; default: the task's verifier
+    reward_weights: tuple | None = None  # one per reward function; default all 1.0
+
+    # --- advantage -----------------------------------------------------------
+    scale_rewards: str = "group"  # group | batch | none
+
+    # --- loss ----------------------------------------------------------------
+    loss_type: str = "dapo"  # grpo | dapo | dr_grpo | bnpo
+    beta: float = 0.0  # KL coefficient; 0 loads no reference model
+    epsilon: float = 0.2
+    epsilon_high: float | None = None  # default: epsilon
+    importance_sampling_level: str = "token"  # token | sequence (GSPO)
+    num_iterations: int = 1  # updates per generated batch
+    mask_truncated_completions: bool = False
+
+    # --- optimisation --------------------------------------------------------
+    learning_rate: float = 1e-6
+    lr_scheduler_type: str = "linear"  # constant | linear | cosine
+    warmup_ratio: float = 0.0
+    warmup_steps: int = 0  # overrides warmup_ratio when > 0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0  # 0 = no clipping
+    per_device_train_batch_size: int = 8  # completions per micro-batch
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
+    max_steps: int = -1  # optimizer steps; -1 = derive from num_train_epochs
+    num_train_epochs: float = 1.0
+    bf16: bool = False  # bf16 autocast for forward passes; weights and optimizer stay fp32
+    gradient_checkpointing: bool = False
+    disable_dropout: bool = True
+    seed: int = 42
+
+    # --- run -----------------------------------------------------------------
+    output_dir: str | None = None  # default: runs/<task>-<date>-<time>
+    resume: bool = False  # continue from the latest checkpoint in output_dir
+    logging_steps: int = 10
+    save_steps: int = 500
+    save_total_limit: int | None = None
+    log_completions: bool = True  # write sample completions to completions.jsonl
+    num_completions_to_print: int = 4  # completions logged per logging step
+
+    # --- evaluation ----------------------------------------------------------
+    eval_on_start: bool = True  # held-out accuracy before training
+    eval_on_end: bool = True  # ... and after it
+    eval_max_examples: int = 200  # 0 = the whole test split
+    eval_temperature: float = 0.0  # 0 = greedy
+    eval_batch_size: int = 64  # prompts per generation call
+    eval_output: str | None = None  # `rlvr eval` result file; default <run dir>/eval.json or ./eval.json
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Prompts sampled for one generation (TRL: generation batch / num_generations)."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps // self.num_generations
+
+    @property
+    def generation_batch_size(self) -> int:
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    @property
+    def epsilon_high_value(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+# TRL / open-r1 spellings accepted for our names.
+ALIASES = {
+    "model_name_or_path": "model",
+    "torch_dtype": "dtype",
+    "dataset_name": "dataset",
+    "dataset_config_name": "dataset_config",
+    "resume_from_checkpoint": "resume",
+}
+
+_TUPLE_FIELDS = {"stop_strings", "reward_funcs", "reward_weights"}
+_CHOICES = {
+    "dtype": ("float32", "bfloat16"),
+    "scale_rewards": ("group", "batch", "none"),
+    "importance_sampling_level": ("token", "sequence"),
+    "lr_scheduler_type": ("constant", "linear", "cosine"),
+}
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`["beta=0.04", "task_args.digits=2"]` -> {"beta": 0.04, "task_args.digits": 2}."""
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"expected key=value, got {item!r}")
+        out[key.strip()] = _parse_value(raw)
+    return out
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        return raw  # a string YAML can't read as anything else, e.g. "a: b"
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def build_config(*sources: dict[str, Any]) -> Config:
+    """Merge mappings left to right onto the defaults, then validate."""
+    values: dict[str, Any] = {}
+    for src in sources:
+        for key, value in src.items():
+            _set(values, str(key), value)
+    for name in _TUPLE_FIELDS:
+        if name in values and values[name] is not None:
+            v = values[name]
+            values[name] = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+    if values.get("scale_rewards") is True:  # TRL's older boolean form
+        values["scale_rewards"] = "group"
+    elif values.get("scale_rewards") is False:
+        values["scale_rewards"] = "none"
+    if values.get("top_k") is None and "top_k" in values:
+        values["top_k"] = 0
+    _check_types(values)
+    cfg = Config(**values)
+    validate(cfg)
+    return cfg
+
+
+def _set(values: dict[str, Any], key: str, value: Any) -> None:
+    head, _, rest = key.partition(".")
+    head = ALIASES.get(head, head)
+    if head not in FIELDS:
+        close = difflib.get_close_matches(head, list(FIELDS) + list(ALIASES), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown setting {head!r}{hint} (see `rlvr train --help` for the list)")
+    if rest:
+        if head != "task_args":
+            raise ConfigError(f"{head!r} is not a mapping, so {key!r} cannot set a key inside it")
+        sub = dict(values.get(head) or {})
+        sub[rest] = value
+        values[head] = sub
+    elif head == "task_args":
+        if not isinstance(value, dict):
+            raise ConfigError(f"task_args must be a mapping, got {value!r}")
+        values[head] = {**(values.get(head) or {}), **value}
+    else:
+        values[head] = value
+
+
+def _check_types(values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        default = FIELDS[name].default
+        if default is dataclasses.MISSING or default is None or value is None:
+            continue
+        want = type(default)
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            values[name] = float(value)
+        elif want is int and isinstance(value, float) and value.is_integer():
+            values[name] = int(value)
+        elif want is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+            values[name] = str(value)
+        elif not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
+            raise ConfigError(f"{name} must be {want.__name__}, got {value!r}")
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError listing every problem; touches no model or dataset."""
+    problems = []
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    for name, choices in _CHOICES.items():
+        need(getattr(cfg, name) in choices, f"{name} must be one of {', '.join(choices)}; got {getattr(cfg, name)!r}")
+    from rlvr.losses import LOSS_TYPES
+
+    need(cfg.loss_type in LOSS_TYPES, f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {cfg.loss_type!r}")
+    need(cfg.num_generations >= 2, f"num_generations must be at least 2 (a group of one has no relative advantage); got {cfg.num_generations}")
+    need(cfg.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1")
+    need(cfg.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be at least 1")
+    if cfg.num_generations >= 2 and cfg.generation_batch_size % cfg.num_generations:
+        g, b = cfg.num_generations, cfg.generation_batch_size
+        problems.append(
+            f"per_device_train_batch_size x gradient_accumulation_steps = {b} completions is not divisible by "
+            f"num_generations = {g}; make it a multiple of {g}, e.g. per_device_train_batch_size={_round_up(b, g)}"
+        )
+    need(cfg.max_completion_length >= 1, "max_completion_length must be at least 1")
+    need(cfg.max_prompt_length is None or cfg.max_prompt_length >= 1, "max_prompt_length must be at least 1 (or null for no limit)")
+    need(cfg.temperature > 0, f"temperature must be > 0 for training rollouts; got {cfg.temperature}")
+    need(cfg.eval_temperature >= 0, "eval_temperature must be >= 0 (0 = greedy)")
+    need(0 < cfg.top_p <= 1, f"top_p must be in (0, 1]; got {cfg.top_p}")
+    need(cfg.top_k >= 0, f"top_k must be >= 0 (0 = off); got {cfg.top_k}")
+    need(all(isinstance(s, str) and s for s in cfg.stop_strings), "stop_strings must be non-empty strings")
+    need(cfg.beta >= 0, f"beta must be >= 0; got {cfg.beta}")
+    need(cfg.epsilon > 0, f"epsilon must be > 0; got {cfg.epsilon}")
+    need(cfg.epsilon_high is None or cfg.epsilon_high >= cfg.epsilon, "epsilon_high must be >= epsilon")
+    need(cfg.num_iterations >= 1, "num_iterations must be at least 1")
+    need(cfg.learning_rate > 0, f"learning_rate must be > 0; got {cfg.learning_rate}")
+    need(0 <= cfg.warmup_ratio < 1, "warmup_ratio must be in [0, 1)")
+    need(cfg.warmup_steps >= 0, "warmup_steps must be >= 0")
+    need(cfg.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 = no clipping)")
+    need(cfg.max_steps == -1 or cfg.max_steps >= 1, "max_steps must be -1 (use num_train_epochs) or at least 1")
+    need(cfg.max_steps != -1 or cfg.num_train_epochs > 0, "num_train_epochs must be > 0 when max_steps is -1")
+    need(cfg.logging_steps >= 1, "logging_steps must be at least 1")
+    need(cfg.save_steps >= 1, "save_steps must be at least 1")
+    need(cfg.save_total_limit is None or cfg.save_total_limit >= 1, "save_total_limit must be at least 1 (or null to keep all)")
+    need(cfg.eval_max_examples >= 0, "eval_max_examples must be >= 0 (0 = all)")
+    need(cfg.eval_batch_size >= 1, "eval_batch_size must be at least 1")
+    need(cfg.num_completions_to_print >= 0, "num_completions_to_print must be >= 0")
+    need(cfg.reward_funcs is None or len(cfg.reward_funcs) >= 1, "reward_funcs must name at least one reward function")
+    if cfg.reward_weights is not None and cfg.reward_funcs is None:
+        problems.append("reward_weights needs reward_funcs: name the functions the weights belong to")
+    elif cfg.reward_weights is not None:
+        need(
+            len(cfg.reward_weights) == len(cfg.reward_funcs),
+            f"reward_weights has {len(cfg.reward_weights)} values but reward_funcs has {len(cfg.reward_funcs)}; give one weight per function",
+        )
+        need(all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in cfg.reward_weights), "reward_weights must be numbers")
+    problems += _check_names(cfg)
+    problems += _check_paths(cfg)
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def _check_names(cfg: Config) -> list[str]:
+    from rlvr.rewards import resolve_reward
+    from rlvr.tasks import TASKS
+
+    problems = []
+    for name in cfg.reward_funcs or ():
+        try:
+            resolve_reward(name)
+        except (ValueError, ImportError, AttributeError) as e:
+            problems.append(str(e))
+    if cfg.dataset is None and cfg.task not in TASKS:
+        problems.append(f"unknown task {cfg.task!r}; built-in tasks: {', '.join(TASKS)} (or set dataset=...)")
+    elif cfg.dataset is None:
+        try:
+            TASKS[cfg.task].check_args(cfg.task_args)
+        except (TypeError, ValueError) as e:
+            problems.append(f"task_args for {cfg.task!r}: {e}")
+    return problems
+
+
+def _check_paths(cfg: Config) -> list[str]:
+    problems = []
+    if _looks_local(cfg.model) and not Path(cfg.model).expanduser().exists():
+        problems.append(f"model directory not found: {cfg.model}")
+    if cfg.dataset and _looks_local(cfg.dataset) and not Path(cfg.dataset).expanduser().exists():
+        problems.append(f"dataset file not found: {cfg.dataset}")
+    if cfg.resume and cfg.output_dir and not Path(cfg.output_dir).is_dir():
+        problems.append(f"resume=true but output_dir {cfg.output_dir} does not exist")
+    return problems
+
+
+def _looks_local(name: str) -> bool:
+    """A path rather than a hub id: starts like a path, has a file suffix, or exists."""
+    if name == "default":
+        return False
+    if name.startswith((".", "/", "~")) or Path(name).suffix in {".jsonl", ".json", ".parquet", ".csv"}:
+        return True
+    return Path(name).exists() or name.count("/") > 1
+
+
+def _round_up(n: int, k: int) -> int:
+    return ((n + k - 1) // k) * k
+
+
+def load_config(config_file: str | None, overrides: list[str], base: dict[str, Any] | None = None) -> Config:
+    """The resolved config for the CLI: defaults <- base <- file <- key=value overrides."""
+    sources = [base or {}]
+    if config_file:
+        sources.append(load_yaml(config_file))
+    sources.append(parse_overrides(overrides))
+    return build_config(*sources)
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))

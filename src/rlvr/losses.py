@@ -1,0 +1,160 @@
+"""The clipped policy-gradient loss of GRPO and its variants, as pure functions.
+
+Per completion token t of completion i (PPO, https://arxiv.org/abs/1707.06347):
+
+    w_it  = exp(logp_it - old_logp_it)                     token-level ratio
+            exp(mean_t(logp_it - old_logp_it))             sequence-level (GSPO, https://arxiv.org/abs/2507.18071)
+    l_it  = -min(w_it * A_i, clip(w_it, 1 - eps, 1 + eps_high) * A_i)
+          + beta * KL_it                                   k3 estimator, below
+
+    KL_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1  (k3, http://joschu.net/blog/kl-approx.html)
+
+`eps_high` > `eps` is DAPO's clip-higher (https://arxiv.org/abs/2503.14476).
+The per-token losses are then aggregated over the masked tokens by `loss_type`:
+
+    grpo     sum_i (sum_t l_it / |o_i|) / N          mean per completion, then over completions
+    dapo     sum_it l_it / (number of tokens)        every token weighs the same
+    dr_grpo  sum_it l_it / (N * max_completion_length)   (Dr. GRPO, https://arxiv.org/abs/2503.20783)
+    bnpo     sum_it l_it / (tokens of this micro-batch)  normalised per micro-batch, then averaged
+
+N and the token count are totals over the whole accumulated batch (`LossNorm`),
+so with gradient accumulation the summed micro-batch losses equal the loss of
+one big batch for grpo, dapo and dr_grpo.  bnpo, as in TRL, normalises each
+micro-batch by its own tokens and so depends on how the batch is split.
+
+Masked tokens contribute exactly zero loss and zero gradient (they are selected
+out with `where`, never multiplied, so an inf ratio at a padded position cannot
+leak a NaN).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossNorm:
+    """Totals over the whole accumulated batch that the aggregations divide by."""
+
+    num_sequences: int
+    num_tokens: int
+    max_completion_length: int
+    num_micro_batches: int = 1
+
+
+def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8):
+    """log softmax(logits)[ids] and the entropy of each position, computed a few rows
+    at a time so that the full [B, T, V] log-softmax is never held at once.
+
+    logits [B, T, V], ids [B, T] -> (logprobs [B, T], entropy [B, T]); entropy has no grad.
+    """
+    logps, ents = [], []
+    for lo in range(0, logits.shape[0], chunk):
+        block = logits[lo : lo + chunk].float()
+        lse = torch.logsumexp(block, dim=-1)
+        logps.append(block.gather(-1, ids[lo : lo + chunk, :, None]).squeeze(-1) - lse)
+        with torch.no_grad():
+            probs = torch.softmax(block, dim=-1)
+            ents.append(lse - (probs * block).sum(-1))
+    return torch.cat(logps), torch.cat(ents)
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref): exp(r) - r - 1 with r = ref - logp; always >= 0."""
+    r = ref_logprobs - logprobs
+    return torch.exp(r) - r - 1
+
+
+def importance_log_weights(logprobs, old_logprobs, mask, level: str = "token") -> torch.Tensor:
+    """log w: [B, T] per token, or [B, 1] per sequence (mean log-ratio over the completion)."""
+    log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        return (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1))[:, None]
+    raise ValueError(f"importance_sampling_level must be token or sequence; got {level!r}")
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    norm: LossNorm,
+    *,
+    loss_type: str = "dapo",
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    importance_sampling_level: str = "token",
+    beta: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+):
+    """Loss of one micro-batch and its metrics (sums, so micro-batches can be added up).
+
+    logprobs, old_logprobs, ref_logprobs, mask: [B, T]; advantages: [B].
+    Returns (loss, metrics) where metrics maps names to 0-dim tensors of *sums over
+    masked tokens* ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region", "kl")
+    that the caller divides by the token count.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {loss_type!r}")
+    mask = mask.bool()
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    # Padded positions may hold anything; zero them before any exp so no inf * 0 reaches a gradient.
+    logprobs, old_logprobs = _masked(logprobs, mask), _masked(old_logprobs, mask)
+    ref_logprobs = None if ref_logprobs is None else _masked(ref_logprobs, mask)
+    log_w = importance_log_weights(logprobs, old_logprobs, mask, importance_sampling_level)
+    ratio = torch.exp(log_w)
+    adv = advantages[:, None].to(logprobs.dtype)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    if per_token.shape != mask.shape:  # sequence-level weights broadcast over tokens
+        per_token = per_token.expand_as(mask)
+    metrics = {}
+    if beta > 0:
+        if ref_logprobs is None:
+            raise ValueError("beta > 0 needs ref_logprobs")
+        kl = kl_k3(logprobs, ref_logprobs)
+        per_token = per_token + beta * kl
+        metrics["kl"] = torch.where(mask, kl, 0.0).sum().detach()
+    per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
+    loss = LOSS_TYPES[loss_type](per_token, mask, norm)
+
+    with torch.no_grad():
+        r = ratio.expand_as(mask)
+        low = (r < 1 - epsilon) & (adv < 0) & mask
+        high = (r > 1 + eps_high) & (adv > 0) & mask
+        metrics["clip_ratio/low"] = low.sum().float()
+        metrics["clip_ratio/high"] = high.sum().float()
+        metrics["clip_ratio/region"] = (low | high).sum().float()
+    return loss, metrics
+
+
+def _masked(t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, t, torch.zeros_like(t))
+
+
+# --- aggregation: per-token losses (zero where masked) -> scalar -----------------------
+
+
+def _grpo(per_token, mask, norm: LossNorm):
+    per_seq = per_token.sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq.sum() / max(norm.num_sequences, 1)
+
+
+def _dapo(per_token, mask, norm: LossNorm):
+    return per_token.sum() / max(norm.num_tokens, 1)
+
+
+def _dr_grpo(per_token, mask, norm: LossNorm):
+    return per_token.sum() / (max(norm.num_sequences, 1) * norm.max_completion_length)
+
+
+def _bnpo(per_token, mask, norm: LossNorm):
+    return per_token.sum() / mask.sum().clamp(min=1) / norm.num_micro_batches
+
+
+LOSS_TYPES = {"grpo": _grpo, "dapo": _dapo, "dr_grpo": _dr_grpo, "bnpo": _bnpo}

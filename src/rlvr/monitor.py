@@ -1,0 +1,116 @@
+"""Metrics: the per-step numbers, metrics.jsonl, sample completions and the progress bar.
+
+Metric names follow TRL's (reward, reward_std, rewards/<fn>/mean,
+frac_reward_zero_std, kl, entropy, clip_ratio/..., completions/...), so
+dashboards built for TRL keep working.  Each line of metrics.jsonl averages the
+steps since the previous line (every `logging_steps` optimizer steps).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class MetricsLog:
+    """Averages step metrics over the logging window and appends them to metrics.jsonl."""
+
+    def __init__(self, output_dir: Path, logging_steps: int):
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.completions_path = Path(output_dir) / "completions.jsonl"
+        self.logging_steps = logging_steps
+        self.window: list[dict] = []
+
+    def add(self, step: int, metrics: dict, force: bool = False) -> dict | None:
+        """Record one step; returns the logged line when this step closes a window."""
+        self.window.append(metrics)
+        if step % self.logging_steps and not force:
+            return None
+        line = {"step": step, **_average(self.window)}
+        self.window = []
+        with self.path.open("a") as f:
+            f.write(json.dumps(_finite(line)) + "\n")
+        return line
+
+    def add_completions(self, step: int, rows: list[dict]) -> None:
+        with self.completions_path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n")
+
+    def state_dict(self) -> dict:
+        return {"window": self.window}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.window = list(state.get("window", []))
+
+
+def _average(window: list[dict]) -> dict:
+    keys = dict.fromkeys(k for m in window for k in m)
+    out = {}
+    for k in keys:
+        vals = [m[k] for m in window if k in m and m[k] is not None and not _isnan(m[k])]
+        if k.endswith("/min"):
+            out[k] = min(vals) if vals else None
+        elif k.endswith("/max"):
+            out[k] = max(vals) if vals else None
+        else:
+            out[k] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def _isnan(v) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _finite(line: dict) -> dict:
+    """JSON has no NaN or infinity: such values are written as null."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in line.items()}
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def make_console() -> Console:
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+
+
+def make_progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("reward {task.fields[reward]}"),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def format_log_line(line: dict, total_steps: int) -> str:
+    def f(key, fmt="{:.3f}"):
+        v = line.get(key)
+        return "-" if v is None else fmt.format(v)
+
+    parts = [
+        f"step {line['step']}/{total_steps}",
+        f"reward {f('reward')}",
+        f"reward_std {f('reward_std')}",
+        f"zero_std {f('frac_reward_zero_std', '{:.2f}')}",
+        f"loss {f('loss', '{:.4f}')}",
+        f"len {f('completions/mean_length', '{:.1f}')}",
+        f"{f('step_time', '{:.1f}')}s/step",
+    ]
+    if line.get("kl") is not None:
+        parts.insert(4, f"kl {f('kl', '{:.4f}')}")
+    return "  ".join(parts)

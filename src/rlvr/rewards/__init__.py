@@ -1,0 +1,137 @@
+"""Reward functions: the registry, user plug-ins, and scoring a batch with weights.
+
+A reward function has TRL's signature
+
+    fn(completions, **kwargs) -> list[float | None]
+
+where `completions` holds one entry per completion (text, or a one-message list
+for chat prompts) and kwargs carries `prompts`, `completion_ids` and every
+dataset column (e.g. `answer`) as lists aligned with the completions.  None
+means "not applicable": it is left out of that function's mean and counts as 0
+in the weighted total (TRL's nansum).
+
+Names are the built-ins below, or `package.module:function`, or
+`path/to/file.py:function` for your own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from math import isfinite, nan
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rlvr.rewards.format import boxed_format, think_answer_format
+from rlvr.rewards.math import accuracy, numeric_accuracy, signed_accuracy
+from rlvr.types import Example, Rollout
+
+RewardFn = Callable[..., list]
+
+
+class RewardError(RuntimeError):
+    pass
+
+
+def resolve_reward(name: str) -> RewardFn:
+    """A built-in name or a dotted / file path to a function; errors list the choices."""
+    if name in REWARDS:
+        return REWARDS[name]
+    if ":" not in name:
+        raise ValueError(
+            f"unknown reward function {name!r}; built-in: {', '.join(REWARDS)}, "
+            "or give your own as package.module:function or path/to/file.py:function"
+        )
+    target, _, attr = name.rpartition(":")
+    if target.endswith(".py"):
+        path = Path(target).expanduser()
+        if not path.is_file():
+            raise ValueError(f"reward function file not found: {path}")
+        spec = importlib.util.spec_from_file_location(f"rlvr_user_reward_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            raise ValueError(f"reward function {name!r}: cannot import {target!r} ({e})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"reward function {name!r}: {target!r} has no function {attr!r}")
+    return fn
+
+
+def reward_name(name: str) -> str:
+    """Short name used in metrics: `pkg.mod:my_reward` -> `my_reward`."""
+    return name.rpartition(":")[2]
+
+
+@dataclass
+class Scores:
+    total: list[float]  # weighted sum per completion (None counts as 0)
+    per_func: dict[str, list[float | None]]
+
+    def mean(self, name: str) -> float:
+        vals = [v for v in self.per_func[name] if v is not None]
+        return sum(vals) / len(vals) if vals else nan
+
+
+class RewardSet:
+    """The configured reward functions with their weights."""
+
+    def __init__(self, names, weights=None):
+        self.names = [reward_name(n) for n in names]
+        self.fns = [resolve_reward(n) for n in names]
+        self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(self.fns)
+
+    def score_groups(self, examples: list[Example], groups: list[list[Rollout]]) -> Scores:
+        """Score every rollout of every group; group i belongs to examples[i]."""
+        rows = [(ex, r) for ex, group in zip(examples, groups) for r in group]
+        keys = dict.fromkeys(k for ex in examples for k in ex.columns)
+        columns = {k: [ex.columns.get(k) for ex, _ in rows] for k in keys}
+        columns.setdefault("answer", [ex.answer for ex, _ in rows])
+        completions = [
+            [{"role": "assistant", "content": r.text}] if ex.is_conversational else r.text for ex, r in rows
+        ]
+        prompts = [ex.prompt for ex, _ in rows]
+        return self.score(prompts, completions, [r.completion_ids for _, r in rows], columns)
+
+    def score(self, prompts, completions, completion_ids, columns: dict[str, list]) -> Scores:
+        n = len(completions)
+        per_func = {}
+        for name, fn in zip(self.names, self.fns):
+            try:
+                values = fn(completions=completions, prompts=prompts, completion_ids=completion_ids, **columns)
+            except Exception as e:
+                raise RewardError(f"reward function {name!r} raised {e.__class__.__name__}: {e}") from e
+            per_func[name] = _check_output(name, values, n)
+        total = [
+            sum(w * v for w, v in zip(self.weights, vals) if v is not None)
+            for vals in zip(*(per_func[name] for name in self.names))
+        ]
+        return Scores(total=total, per_func=per_func)
+
+
+def _check_output(name: str, values, n: int) -> list[float | None]:
+    if not isinstance(values, (list, tuple)) or len(values) != n:
+        got = f"{type(values).__name__} of length {len(values)}" if hasattr(values, "__len__") else repr(values)
+        raise RewardError(f"reward function {name!r} must return a list of {n} floats or None, got {got}")
+    out = []
+    for v in values:
+        if v is None:
+            out.append(None)
+        elif isinstance(v, (int, float)) and isfinite(v):  # bools count as 1 / 0
+            out.append(float(v))
+        else:
+            raise RewardError(f"reward function {name!r} returned {v!r}; rewards must be finite numbers or None")
+    return out
+
+
+REWARDS: dict[str, RewardFn] = {
+    "accuracy": accuracy,
+    "numeric_accuracy": numeric_accuracy,
+    "signed_accuracy": signed_accuracy,
+    "format": think_answer_format,
+    "boxed_format": boxed_format,
+}

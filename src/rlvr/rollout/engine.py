@@ -1,0 +1,120 @@
+"""The in-process sampler: a Hugging Face causal LM decoding with a KV cache.
+
+Each prompt is prefilled once; its cache is then repeated for the n completions
+of its group.  Rows that finish (EOS or a stop string) are dropped from the
+cache, so the remaining rows decode without carrying dead ones.  The model is
+put in eval mode (dropout off) for the call and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.sampling import sample_next
+from rlvr.types import Rollout
+
+
+class HFSampler:
+    def __init__(self, model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos = set(eos_token_ids)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]
+        self.max_batch_size = max_batch_size  # sequences decoded together
+        self.bf16 = bf16
+        # transformers 5 renamed the forward argument `past_key_values` to `cache`.
+        params = inspect.signature(model.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("cannot sample from an empty prompt")
+        per_chunk = max(1, self.max_batch_size // params.n)
+        out = []
+        for lo in range(0, len(prompt_ids), per_chunk):
+            out += self._generate_chunk(prompt_ids[lo : lo + per_chunk], params, generator)
+        return out
+
+    @torch.inference_mode()
+    def _generate_chunk(self, prompts, params: SamplingParams, generator):
+        model, n = self.model, params.n
+        was_training = model.training
+        model.eval()
+        try:
+            with self._autocast():
+                rows = self._decode(prompts, params, generator)
+        finally:
+            model.train(was_training)
+        tokens, logps, finish = rows
+        out = []
+        for i, prompt in enumerate(prompts):
+            group = []
+            for r in range(i * n, (i + 1) * n):
+                group.append(Rollout(list(prompt), tokens[r], logps[r], finish[r] or "length", self._text(tokens[r], params)))
+            out.append(group)
+        return out
+
+    def _decode(self, prompts, params: SamplingParams, generator):
+        model, n = self.model, params.n
+        device = next(model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):  # left padding: every prompt ends at the last column
+            ids[i, width - len(p) :] = torch.tensor(p, device=device)
+            mask[i, width - len(p) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
+        logits = out.logits[:, -1].repeat_interleave(n, dim=0)
+        cache.batch_repeat_interleave(n)
+        mask = mask.repeat_interleave(n, dim=0)
+        next_pos = positions[:, -1:].repeat_interleave(n, dim=0) + 1
+
+        total = len(prompts) * n
+        rows = torch.arange(total)  # which completion each live cache row belongs to
+        tokens = [[] for _ in range(total)]
+        logps = [[] for _ in range(total)]
+        finish: list[str | None] = [None] * total
+        for step in range(params.max_tokens):
+            tok, lp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator)
+            for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
+                tokens[r].append(t)
+                logps[r].append(l)
+                if t in self.eos or (params.stop_strings and self._hit_stop(tokens[r], params.stop_strings)):
+                    finish[r] = "stop"
+            live = [j for j, r in enumerate(rows.tolist()) if finish[r] is None]
+            if not live or step == params.max_tokens - 1:
+                break
+            if len(live) < len(rows):
+                keep = torch.tensor(live, device=device)
+                cache.batch_select_indices(keep)
+                rows, tok, mask, next_pos = rows[keep.cpu()], tok[keep], mask[keep], next_pos[keep]
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **{self.cache_arg: cache})
+            logits = out.logits[:, -1]
+            next_pos = next_pos + 1
+        return tokens, logps, finish
+
+    def _hit_stop(self, ids: list[int], stops) -> bool:
+        window = max(len(s) for s in stops) + 2  # every token decodes to at least one character
+        tail = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
+        return any(s in tail for s in stops)
+
+    def _text(self, ids: list[int], params: SamplingParams) -> str:
+        if ids and ids[-1] in self.eos:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cuts = [text.find(s) for s in params.stop_strings if s in text]
+        return text[: min(cuts)] if cuts else text
+
+    def _autocast(self):
+        if not self.bf16:
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)

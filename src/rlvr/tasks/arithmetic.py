@@ -1,0 +1,121 @@
+"""A generated arithmetic task: "What is 7 + 5 - 3?", answered in \\boxed{}.
+
+Problems are drawn from a seeded generator; the test split is drawn first and
+no test problem ever appears in the train split.  Difficulty knobs (task_args):
+
+    digits     digits per operand (1: 0-9, 2: 10-99, ...)            default 1
+    operands   numbers per problem                                    default 2
+    operators  string of operators to draw from, among "+-*"          default "+"
+    num_train  train problems                                         default 5000
+    num_test   test problems                                          default 500
+    seed       generator seed (default: the run's seed)
+
+When the problem space is small (1 digit, 2 operands, "+" has 100 problems)
+the splits are a shuffled partition of all problems, so num_train shrinks to
+what is left after the test split.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from rlvr.types import Example
+
+DEFAULTS = {"digits": 1, "operands": 2, "operators": "+", "num_train": 5000, "num_test": 500, "seed": None}
+INSTRUCTION = "What is {expr}? Put your final answer in \\boxed{{}}."
+_ENUMERATE_BELOW = 200_000
+
+
+class ArithmeticTask:
+    name = "arithmetic"
+    verifier = "numeric_accuracy"  # a number equal to the result; boxing the question earns nothing
+
+    @staticmethod
+    def check_args(args: dict) -> dict:
+        unknown = set(args) - set(DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        a = {**DEFAULTS, **args}
+        for key in ("digits", "operands", "num_train", "num_test"):
+            if not isinstance(a[key], int) or isinstance(a[key], bool) or a[key] < 1:
+                raise ValueError(f"{key} must be a positive integer, got {a[key]!r}")
+        if a["operands"] < 2:
+            raise ValueError("operands must be at least 2")
+        if a["digits"] > 9:
+            raise ValueError("digits must be at most 9")
+        ops = a["operators"]
+        if not isinstance(ops, str) or not ops or set(ops) - set("+-*"):
+            raise ValueError(f"operators must be a non-empty string of + - *, got {ops!r}")
+        if a["num_test"] >= space_size(a):
+            raise ValueError(f"num_test={a['num_test']} leaves no train problems: only {space_size(a)} distinct problems exist")
+        return a
+
+    @classmethod
+    def splits(cls, args: dict, seed: int) -> tuple[list[Example], list[Example]]:
+        a = cls.check_args(args)
+        rng = random.Random(seed if a["seed"] is None else a["seed"])
+        if space_size(a) <= _ENUMERATE_BELOW:
+            problems = list(_all_problems(a))
+            rng.shuffle(problems)
+            test = problems[: a["num_test"]]
+            train = problems[a["num_test"] : a["num_test"] + a["num_train"]]
+        else:
+            test = _draw(rng, a, a["num_test"], exclude=set())
+            train = _draw(rng, a, a["num_train"], exclude=set(test))
+        return [_example(p) for p in train], [_example(p) for p in test]
+
+
+def space_size(a: dict) -> int:
+    per_operand = 10 if a["digits"] == 1 else 9 * 10 ** (a["digits"] - 1)
+    return per_operand ** a["operands"] * len(set(a["operators"])) ** (a["operands"] - 1)
+
+
+def _operand_range(digits: int) -> range:
+    return range(0, 10) if digits == 1 else range(10 ** (digits - 1), 10**digits)
+
+
+def _all_problems(a: dict):
+    r = _operand_range(a["digits"])
+    ops = sorted(set(a["operators"]))
+    for nums in itertools.product(r, repeat=a["operands"]):
+        for chosen in itertools.product(ops, repeat=a["operands"] - 1):
+            yield _expr(nums, chosen)
+
+
+def _draw(rng: random.Random, a: dict, n: int, exclude: set) -> list[str]:
+    r = _operand_range(a["digits"])
+    ops = sorted(set(a["operators"]))
+    seen, out = set(exclude), []
+    while len(out) < n:
+        nums = [rng.choice(r) for _ in range(a["operands"])]
+        expr = _expr(nums, [rng.choice(ops) for _ in range(a["operands"] - 1)])
+        if expr not in seen:
+            seen.add(expr)
+            out.append(expr)
+    return out
+
+
+def _expr(nums, ops) -> str:
+    parts = [str(nums[0])]
+    for op, n in zip(ops, nums[1:]):
+        parts += [op, str(n)]
+    return " ".join(parts)
+
+
+def evaluate_expression(expr: str) -> int:
+    """Value of "a op b op c ..." with * before + and -, without eval()."""
+    tokens = expr.split()
+    terms, signs = [int(tokens[0])], [1]
+    for op, num in zip(tokens[1::2], tokens[2::2]):
+        if op == "*":
+            terms[-1] *= int(num)
+        else:
+            terms.append(int(num))
+            signs.append(1 if op == "+" else -1)
+    return sum(s * t for s, t in zip(signs, terms))
+
+
+def _example(expr: str) -> Example:
+    answer = str(evaluate_expression(expr))
+    return Example(prompt=INSTRUCTION.format(expr=expr), answer=answer, columns={"answer": answer, "expression": expr})

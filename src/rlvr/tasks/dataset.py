@@ -1,0 +1,106 @@
+"""Examples from a `datasets` dataset: a hub id or a local JSONL / JSON / Parquet / CSV file.
+
+The prompt column holds plain text or a list of chat messages ({role, content}),
+as in trl-lib/DeepMath-103K.  The reference answer is copied into the column
+`answer` (which the built-in rewards read); every column except the prompt
+reaches the reward functions as a keyword argument, as in TRL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlvr.types import Example
+
+PROMPT_COLUMNS = ("prompt", "question", "problem")
+ANSWER_COLUMNS = ("answer", "solution", "ground_truth")
+_LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+HOLDOUT_FRACTION = 0.1
+HOLDOUT_MAX = 1000
+
+
+class DatasetError(ValueError):
+    pass
+
+
+def load_splits(cfg) -> tuple[list[Example], list[Example]]:
+    """(train, test) examples; the test split is held out of train when the dataset has none."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    dd = _load(cfg.dataset, cfg.dataset_config)
+    if cfg.dataset_train_split not in dd:
+        raise DatasetError(f"{cfg.dataset} has no split {cfg.dataset_train_split!r}; splits: {', '.join(dd)}")
+    train = dd[cfg.dataset_train_split]
+    if cfg.dataset_test_split in dd:
+        test = dd[cfg.dataset_test_split]
+    else:
+        n_test = max(1, min(HOLDOUT_MAX, int(len(train) * HOLDOUT_FRACTION)))
+        if len(train) < 2:
+            raise DatasetError(f"{cfg.dataset} has {len(train)} rows; need at least 2 to hold out a test split")
+        parts = train.train_test_split(test_size=n_test, seed=cfg.seed, shuffle=True)
+        train, test = parts["train"], parts["test"]
+    prompt_col = _pick(train.column_names, cfg.prompt_column, PROMPT_COLUMNS, "prompt", cfg.dataset)
+    answer_col = _pick(train.column_names, cfg.answer_column, ANSWER_COLUMNS, "answer", cfg.dataset, required=False)
+    return _examples(train, prompt_col, answer_col, "train"), _examples(test, prompt_col, answer_col, "test")
+
+
+def _load(name: str, config: str | None):
+    import datasets
+
+    path = Path(name).expanduser()
+    try:
+        if path.suffix in _LOCAL_FORMATS:
+            if not path.is_file():
+                raise DatasetError(f"dataset file not found: {path}")
+            return datasets.load_dataset(_LOCAL_FORMATS[path.suffix], data_files={"train": str(path)})
+        if path.is_dir():
+            return datasets.load_dataset(str(path), config)
+        return datasets.load_dataset(name, config)
+    except DatasetError:
+        raise
+    except Exception as e:  # datasets raises many types; the user needs the file and the reason
+        raise DatasetError(f"could not load dataset {name!r}: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+def _pick(columns, configured, candidates, what, name, required=True):
+    if configured is not None:
+        if configured not in columns:
+            raise DatasetError(f"{what}_column={configured!r} is not a column of {name}; columns: {', '.join(columns)}")
+        return configured
+    for c in candidates:
+        if c in columns:
+            return c
+    if required:
+        raise DatasetError(
+            f"{name} has no {what} column (looked for {', '.join(candidates)}); columns: {', '.join(columns)}. "
+            f"Set {what}_column=<name>"
+        )
+    return None
+
+
+def _examples(ds, prompt_col: str, answer_col: str | None, split: str) -> list[Example]:
+    out = []
+    for i, row in enumerate(ds):
+        prompt = row[prompt_col]
+        _check_prompt(prompt, i, split, prompt_col)
+        answer = row.get(answer_col) if answer_col else None
+        answer = None if answer is None else str(answer)
+        columns = {k: v for k, v in row.items() if k != prompt_col}
+        columns["answer"] = answer
+        out.append(Example(prompt=prompt, answer=answer, columns=columns))
+    return out
+
+
+def _check_prompt(prompt, i: int, split: str, col: str) -> None:
+    where = f"{split} row {i}, column {col!r}"
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DatasetError(f"{where}: the prompt is empty")
+        return
+    if isinstance(prompt, list) and prompt:
+        for m in prompt:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise DatasetError(f"{where}: each chat message must be {{role: str, content: str}}, got {m!r}")
+        return
+    raise DatasetError(f"{where}: the prompt must be text or a list of chat messages, got {type(prompt).__name__}: {prompt!r:.80}")

@@ -1,0 +1,151 @@
+"""The data passed between the four stages of a step.
+
+    Example  --rollout-->  Rollout (x G per example, one group)  --reward-->  rewards
+             --advantage-->  advantages  --update-->  loss
+
+An Example is one dataset row: the prompt, the reference answer and every other
+column (those reach the reward functions as keyword arguments, as in TRL).
+A Rollout is one sampled completion of one prompt.  A Batch is what the update
+stage consumes: padded token tensors plus one advantage per completion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+
+Message = dict[str, str]
+Prompt = Union[str, list[Message]]
+# What a reward function receives for one completion: plain text when the prompt
+# was plain text, a one-message list [{"role": "assistant", "content": ...}] when
+# the prompt was a list of chat messages (TRL's convention, so TRL reward
+# functions work unchanged).
+Completion = Union[str, list[Message]]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt with its reference answer and any extra dataset columns."""
+
+    prompt: Prompt
+    answer: str | None = None
+    columns: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_conversational(self) -> bool:
+        return isinstance(self.prompt, list)
+
+
+@dataclass
+class Rollout:
+    """One sampled completion.
+
+    `logprobs[t]` is the log-probability of `completion_ids[t]` under the
+    sampling distribution softmax(logits / temperature), before top-k / top-p
+    truncation (the same quantity the update computes, so the two can be
+    compared).  `finish_reason` is "stop" (EOS or a stop string) or "length"
+    (hit max_completion_length).  `text` is the decoded completion without the
+    EOS token and cut before a matched stop string.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass
+class Batch:
+    """Completions ready for the update: prompts left-padded, completions right-padded.
+
+    Row i is prompt_ids[i] (masked by prompt_mask) followed by completion_ids[i]
+    (masked by completion_mask).  `advantages` holds one value per completion.
+    `old_logprobs` is filled before the first update when num_iterations > 1
+    (otherwise the current log-probs, detached, stand in for them);
+    `ref_logprobs` when beta > 0.
+    """
+
+    prompt_ids: torch.Tensor  # [B, P] long
+    prompt_mask: torch.Tensor  # [B, P] bool
+    completion_ids: torch.Tensor  # [B, T] long
+    completion_mask: torch.Tensor  # [B, T] bool
+    advantages: torch.Tensor  # [B] float
+    old_logprobs: torch.Tensor | None = None  # [B, T]
+    ref_logprobs: torch.Tensor | None = None  # [B, T]
+
+    @classmethod
+    def from_rollouts(cls, rollouts: list[Rollout], advantages: torch.Tensor, keep: torch.Tensor, pad_id: int, mask_truncated: bool) -> "Batch":
+        """The rollouts where `keep` is True; with mask_truncated, a truncated completion is fully masked."""
+        rows = [r for r, k in zip(rollouts, keep.tolist()) if k]
+        n = len(rows)
+        p_width = max((len(r.prompt_ids) for r in rows), default=0)
+        c_width = max((len(r.completion_ids) for r in rows), default=0)
+        prompt_ids = torch.full((n, p_width), pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((n, p_width), dtype=torch.bool)
+        completion_ids = torch.full((n, c_width), pad_id, dtype=torch.long)
+        completion_mask = torch.zeros((n, c_width), dtype=torch.bool)
+        for i, r in enumerate(rows):
+            p, c = len(r.prompt_ids), len(r.completion_ids)
+            prompt_ids[i, p_width - p :] = torch.tensor(r.prompt_ids)
+            prompt_mask[i, p_width - p :] = True
+            completion_ids[i, :c] = torch.tensor(r.completion_ids)
+            completion_mask[i, :c] = not (mask_truncated and r.truncated)
+        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages[keep].float())
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.completion_mask.sum())
+
+    def select(self, index: torch.Tensor | slice) -> "Batch":
+        """The rows `index`, with the padding columns that no selected row uses removed."""
+        def pick(t):
+            return None if t is None else t[index]
+
+        prompt_mask = self.prompt_mask[index]
+        completion_mask = self.completion_mask[index]
+        # Prompts are left-padded: drop leading columns that are padding in every row.
+        p_start = _first_used_column(prompt_mask)
+        t_end = _last_used_column(completion_mask)
+        sub = Batch(
+            prompt_ids=self.prompt_ids[index][:, p_start:],
+            prompt_mask=prompt_mask[:, p_start:],
+            completion_ids=self.completion_ids[index][:, :t_end],
+            completion_mask=completion_mask[:, :t_end],
+            advantages=self.advantages[index],
+            old_logprobs=pick(self.old_logprobs),
+            ref_logprobs=pick(self.ref_logprobs),
+        )
+        if sub.old_logprobs is not None:
+            sub.old_logprobs = sub.old_logprobs[:, :t_end]
+        if sub.ref_logprobs is not None:
+            sub.ref_logprobs = sub.ref_logprobs[:, :t_end]
+        return sub
+
+
+def _first_used_column(mask: torch.Tensor) -> int:
+    used = mask.any(dim=0).nonzero()
+    return int(used[0]) if len(used) else mask.shape[1]
+
+
+def _last_used_column(mask: torch.Tensor) -> int:
+    used = mask.any(dim=0).nonzero()
+    return int(used[-1]) + 1 if len(used) else 0
+
+
+def completion_text(completion: Completion) -> str:
+    """The text of a completion in either of the two shapes reward functions receive."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content") or "")
+    return ""

@@ -1,0 +1,73 @@
+"""Shared fixtures: a tiny random Llama with a character-level tokenizer and a chat template.
+
+It loads through the same code path as any local model directory, in well
+under a second, so the logic of the whole pipeline can be tested on CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 +-*=?.,{}\\<>/\n")
+SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIALS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>", bos_token="<|im_start|>", unk_token="<unk>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_tiny_model(vocab_size: int, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
+    return LlamaForCausalLM(config)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny model + tokenizer directory, usable as model=<path>."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = make_tokenizer()
+    model = make_tiny_model(len(tokenizer))
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def tiny(tiny_model_dir):
+    """(model, tokenizer) freshly loaded from the tiny model directory."""
+    from rlvr.models import load_model
+
+    model, tokenizer, _ = load_model(str(tiny_model_dir))
+    return model, tokenizer

@@ -1,0 +1,183 @@
+import math
+
+import pytest
+import torch
+
+from rlvr.losses import LOSS_TYPES, LossNorm, kl_k3, policy_loss, selective_logprobs
+
+LN = math.log
+
+
+def loss_of(logprobs, old, adv, mask, loss_type="dapo", **kw):
+    mask = torch.tensor(mask, dtype=torch.bool)
+    norm = LossNorm(num_sequences=len(adv), num_tokens=int(mask.sum()), max_completion_length=kw.pop("max_len", 4))
+    return policy_loss(torch.as_tensor(logprobs), torch.as_tensor(old), torch.tensor(adv), mask, norm, loss_type=loss_type, **kw)
+
+
+# --- aggregation with ratio 1 (old == new): each token's loss is -A_i -------------------
+
+LOGP = torch.log(torch.tensor([[0.5, 0.25, 0.5], [0.1, 0.9, 0.9]]))
+MASK = [[1, 1, 1], [1, 0, 0]]
+ADV = [2.0, -1.0]
+
+
+@pytest.mark.parametrize(
+    "loss_type,expected",
+    [
+        ("grpo", (-2.0 + 1.0) / 2),  # per-completion means -2 and +1, averaged over 2 completions
+        ("dapo", (-2.0 * 3 + 1.0) / 4),  # token sum -5 over 4 tokens
+        ("dr_grpo", (-2.0 * 3 + 1.0) / (2 * 4)),  # token sum -5 over N * max_completion_length = 2 * 4
+        ("bnpo", (-2.0 * 3 + 1.0) / 4),  # one micro-batch: its own 4 tokens
+    ],
+)
+def test_aggregation_by_loss_type(loss_type, expected):
+    loss, _ = loss_of(LOGP, LOGP, ADV, MASK, loss_type)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_every_registered_loss_type_is_tested():
+    assert set(LOSS_TYPES) == {"grpo", "dapo", "dr_grpo", "bnpo"}
+
+
+# --- clipping -------------------------------------------------------------------------
+
+RATIOS = [1.5, 0.5, 1.1]
+
+
+def test_token_clipping_with_epsilon_high_positive_advantage():
+    old = torch.zeros(1, 3)
+    logp = torch.log(torch.tensor([RATIOS]))
+    loss, m = loss_of(logp, old, [1.0], [[1, 1, 1]], "dapo", epsilon=0.2, epsilon_high=0.28)
+    # A > 0: min(r, clip(r, 0.8, 1.28)) -> 1.28, 0.5, 1.1; loss is their negated mean
+    assert loss.item() == pytest.approx(-(1.28 + 0.5 + 1.1) / 3, abs=1e-6)
+    assert m["clip_ratio/high"].item() == 1  # 1.5 > 1.28 with A > 0
+    assert m["clip_ratio/low"].item() == 0  # 0.5 < 0.8 but A > 0: the unclipped term is taken
+    assert m["clip_ratio/region"].item() == 1
+
+
+def test_token_clipping_negative_advantage():
+    old = torch.zeros(1, 3)
+    logp = torch.log(torch.tensor([RATIOS]))
+    loss, m = loss_of(logp, old, [-1.0], [[1, 1, 1]], "dapo", epsilon=0.2, epsilon_high=0.28)
+    # A < 0: min(-r, -clip(r)) -> -1.5, -0.8, -1.1; loss = (1.5 + 0.8 + 1.1) / 3
+    assert loss.item() == pytest.approx((1.5 + 0.8 + 1.1) / 3, abs=1e-6)
+    assert m["clip_ratio/low"].item() == 1 and m["clip_ratio/high"].item() == 0
+
+
+def test_clipped_tokens_get_no_gradient():
+    logp = torch.log(torch.tensor([RATIOS])).requires_grad_()
+    loss, _ = loss_of(logp, torch.zeros(1, 3), [1.0], [[1, 1, 1]], "dapo", epsilon=0.2, epsilon_high=0.28)
+    loss.backward()
+    # d(-r A / 3)/d logp = -r A / 3 where unclipped; 0 for the clipped first token
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, -0.5 / 3, -1.1 / 3]]), atol=1e-6)
+
+
+def test_sequence_level_importance_ratio():
+    logp = torch.log(torch.tensor([RATIOS])).requires_grad_()
+    loss, _ = loss_of(logp, torch.zeros(1, 3), [1.0], [[1, 1, 1]], "grpo", importance_sampling_level="sequence")
+    # w = exp(mean log r) = (1.5 * 0.5 * 1.1) ** (1/3) = 0.825 ** (1/3) = 0.937894, inside [0.8, 1.2]
+    w = 0.825 ** (1 / 3)
+    assert loss.item() == pytest.approx(-w, abs=1e-6)
+    loss.backward()
+    # every token shares the sequence weight: d(-w)/d logp_t = -w / 3
+    assert torch.allclose(logp.grad, torch.full((1, 3), -w / 3), atol=1e-6)
+
+
+def test_sequence_level_ratio_ignores_masked_tokens():
+    logp = torch.log(torch.tensor([[1.5, 0.5, 123.0]]))
+    loss, _ = loss_of(logp, torch.zeros(1, 3), [1.0], [[1, 1, 0]], "grpo", importance_sampling_level="sequence", epsilon=0.5)
+    # w = sqrt(1.5 * 0.5) = 0.866025 from the two real tokens only
+    assert loss.item() == pytest.approx(-math.sqrt(0.75), abs=1e-6)
+
+
+# --- KL ---------------------------------------------------------------------------------
+
+
+def test_k3_value_by_hand():
+    # r = ln 0.25 - ln 0.5 = -ln 2; exp(r) - r - 1 = 0.5 + 0.693147 - 1 = 0.193147
+    assert kl_k3(torch.tensor(LN(0.5)), torch.tensor(LN(0.25))).item() == pytest.approx(0.1931472, abs=1e-6)
+    assert kl_k3(torch.tensor(-1.3), torch.tensor(-1.3)).item() == 0.0
+
+
+def test_kl_term_in_the_loss():
+    logp = torch.full((1, 2), LN(0.5))
+    ref = torch.full((1, 2), LN(0.25))
+    loss, m = loss_of(logp, logp, [0.0], [[1, 1]], "dapo", beta=0.1, ref_logprobs=ref)
+    # A = 0 leaves only beta * k3 = 0.1 * 0.193147 per token
+    assert loss.item() == pytest.approx(0.1 * 0.1931472, abs=1e-6)
+    assert m["kl"].item() == pytest.approx(2 * 0.1931472, abs=1e-6)  # a sum over the 2 tokens
+
+
+def test_beta_without_reference_is_an_error():
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        loss_of(LOGP, LOGP, ADV, MASK, "dapo", beta=0.1)
+
+
+# --- invariants ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_masked_tokens_give_zero_loss_and_zero_gradient(loss_type, level):
+    mask = [[1, 1, 0], [1, 0, 0]]
+    masked = ~torch.tensor(mask, dtype=torch.bool)
+    kw = dict(importance_sampling_level=level, beta=0.04)
+    # Garbage (huge ratios) at padded positions...
+    logp = torch.tensor([[-1.0, -2.0, 500.0], [-0.5, 800.0, -900.0]], requires_grad=True)
+    old = torch.tensor([[-1.1, -2.1, -500.0], [-0.4, -800.0, 900.0]])
+    loss, _ = loss_of(logp, old, [1.0, -1.0], mask, loss_type, ref_logprobs=-old, **kw)
+    loss.backward()
+    assert (logp.grad[masked] == 0).all()
+    # ...gives exactly the loss of the same rows with harmless padding.
+    clean_logp, clean_old = logp.detach().masked_fill(masked, -1.0), old.masked_fill(masked, -1.0)
+    clean, _ = loss_of(clean_logp, clean_old, [1.0, -1.0], mask, loss_type, ref_logprobs=-clean_old, **kw)
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(clean.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_ratio_one_is_plain_policy_gradient(loss_type):
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.5], [0.1, 0.9, 0.9]])).requires_grad_()
+    loss, _ = loss_of(logp, logp.detach(), ADV, MASK, loss_type)
+    loss.backward()
+    # Plain policy gradient: the gradient of -sum A_i * logp_it * weight_it
+    mask = torch.tensor(MASK, dtype=torch.float)
+    adv = torch.tensor(ADV)[:, None]
+    weight = {
+        "grpo": mask / mask.sum(1, keepdim=True) / 2,  # 1 / (|o_i| N)
+        "dapo": mask / mask.sum(),  # 1 / tokens
+        "dr_grpo": mask / (2 * 4),  # 1 / (N * max_completion_length)
+    }[loss_type]
+    assert torch.allclose(logp.grad, -adv * weight, atol=1e-7)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_micro_batches_sum_to_the_full_batch_gradient(loss_type, level):
+    g = torch.Generator().manual_seed(1)
+    logp = (-torch.rand(4, 5, generator=g) * 3).requires_grad_()
+    old = logp.detach() + 0.3 * torch.randn(4, 5, generator=g)
+    adv = torch.randn(4, generator=g)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    kw = dict(loss_type=loss_type, importance_sampling_level=level)
+    full_norm = LossNorm(4, int(mask.sum()), 5, num_micro_batches=1)
+    full, _ = policy_loss(logp, old, adv, mask, full_norm, **kw)
+    (full_grad,) = torch.autograd.grad(full, logp)
+    norm = LossNorm(4, int(mask.sum()), 5, num_micro_batches=4)
+    total, grad = 0.0, torch.zeros_like(logp)
+    for i in range(4):
+        part, _ = policy_loss(logp[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], norm, **kw)
+        total += part.item()
+        grad += torch.autograd.grad(part, logp)[0]
+    assert total == pytest.approx(full.item(), rel=1e-6)
+    assert torch.allclose(grad, full_grad, rtol=1e-6, atol=1e-8)
+
+
+def test_selective_logprobs_matches_log_softmax_in_chunks():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 3, 11, generator=g)
+    ids = torch.randint(0, 11, (5, 3), generator=g)
+    logp, ent = selective_logprobs(logits, ids, chunk=2)
+    ref = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)
+    assert torch.allclose(logp, ref, atol=1e-6)
+    p = torch.softmax(logits, -1)
+    assert torch.allclose(ent, -(p * torch.log(p)).sum(-1), atol=1e-5)
