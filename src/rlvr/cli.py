@@ -8,13 +8,11 @@
 from __future__ import annotations
 
 import argparse
-import inspect
-import re
 import sys
 from importlib import resources
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, build_config, load_yaml, parse_overrides
+from rlvr.config import Config, ConfigError, build_config, describe_settings, load_yaml, parse_overrides
 
 USAGE_ERRORS = (ConfigError, FileNotFoundError, FileExistsError)
 
@@ -72,8 +70,13 @@ def demo_config_path() -> Path:
     return Path(str(resources.files("rlvr") / "configs" / "demo.yaml"))
 
 
-def resolve_config(args: list[str], default_file: str | None = None) -> Config:
-    """defaults <- (the resumed run's saved config) <- CONFIG_FILE <- key=value."""
+def resolve_config(args: list[str], default_file: str | None = None, run_base: bool = False) -> Config:
+    """defaults <- (a run's saved config) <- CONFIG_FILE <- key=value.
+
+    The saved config of a run is the base when resuming it, and (run_base) when
+    its directory is the model, so `rlvr eval model=runs/x` evaluates on the
+    task and settings the run trained with.
+    """
     config_file, overrides = split_args(args)
     config_file = config_file or default_file
     if config_file == "demo":
@@ -82,6 +85,9 @@ def resolve_config(args: list[str], default_file: str | None = None) -> Config:
     override_values = parse_overrides(overrides)
     base = {}
     merged = {**file_values, **override_values}
+    model = merged.get("model") or merged.get("model_name_or_path")
+    if run_base and isinstance(model, str) and (Path(model) / "config.yaml").is_file():
+        base = {k: v for k, v in load_yaml(Path(model) / "config.yaml").items() if k not in ("output_dir", "resume")}
     if merged.get("resume") or merged.get("resume_from_checkpoint"):
         from rlvr.trainer import latest_run_dir
 
@@ -112,7 +118,7 @@ def cmd_eval(args: list[str]) -> int:
     from rlvr.rollout.engine import HFSampler
     from rlvr.tasks import load_splits, verifier_name
 
-    cfg = resolve_config(args)
+    cfg = resolve_config(args, run_base=True)
     console = make_console()
     _, test = load_splits(cfg)
     test = test[: cfg.eval_max_examples or None]
@@ -177,16 +183,12 @@ def cmd_sample(args: list[str]) -> int:
 
 
 def settings_help() -> str:
-    """Every setting with its default and comment, read from Config's source."""
-    lines = ["settings (key=value, or in the YAML file):"]
-    for raw in inspect.getsource(Config).splitlines():
-        m = re.match(r"\s{4}(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$", raw)
-        section = re.match(r"\s{4}# --- (\w[\w ]*?) -+$", raw)
-        if section:
-            lines.append(f"\n  {section.group(1)}:")
-        elif m:
-            default = m.group(2).replace("field(default_factory=dict)", "{}")
-            lines.append(f"    {m.group(1)} = {default}" + (f"   # {m.group(3)}" if m.group(3) else ""))
+    lines, section = ["settings (key=value, or in the YAML file):"], None
+    for sec, name, default, help_text in describe_settings():
+        if sec != section:
+            lines.append(f"\n  {sec}:")
+            section = sec
+        lines.append(f"    {name} = {default}" + (f"   # {help_text}" if help_text else ""))
     return "\n".join(lines)
 
 

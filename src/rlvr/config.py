@@ -32,8 +32,8 @@ class Config:
     task: str = "arithmetic"  # a built-in generated task; ignored when `dataset` is set
     task_args: dict = field(default_factory=dict)  # the task's own knobs, e.g. {digits: 2, operands: 3}
     dataset: str | None = None  # hub id, or a local .jsonl / .json / .parquet / .csv file
-    dataset_config: str | None = None
-    dataset_train_split: str = "train"
+    dataset_config: str | None = None  # the dataset's configuration (subset) name
+    dataset_train_split: str = "train"  # the split to train on
     dataset_test_split: str = "test"  # held out from train when the dataset has no such split
     prompt_column: str | None = None  # default: the first of prompt, question, problem
     answer_column: str | None = None  # default: the first of answer, solution, ground_truth
@@ -42,9 +42,9 @@ class Config:
 
     # --- rollout -------------------------------------------------------------
     num_generations: int = 8  # G: completions per prompt (one group)
-    max_completion_length: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_completion_length: int = 256  # new tokens per completion at most
+    temperature: float = 1.0  # sampling temperature for training rollouts
+    top_p: float = 1.0  # nucleus sampling; 1 = off
     top_k: int = 0  # 0 = no top-k filtering
     stop_strings: tuple = ()  # generation also stops at any of these (text is cut before it)
 
@@ -58,37 +58,37 @@ class Config:
     # --- loss ----------------------------------------------------------------
     loss_type: str = "dapo"  # grpo | dapo | dr_grpo | bnpo
     beta: float = 0.0  # KL coefficient; 0 loads no reference model
-    epsilon: float = 0.2
+    epsilon: float = 0.2  # the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
     epsilon_high: float | None = None  # default: epsilon
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     num_iterations: int = 1  # updates per generated batch
-    mask_truncated_completions: bool = False
+    mask_truncated_completions: bool = False  # completions cut at max length get no loss
 
     # --- optimisation --------------------------------------------------------
-    learning_rate: float = 1e-6
+    learning_rate: float = 1e-6  # AdamW peak learning rate
     lr_scheduler_type: str = "linear"  # constant | linear | cosine
-    warmup_ratio: float = 0.0
+    warmup_ratio: float = 0.0  # fraction of the steps spent warming up linearly
     warmup_steps: int = 0  # overrides warmup_ratio when > 0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW
+    adam_beta2: float = 0.999  # AdamW
+    adam_epsilon: float = 1e-8  # AdamW
     max_grad_norm: float = 1.0  # 0 = no clipping
     per_device_train_batch_size: int = 8  # completions per micro-batch
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
     max_steps: int = -1  # optimizer steps; -1 = derive from num_train_epochs
-    num_train_epochs: float = 1.0
+    num_train_epochs: float = 1.0  # passes over the train prompts when max_steps is -1
     bf16: bool = False  # bf16 autocast for forward passes; weights and optimizer stay fp32
-    gradient_checkpointing: bool = False
-    disable_dropout: bool = True
-    seed: int = 42
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass to save memory
+    disable_dropout: bool = True  # dropout off in every pass, so log-probs are comparable
+    seed: int = 42  # data order, sampling and task generation
 
     # --- run -----------------------------------------------------------------
     output_dir: str | None = None  # default: runs/<task>-<date>-<time>
     resume: bool = False  # continue from the latest checkpoint in output_dir
-    logging_steps: int = 10
-    save_steps: int = 500
-    save_total_limit: int | None = None
+    logging_steps: int = 10  # one metrics.jsonl line per this many steps (their average)
+    save_steps: int = 500  # a checkpoint every this many steps
+    save_total_limit: int | None = None  # keep only the newest checkpoints; null = all
     log_completions: bool = True  # write sample completions to completions.jsonl
     num_completions_to_print: int = 4  # completions logged per logging step
 
@@ -215,12 +215,18 @@ def _set(values: dict[str, Any], key: str, value: Any) -> None:
         values[head] = value
 
 
+_TYPES = {"float": float, "int": int, "str": str, "bool": bool, "tuple": tuple, "dict": dict}
+
+
 def _check_types(values: dict[str, Any]) -> None:
     for name, value in values.items():
-        default = FIELDS[name].default
-        if default is dataclasses.MISSING or default is None or value is None:
+        if value is None:
+            if "None" not in FIELDS[name].type:
+                raise ConfigError(f"{name} cannot be null")
             continue
-        want = type(default)
+        want = _TYPES[FIELDS[name].type.split("|")[0].strip()]  # annotations are strings: "float | None"
+        if want is float and isinstance(value, str):
+            value = values[name] = _yaml_float(value)  # YAML 1.1 reads 3e-6 (no dot) as a string
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             values[name] = float(value)
         elif want is int and isinstance(value, float) and value.is_integer():
@@ -229,6 +235,13 @@ def _check_types(values: dict[str, Any]) -> None:
             values[name] = str(value)
         elif not isinstance(value, want) or (want is not bool and isinstance(value, bool)):
             raise ConfigError(f"{name} must be {want.__name__}, got {value!r}")
+
+
+def _yaml_float(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def validate(cfg: Config) -> None:
@@ -342,6 +355,24 @@ def load_config(config_file: str | None, overrides: list[str], base: dict[str, A
         sources.append(load_yaml(config_file))
     sources.append(parse_overrides(overrides))
     return build_config(*sources)
+
+
+def describe_settings() -> list[tuple[str, str, str, str]]:
+    """(section, name, default, help) for every setting, read from the comments of Config above,
+    so `rlvr train --help` and the README's reference cannot drift from the code."""
+    import inspect
+    import re
+
+    rows, section = [], ""
+    for line in inspect.getsource(Config).splitlines():
+        header = re.match(r"\s{4}# --- (\w[\w ]*?) -+$", line)
+        field_line = re.match(r"\s{4}(\w+): [^=]+= (.+?)(?:\s+#\s*(.*))?$", line)
+        if header:
+            section = header.group(1)
+        elif field_line:
+            name, default, help_text = field_line.groups()
+            rows.append((section, name, default.replace("field(default_factory=dict)", "{}"), help_text or ""))
+    return rows
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:

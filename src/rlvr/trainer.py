@@ -101,11 +101,12 @@ class Trainer:
             vals = torch.tensor([v for v in values if v is not None] or [math.nan])
             metrics[f"rewards/{name}/mean"] = vals.mean().item()
             metrics[f"rewards/{name}/std"] = vals.std().item() if len(vals) > 1 else 0.0
+        owners = [ex for ex in examples for _ in range(cfg.num_generations)]
         samples = [
-            {"prompt": ex.prompt, "answer": ex.answer, "completion": r.text, "reward": scores.total[i],
-             "advantage": advantages[i].item(), "finish_reason": r.finish_reason}
-            for i, (ex, r) in enumerate((ex, r) for ex, group in zip(examples, groups) for r in group)
-        ][: self.cfg.num_completions_to_print]
+            {"prompt": owners[i].prompt, "answer": owners[i].answer, "completion": rollouts[i].text,
+             "reward": scores.total[i], "advantage": advantages[i].item(), "finish_reason": rollouts[i].finish_reason}
+            for i in range(min(cfg.num_completions_to_print, len(rollouts)))
+        ]
         return Generation(batch, metrics, samples)
 
     @torch.no_grad()
@@ -135,6 +136,26 @@ class Trainer:
                 warnings.simplefilter("ignore", UserWarning)
                 self.scheduler.step()
             return {"learning_rate": lr, "skipped_update": 1.0, "timing/update": 0.0}
+        sums = self.accumulate_gradients(batch)
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        self.optimizer.step()
+        self.scheduler.step()
+        tokens = max(batch.num_tokens, 1)
+        metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm, "learning_rate": lr}
+        for k in ("low", "high", "region"):
+            metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / tokens
+        if "kl" in sums:
+            metrics["kl"] = sums["kl"] / tokens
+        metrics["timing/update"] = time.perf_counter() - t0
+        return metrics
+
+    def accumulate_gradients(self, batch: Batch) -> dict:
+        """Backward over micro-batches of per_device_train_batch_size completions; returns metric sums.
+
+        The loss of each micro-batch is normalised by totals over the whole batch
+        (LossNorm), so the accumulated gradient does not depend on the split."""
+        cfg = self.cfg
         self.model.train()
         size = cfg.per_device_train_batch_size
         norm = LossNorm(len(batch), batch.num_tokens, cfg.max_completion_length, math.ceil(len(batch) / size))
@@ -154,18 +175,7 @@ class Trainer:
             sums["entropy"] += torch.where(micro.completion_mask, entropy, 0.0).sum().item()
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
-        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
-        self.optimizer.step()
-        self.scheduler.step()
-        tokens = max(batch.num_tokens, 1)
-        metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm, "learning_rate": lr}
-        for k in ("low", "high", "region"):
-            metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / tokens
-        if "kl" in sums:
-            metrics["kl"] = sums["kl"] / tokens
-        metrics["timing/update"] = time.perf_counter() - t0
-        return metrics
+        return sums
 
     def completion_logprobs(self, model, batch: Batch):
         """Per-token log-probs (and entropies) of the completion tokens under `model`,

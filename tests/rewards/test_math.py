@@ -187,3 +187,14 @@ def test_accuracy_batch():
 
 def test_signed_accuracy_batch():
     assert signed_accuracy(BATCH, answer=BATCH_REFS, prompts=["p"] * 6) == [1.0, -0.5, -1.0, 1.0, None, 1.0]
+
+
+def test_numeric_accuracy_wants_a_number_not_the_question():
+    from rlvr.rewards.math import numeric_accuracy
+
+    completions = [r"\boxed{8}", r"\boxed{3 + 5}", r"3 + 5 = \boxed{8.0}", r"\boxed{-8}", "8", r"\boxed{1,000}"]
+    answers = ["8", "8", "8", "8", "8", "1000"]
+    # symbolic equality would accept "3 + 5"; numeric_accuracy does not
+    assert accuracy([completions[1]], answer=["8"]) == [1.0]
+    assert numeric_accuracy(completions, answer=answers) == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert numeric_accuracy(["\\boxed{8}"], answer=[None]) == [None]

@@ -16,6 +16,7 @@ Names are the built-ins below, or `package.module:function`, or
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from math import isfinite, nan
@@ -48,9 +49,7 @@ def resolve_reward(name: str) -> RewardFn:
         path = Path(target).expanduser()
         if not path.is_file():
             raise ValueError(f"reward function file not found: {path}")
-        spec = importlib.util.spec_from_file_location(f"rlvr_user_reward_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _load_file(path.resolve())
     else:
         try:
             module = importlib.import_module(target)
@@ -60,6 +59,15 @@ def resolve_reward(name: str) -> RewardFn:
     if not callable(fn):
         raise ValueError(f"reward function {name!r}: {target!r} has no function {attr!r}")
     return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _load_file(path: Path):
+    """Each reward file is executed once, so every name in it resolves to the same function."""
+    spec = importlib.util.spec_from_file_location(f"rlvr_user_reward_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def reward_name(name: str) -> str:

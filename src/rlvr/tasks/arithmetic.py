@@ -5,12 +5,13 @@ no test problem ever appears in the train split.  Difficulty knobs (task_args):
 
     digits     digits per operand (1: 0-9, 2: 10-99, ...)            default 1
     operands   numbers per problem                                    default 2
-    operators  string of operators to draw from, among "+-*"          default "+"
+    operators  string of operators to draw from, among "+-*"          default "+-"
     num_train  train problems                                         default 5000
-    num_test   test problems                                          default 500
+    num_test   test problems                                          default 100
+    template   the prompt: a name from TEMPLATES, or text with {expr}  default "boxed_example"
     seed       generator seed (default: the run's seed)
 
-When the problem space is small (1 digit, 2 operands, "+" has 100 problems)
+When the problem space is small (1 digit, 2 operands, "+-" has 200 problems)
 the splits are a shuffled partition of all problems, so num_train shrinks to
 what is left after the test split.
 """
@@ -22,8 +23,15 @@ import random
 
 from rlvr.types import Example
 
-DEFAULTS = {"digits": 1, "operands": 2, "operators": "+", "num_train": 5000, "num_test": 500, "seed": None}
-INSTRUCTION = "What is {expr}? Put your final answer in \\boxed{{}}."
+DEFAULTS = {"digits": 1, "operands": 2, "operators": "+-", "num_train": 5000, "num_test": 100, "template": "boxed_example", "seed": None}
+TEMPLATES = {
+    "boxed": "What is {expr}? Put your final answer in \\boxed{{}}.",
+    # One worked example of the expected layout (a 1-shot prompt).
+    "boxed_example": (
+        "Example: What is 2 + 3? Answer: 2 + 3 = 5, so the answer is \\boxed{{5}}.\n"
+        "Now you: What is {expr}? Answer in the same way."
+    ),
+}
 _ENUMERATE_BELOW = 200_000
 
 
@@ -47,6 +55,9 @@ class ArithmeticTask:
         ops = a["operators"]
         if not isinstance(ops, str) or not ops or set(ops) - set("+-*"):
             raise ValueError(f"operators must be a non-empty string of + - *, got {ops!r}")
+        template = TEMPLATES.get(a["template"], a["template"])
+        if not isinstance(template, str) or "{expr}" not in template:
+            raise ValueError(f"template must be one of {sorted(TEMPLATES)} or text containing {{expr}}, got {a['template']!r}")
         if a["num_test"] >= space_size(a):
             raise ValueError(f"num_test={a['num_test']} leaves no train problems: only {space_size(a)} distinct problems exist")
         return a
@@ -63,7 +74,8 @@ class ArithmeticTask:
         else:
             test = _draw(rng, a, a["num_test"], exclude=set())
             train = _draw(rng, a, a["num_train"], exclude=set(test))
-        return [_example(p) for p in train], [_example(p) for p in test]
+        template = TEMPLATES.get(a["template"], a["template"])
+        return [_example(p, template) for p in train], [_example(p, template) for p in test]
 
 
 def space_size(a: dict) -> int:
@@ -116,6 +128,6 @@ def evaluate_expression(expr: str) -> int:
     return sum(s * t for s, t in zip(signs, terms))
 
 
-def _example(expr: str) -> Example:
+def _example(expr: str, template: str) -> Example:
     answer = str(evaluate_expression(expr))
-    return Example(prompt=INSTRUCTION.format(expr=expr), answer=answer, columns={"answer": answer, "expression": expr})
+    return Example(prompt=template.format(expr=expr), answer=answer, columns={"answer": answer, "expression": expr})

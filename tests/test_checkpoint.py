@@ -1,0 +1,108 @@
+"""Checkpoints and exact resume, on the tiny model."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr.config import build_config
+from rlvr.trainer import Trainer, train
+
+
+def _cfg(tiny_model_dir, out, **kw):
+    return build_config({
+        "model": str(tiny_model_dir),
+        "task_args": {"digits": 2, "num_train": 50, "num_test": 8},
+        "reward_funcs": ["boxed_format", "accuracy"],
+        "num_generations": 4,
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "max_completion_length": 6,
+        "learning_rate": 1e-3,
+        "beta": 0.1,
+        "num_iterations": 2,
+        "max_steps": 4,
+        "save_steps": 2,
+        "logging_steps": 1,
+        "eval_on_start": False,
+        "eval_on_end": False,
+        "output_dir": str(out),
+        **kw,
+    })
+
+
+def _weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+def _metrics(path):
+    rows = [json.loads(l) for l in (path / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("timing/") and k not in ("step_time", "tokens_per_second")} for r in rows]
+
+
+@pytest.fixture
+def informative_rewards(monkeypatch):
+    """Random rewards, so every group carries signal and every step really updates."""
+    import rlvr.rewards as rewards
+
+    gen = torch.Generator().manual_seed(0)
+
+    def noisy(completions, **kwargs):
+        return torch.rand(len(completions), generator=gen).tolist()
+
+    monkeypatch.setitem(rewards.REWARDS, "boxed_format", noisy)
+    return gen
+
+
+def test_interrupted_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, informative_rewards):
+    straight = tmp_path / "straight"
+    train(_cfg(tiny_model_dir, straight))
+
+    informative_rewards.manual_seed(0)
+    resumed = tmp_path / "resumed"
+    original_step = Trainer.train_step
+
+    def stop_before_step_4(self):
+        if self.step == 3:  # mid-generation: step 3 used the 2nd batch once, step 4 reuses it
+            raise KeyboardInterrupt
+        return original_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", stop_before_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(tiny_model_dir, resumed))
+    assert (resumed / "checkpoint-3").is_dir()  # saved on the way out
+    monkeypatch.setattr(Trainer, "train_step", original_step)
+    train(_cfg(tiny_model_dir, resumed, resume=True))
+
+    a, b = _weights(straight), _weights(resumed)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _metrics(straight) == _metrics(resumed)
+    start = _weights(tiny_model_dir)
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # the run did train
+
+
+def test_save_total_limit_keeps_the_newest(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    train(_cfg(tiny_model_dir, out, save_steps=1, save_total_limit=2))
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+    assert not list(out.glob(".checkpoint-*"))  # no half-written leftovers
+
+
+def test_an_existing_run_is_never_overwritten(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    train(_cfg(tiny_model_dir, out, max_steps=1))
+    with pytest.raises(FileExistsError, match="already holds a training run; continue it with resume=true"):
+        train(_cfg(tiny_model_dir, out, max_steps=1))
+
+
+def test_final_model_loads_with_transformers(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    train(_cfg(tiny_model_dir, out, max_steps=1))
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert model.config.vocab_size == len(tokenizer)
+    assert (out / "config.yaml").is_file() and (out / "completions.jsonl").is_file()

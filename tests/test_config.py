@@ -1,0 +1,113 @@
+"""Every configuration error is reported, with what to change, before any model or dataset loads."""
+
+import pytest
+
+from rlvr import cli
+from rlvr.config import Config, ConfigError, build_config, load_config, parse_overrides
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fail loudly if a command gets as far as loading a model or training."""
+    import rlvr.models
+    import rlvr.trainer
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded before the config was validated")
+
+    monkeypatch.setattr(rlvr.trainer, "train", boom)
+    monkeypatch.setattr(rlvr.models, "load_model", boom)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["bta=0.1"], "unknown setting 'bta'; did you mean 'beta'?"),
+        (["num_generations=3"], "8 completions is not divisible by num_generations = 3; make it a multiple of 3, e.g. per_device_train_batch_size=9"),
+        (["num_generations=1"], "num_generations must be at least 2"),
+        (["temperature=0"], "temperature must be > 0"),
+        (["top_p=1.5"], "top_p must be in (0, 1]"),
+        (["top_k=-1"], "top_k must be >= 0"),
+        (["epsilon=0.3", "epsilon_high=0.2"], "epsilon_high must be >= epsilon"),
+        (["beta=-0.1"], "beta must be >= 0"),
+        (["learning_rate=0"], "learning_rate must be > 0"),
+        (["loss_type=ppo"], "loss_type must be one of grpo, dapo, dr_grpo, bnpo; got 'ppo'"),
+        (["scale_rewards=sometimes"], "scale_rewards must be one of group, batch, none"),
+        (["importance_sampling_level=batch"], "importance_sampling_level must be one of token, sequence"),
+        (["lr_scheduler_type=step"], "lr_scheduler_type must be one of constant, linear, cosine"),
+        (["reward_funcs=[accuracy,format]", "reward_weights=[1.0]"], "reward_weights has 1 values but reward_funcs has 2"),
+        (["reward_weights=[1.0]"], "reward_weights needs reward_funcs"),
+        (["reward_funcs=[acuracy]"], "unknown reward function 'acuracy'; built-in: accuracy"),
+        (["reward_funcs=[no_such_pkg.mod:fn]"], "cannot import 'no_such_pkg.mod'"),
+        (["reward_funcs=[/nope/r.py:fn]"], "reward function file not found: /nope/r.py"),
+        (["task=sudoku"], "unknown task 'sudoku'; built-in tasks: arithmetic"),
+        (["task_args.digitz=2"], "task_args for 'arithmetic': unknown key(s) ['digitz']"),
+        (["task_args.operators=/"], "operators must be a non-empty string of + - *"),
+        (["task_args.num_test=100"], "num_test=100 leaves no train problems: only 100 distinct problems exist"),
+        (["model=./no/such/model"], "model directory not found: ./no/such/model"),
+        (["dataset=missing.jsonl"], "dataset file not found: missing.jsonl"),
+        (["beta=lots"], "beta must be float, got 'lots'"),
+        (["max_steps=0"], "max_steps must be -1 (use num_train_epochs) or at least 1"),
+        (["max_completion_length=0"], "max_completion_length must be at least 1"),
+        (["save_total_limit=0"], "save_total_limit must be at least 1"),
+        (["logging_steps=0"], "logging_steps must be at least 1"),
+        (["dtype=float16"], "dtype must be one of float32, bfloat16"),
+        (["beta"], "expected at most one config file|config file not found"),
+        (["max_steps=5", "resume=true", "output_dir=/no/such/run"], "does not exist|no checkpoint"),
+    ],
+)
+def test_cli_reports_config_errors_before_loading_anything(args, message, no_training, capsys):
+    assert cli.main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    import re
+
+    assert re.search(message if "|" in message else re.escape(message), err), err
+
+
+def test_all_problems_are_listed_at_once():
+    with pytest.raises(ConfigError) as e:
+        build_config({"temperature": 0, "top_p": 2.0, "beta": -1})
+    text = str(e.value)
+    assert "temperature" in text and "top_p" in text and "beta" in text
+
+
+def test_overrides_parse_as_yaml_values():
+    assert parse_overrides(["beta=0.04", "reward_funcs=[accuracy, format]", "system_prompt=r1", "top_k=null", 'stop_strings=["\\n\\n"]']) == {
+        "beta": 0.04,
+        "reward_funcs": ["accuracy", "format"],
+        "system_prompt": "r1",
+        "top_k": None,
+        "stop_strings": ["\n\n"],
+    }
+    with pytest.raises(ConfigError, match="expected key=value"):
+        parse_overrides(["=3"])
+
+
+def test_file_then_overrides_then_trl_spellings(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        "model_name_or_path: default\nlearning_rate: 1.0e-6\nnum_generations: 4\nper_device_train_batch_size: 8\n"
+        "scale_rewards: false\ntask_args: {digits: 2}\n"
+    )
+    cfg = load_config(str(path), ["learning_rate=3e-6", "task_args.operands=3"])
+    assert cfg.learning_rate == 3e-6 and cfg.num_generations == 4
+    assert cfg.scale_rewards == "none"  # TRL's boolean form
+    assert cfg.task_args == {"digits": 2, "operands": 3}
+    assert cfg.prompts_per_step == 2
+
+
+def test_defaults_are_trls():
+    cfg = Config()
+    assert (cfg.learning_rate, cfg.beta, cfg.epsilon, cfg.loss_type, cfg.num_generations, cfg.temperature) == (
+        1e-6, 0.0, 0.2, "dapo", 8, 1.0)
+    assert cfg.epsilon_high_value == 0.2
+
+
+def test_bad_yaml_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("beta: [unclosed\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(str(path), [])
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(str(path), [])

