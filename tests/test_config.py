@@ -43,7 +43,7 @@ def no_training(monkeypatch):
         (["task=sudoku"], "unknown task 'sudoku'; built-in tasks: arithmetic"),
         (["task_args.digitz=2"], "task_args for 'arithmetic': unknown key(s) ['digitz']"),
         (["task_args.operators=/"], "operators must be a non-empty string of + - *"),
-        (["task_args.num_test=100"], "num_test=100 leaves no train problems: only 100 distinct problems exist"),
+        (["task_args.num_test=200"], "num_test=200 leaves no train problems: only 200 distinct problems exist"),
         (["model=./no/such/model"], "model directory not found: ./no/such/model"),
         (["dataset=missing.jsonl"], "dataset file not found: missing.jsonl"),
         (["beta=lots"], "beta must be float, got 'lots'"),

@@ -9,7 +9,7 @@ from rlvr import cli
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["max_completion_length=16", "eval_max_examples=8", "save_steps=1", "logging_steps=1"]
+SMALL = ["max_completion_length=16", "eval_max_examples=8", "save_steps=1", "save_total_limit=2", "logging_steps=1"]
 
 
 @pytest.fixture(scope="module")

@@ -28,10 +28,21 @@ def test_arithmetic_answers_respect_precedence():
     assert evaluate_expression("2 + 3 * 4") == 14
     assert evaluate_expression("9 - 2 * 3 - 1") == 2
     assert evaluate_expression("7 * 8 * 0 + 5") == 5
-    train, _ = ArithmeticTask.splits({"digits": 1, "operands": 3, "operators": "*-", "num_test": 10, "num_train": 50}, 0)
+    args = {"digits": 1, "operands": 3, "operators": "*-", "num_test": 10, "num_train": 50, "template": "boxed"}
+    train, _ = ArithmeticTask.splits(args, 0)
     for ex in train:
         assert ex.answer == str(evaluate_expression(ex.columns["expression"]))
         assert ex.prompt == f"What is {ex.columns['expression']}? Put your final answer in \\boxed{{}}."
+
+
+def test_templates():
+    (ex, *_), _ = ArithmeticTask.splits({"num_test": 10, "num_train": 5}, 0)
+    expr = ex.columns["expression"]
+    assert ex.prompt.endswith(f"Now you: What is {expr}? Answer in the same way.")  # the default, one-shot
+    (ex, *_), _ = ArithmeticTask.splits({"num_test": 10, "num_train": 5, "template": "Compute {expr}."}, 0)
+    assert ex.prompt == f"Compute {ex.columns['expression']}."
+    with pytest.raises(ValueError, match="text containing \\{expr\\}"):
+        ArithmeticTask.check_args({"template": "no placeholder"})
 
 
 def test_operand_digits():
