@@ -290,8 +290,13 @@ def train(cfg: Config, console=None) -> dict:
 
     if cfg.eval_on_start and "eval_before" not in trainer.extra_state:
         trainer.extra_state["eval_before"] = _brief(held_out("before"))
-    started = time.perf_counter()
+    started, seconds_before = time.perf_counter(), trainer.extra_state.get("train_seconds", 0.0)
     saved_step = trainer.step
+
+    def save() -> Path:
+        trainer.extra_state["train_seconds"] = seconds_before + time.perf_counter() - started
+        return trainer.save()
+
     try:
         with make_progress(console) as progress:
             bar = progress.add_task("train", total=total, completed=trainer.step, reward="-")
@@ -301,16 +306,16 @@ def train(cfg: Config, console=None) -> dict:
                 progress.update(bar, completed=trainer.step, reward=f"{metrics['reward']:.3f}")
                 if line:
                     progress.console.print(format_log_line(line, total))
-                if trainer.step % cfg.save_steps == 0:
-                    trainer.save()
+                # Also after the last step, so that resume=true with a larger max_steps can continue.
+                if trainer.step % cfg.save_steps == 0 or trainer.step == total:
+                    save()
                     saved_step = trainer.step
     except BaseException:
         if trainer.step > saved_step:
-            path = trainer.save()
+            path = save()
             console.print(f"[red]stopped at step {trainer.step}[/]; saved {path}. Continue with: rlvr train resume=true output_dir={output_dir}")
         raise
-    train_seconds = time.perf_counter() - started + trainer.extra_state.get("train_seconds", 0.0)
-    trainer.extra_state["train_seconds"] = train_seconds
+    train_seconds = seconds_before + time.perf_counter() - started
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     after = _brief(held_out("after")) if cfg.eval_on_end else None

