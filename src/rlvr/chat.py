@@ -41,12 +41,21 @@ def render_prompt(tokenizer, prompt: Prompt, system_prompt: str | None = None) -
     return "\n\n".join(m["content"] for m in messages) + "\n\n"
 
 
-def encode_prompts(tokenizer, prompts: list[Prompt], system_prompt: str | None, max_prompt_length: int | None):
-    """Token ids of each rendered prompt, cut from the left to max_prompt_length."""
+def render_prompts(tokenizer, prompts: list[Prompt], system_prompt: str | None) -> list[str]:
+    return [render_prompt(tokenizer, p, system_prompt) for p in prompts]
+
+
+def tokenize_prompts(tokenizer, texts: list[str], max_prompt_length: int | None) -> list[list[int]]:
+    """Token ids of rendered prompts, cut from the left to max_prompt_length."""
     out = []
-    for prompt in prompts:
-        ids = tokenizer(render_prompt(tokenizer, prompt, system_prompt), add_special_tokens=False)["input_ids"]
+    for text in texts:
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         if max_prompt_length is not None and len(ids) > max_prompt_length:
             ids = ids[-max_prompt_length:]
-        out.append(list(ids))
+        out.append(ids)
     return out
+
+
+def encode_prompts(tokenizer, prompts: list[Prompt], system_prompt: str | None, max_prompt_length: int | None):
+    """Token ids of each rendered prompt, cut from the left to max_prompt_length."""
+    return tokenize_prompts(tokenizer, render_prompts(tokenizer, prompts, system_prompt), max_prompt_length)

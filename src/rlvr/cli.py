@@ -112,11 +112,11 @@ def cmd_train(args: list[str]) -> int:
 def cmd_eval(args: list[str]) -> int:
     from rich.table import Table
 
-    from rlvr.evaluate import eval_rewards, evaluate, write_result
+    from rlvr.evaluate import evaluate, write_result
     from rlvr.models import eos_token_ids, is_run_dir, load_model
     from rlvr.monitor import make_console
     from rlvr.rollout.engine import HFSampler
-    from rlvr.tasks import load_splits, verifier_name
+    from rlvr.tasks import build_rewards, load_splits, verifier_name
 
     cfg = resolve_config(args, run_base=True)
     console = make_console()
@@ -126,7 +126,7 @@ def cmd_eval(args: list[str]) -> int:
     sampler = HFSampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
     verifier = verifier_name(cfg)
     console.print(f"evaluating {path} on {len(test)} {cfg.dataset or cfg.task} problems...")
-    result = evaluate(sampler, tokenizer, test, eval_rewards(cfg, verifier), verifier, cfg)
+    result = evaluate(sampler, tokenizer, test, build_rewards(cfg, with_verifier=True), verifier, cfg)
     model_dir = Path(cfg.model)
     out = Path(cfg.eval_output) if cfg.eval_output else (model_dir / "eval.json" if model_dir.is_dir() and is_run_dir(model_dir) else Path("eval.json"))
     write_result(result, out, {"model": str(path), "task": cfg.dataset or cfg.task, "config": cfg.to_dict()})
@@ -145,12 +145,11 @@ def cmd_eval(args: list[str]) -> int:
 def cmd_sample(args: list[str]) -> int:
     import torch
 
-    from rlvr.chat import encode_prompts
+    from rlvr.chat import render_prompts, tokenize_prompts
     from rlvr.models import eos_token_ids, load_model
-    from rlvr.rewards import RewardSet
     from rlvr.rollout import SamplingParams
     from rlvr.rollout.engine import HFSampler
-    from rlvr.tasks import reward_funcs
+    from rlvr.tasks import build_rewards
     from rlvr.types import Example
 
     config_file, overrides = split_args(args)
@@ -165,13 +164,14 @@ def cmd_sample(args: list[str]) -> int:
     cfg = build_config(load_yaml(config_file) if config_file else {}, values)
     model, tokenizer, path = load_model(cfg.model, cfg.dtype)
     sampler = HFSampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
-    ids = encode_prompts(tokenizer, [prompt], cfg.system_prompt, cfg.max_prompt_length)
+    texts = render_prompts(tokenizer, [prompt], cfg.system_prompt)
+    ids = tokenize_prompts(tokenizer, texts, cfg.max_prompt_length)
     params = SamplingParams(n=n, max_tokens=cfg.max_completion_length, temperature=cfg.temperature,
                             top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings)
     group = sampler.generate(ids, params, torch.Generator().manual_seed(cfg.seed))[0]
     example = Example(prompt=prompt, answer=None if answer is None else str(answer),
                       columns={"answer": None if answer is None else str(answer)})
-    scores = RewardSet(reward_funcs(cfg), cfg.reward_weights).score_groups([example], [group])
+    scores = build_rewards(cfg).score_groups([example], [group], texts, max_completion_length=cfg.max_completion_length)
     print(f"model: {path}\nprompt: {prompt}\n")
     for i, r in enumerate(group):
         shown = ", ".join(f"{k}={'n/a' if v[i] is None else f'{v[i]:g}'}" for k, v in scores.per_func.items())

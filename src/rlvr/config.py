@@ -51,6 +51,7 @@ class Config:
     # --- reward --------------------------------------------------------------
     reward_funcs: tuple | None = None  # built-in names or `package.module:function`; default: the task's verifier
     reward_weights: tuple | None = None  # one per reward function; default all 1.0
+    reward_args: dict = field(default_factory=dict)  # keyword arguments per reward, e.g. {soft_overlong: {cache: 32}}
 
     # --- advantage -----------------------------------------------------------
     scale_rewards: str = "group"  # group | batch | none
@@ -194,6 +195,9 @@ def build_config(*sources: dict[str, Any]) -> Config:
     return cfg
 
 
+_MAPPINGS = {"task_args", "reward_args"}
+
+
 def _set(values: dict[str, Any], key: str, value: Any) -> None:
     head, _, rest = key.partition(".")
     head = ALIASES.get(head, head)
@@ -201,18 +205,26 @@ def _set(values: dict[str, Any], key: str, value: Any) -> None:
         close = difflib.get_close_matches(head, list(FIELDS) + list(ALIASES), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"unknown setting {head!r}{hint} (see `rlvr train --help` for the list)")
-    if rest:
-        if head != "task_args":
+    if head not in _MAPPINGS:
+        if rest:
             raise ConfigError(f"{head!r} is not a mapping, so {key!r} cannot set a key inside it")
-        sub = dict(values.get(head) or {})
-        sub[rest] = value
-        values[head] = sub
-    elif head == "task_args":
-        if not isinstance(value, dict):
-            raise ConfigError(f"task_args must be a mapping, got {value!r}")
-        values[head] = {**(values.get(head) or {}), **value}
-    else:
         values[head] = value
+        return
+    if not rest and not isinstance(value, dict):
+        raise ConfigError(f"{head} must be a mapping, got {value!r}")
+    merged = _merge(values.get(head) or {}, value if not rest else _nest(rest.split("."), value))
+    values[head] = merged
+
+
+def _nest(path: list[str], value: Any) -> dict:
+    return {path[0]: value} if len(path) == 1 else {path[0]: _nest(path[1:], value)}
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 _TYPES = {"float": float, "int": int, "str": str, "bool": bool, "tuple": tuple, "dict": dict}
@@ -298,6 +310,12 @@ def validate(cfg: Config) -> None:
             f"reward_weights has {len(cfg.reward_weights)} values but reward_funcs has {len(cfg.reward_funcs)}; give one weight per function",
         )
         need(all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in cfg.reward_weights), "reward_weights must be numbers")
+    named = set(cfg.reward_funcs or ()) | {n.rpartition(":")[2] for n in cfg.reward_funcs or ()}
+    for name, args in cfg.reward_args.items():
+        if cfg.reward_funcs is not None and name not in named:
+            problems.append(f"reward_args names {name!r}, which is not in reward_funcs {list(cfg.reward_funcs)}")
+        if not isinstance(args, dict):
+            problems.append(f"reward_args.{name} must be a mapping of keyword arguments, got {args!r}")
     problems += _check_names(cfg)
     problems += _check_paths(cfg)
     if problems:
@@ -377,3 +395,18 @@ def describe_settings() -> list[tuple[str, str, str, str]]:
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
     Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
+
+
+def settings_markdown() -> str:
+    """The configuration reference as a Markdown table (README: `python -m rlvr.config`)."""
+    out, section = ["| setting | default | meaning |", "|---|---|---|"], None
+    for sec, name, default, help_text in describe_settings():
+        if sec != section:
+            out.append(f"| **{sec}** | | |")
+            section = sec
+        out.append(f"| `{name}` | `{default}` | {help_text.replace('|', '&#124;')} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(settings_markdown())

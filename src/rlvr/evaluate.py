@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlvr.chat import encode_prompts
+from rlvr.chat import render_prompts, tokenize_prompts
 from rlvr.rewards import RewardSet
 from rlvr.rollout import SamplingParams
 from rlvr.types import Example
@@ -47,9 +47,9 @@ def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, ve
     lengths, truncated, samples = [], 0, []
     for lo in range(0, len(examples), cfg.eval_batch_size):
         chunk = examples[lo : lo + cfg.eval_batch_size]
-        prompt_ids = encode_prompts(tokenizer, [ex.prompt for ex in chunk], cfg.system_prompt, cfg.max_prompt_length)
-        groups = sampler.generate(prompt_ids, params, generator)
-        scores = rewards.score_groups(chunk, groups)
+        texts = render_prompts(tokenizer, [ex.prompt for ex in chunk], cfg.system_prompt)
+        groups = sampler.generate(tokenize_prompts(tokenizer, texts, cfg.max_prompt_length), params, generator)
+        scores = rewards.score_groups(chunk, groups, texts, max_completion_length=cfg.max_completion_length)
         for name in rewards.names:
             per_func[name] += scores.per_func[name]
         for i, (ex, group) in enumerate(zip(chunk, groups)):
@@ -70,18 +70,6 @@ def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, ve
         rewards=means,
         samples=samples,
     )
-
-
-def eval_rewards(cfg, verifier: str) -> RewardSet:
-    """The configured rewards plus the verifier that defines accuracy, if it is not among them."""
-    from rlvr.tasks import reward_funcs
-
-    names = list(reward_funcs(cfg))
-    weights = list(cfg.reward_weights) if cfg.reward_weights is not None else [1.0] * len(names)
-    if verifier not in names:
-        names.append(verifier)
-        weights.append(0.0)
-    return RewardSet(names, weights)
 
 
 def _mean(vals) -> float:

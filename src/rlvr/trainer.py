@@ -19,19 +19,18 @@ from pathlib import Path
 import torch
 
 from rlvr.advantages import group_advantages, group_reward_std
-from rlvr.chat import encode_prompts
+from rlvr.chat import render_prompts, tokenize_prompts
 from rlvr.checkpoint import load_checkpoint, save_checkpoint
 from rlvr.config import Config, save_config
 from rlvr.losses import LossNorm, policy_loss, selective_logprobs
-from rlvr.evaluate import EvalResult, eval_rewards, evaluate, write_result
+from rlvr.evaluate import EvalResult, evaluate, write_result
 from rlvr.models import disable_dropout, eos_token_ids, latest_checkpoint, load_model, make_reference
 from rlvr.monitor import MetricsLog, format_log_line, make_console, make_progress
 from rlvr.optim import build_optimizer
-from rlvr.rewards import RewardSet
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engine import HFSampler
-from rlvr.tasks import PromptStream, load_splits, reward_funcs, verifier_name
-from rlvr.types import Batch, Example, Rollout
+from rlvr.tasks import PromptStream, build_rewards, load_splits, verifier_name
+from rlvr.types import Batch, Example, Rollout, TrainerState
 
 
 @dataclass
@@ -48,7 +47,7 @@ class Trainer:
     def __init__(self, cfg: Config, model, tokenizer, train_examples: list[Example], output_dir: Path, total_steps: int, ref_model=None):
         self.cfg, self.model, self.tokenizer, self.ref_model = cfg, model, tokenizer, ref_model
         self.output_dir, self.total_steps = Path(output_dir), total_steps
-        self.rewards = RewardSet(reward_funcs(cfg), cfg.reward_weights)
+        self.rewards = build_rewards(cfg)
         self.sampler = HFSampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
         self.sampling = SamplingParams(
             n=cfg.num_generations,
@@ -71,10 +70,12 @@ class Trainer:
     def generate(self) -> Generation:
         cfg, t0 = self.cfg, time.perf_counter()
         examples = self.prompts.take(cfg.prompts_per_step)
-        prompt_ids = encode_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt, cfg.max_prompt_length)
+        texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt)
+        prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
         groups = self.sampler.generate(prompt_ids, self.sampling, self.generator)  # 1. rollout
         t1 = time.perf_counter()
-        scores = self.rewards.score_groups(examples, groups)  # 2. reward
+        state = TrainerState(global_step=self.step, max_steps=self.total_steps)
+        scores = self.rewards.score_groups(examples, groups, texts, state, cfg.max_completion_length)  # 2. reward
         t2 = time.perf_counter()
         rewards = torch.tensor(scores.total)
         advantages, zero_std = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)  # 3. advantage
@@ -101,6 +102,9 @@ class Trainer:
             vals = torch.tensor([v for v in values if v is not None] or [math.nan])
             metrics[f"rewards/{name}/mean"] = vals.mean().item()
             metrics[f"rewards/{name}/std"] = vals.std().item() if len(vals) > 1 else 0.0
+            for counter, count in scores.counters.get(name, {}).items():
+                if count:
+                    metrics[f"rewards/{name}/{counter}"] = count
         owners = [ex for ex in examples for _ in range(cfg.num_generations)]
         samples = [
             {"prompt": owners[i].prompt, "answer": owners[i].answer, "completion": rollouts[i].text,
@@ -279,7 +283,7 @@ def train(cfg: Config, console=None) -> dict:
     console.print(f"[bold]rlvr train[/] -> {output_dir}  model: {model_path}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
 
     verifier = verifier_name(cfg)
-    scorer = eval_rewards(cfg, verifier)
+    scorer = build_rewards(cfg, with_verifier=True)
 
     def held_out(label: str) -> EvalResult:
         console.print(f"held-out evaluation ({label}, {len(test_examples)} problems)...")

@@ -142,6 +142,25 @@ def _last_used_column(mask: torch.Tensor) -> int:
     return int(used[-1]) + 1 if len(used) else 0
 
 
+class ScoreList(list):
+    """What a reward function returns: a list of float | None, plus counts of the completions it
+    could not score (grading that timed out, code that could not run).  A plain list works too;
+    these counters are reported as rewards/<fn>/timeouts and rewards/<fn>/errors."""
+
+    def __init__(self, values=(), timeouts: int = 0, errors: int = 0):
+        super().__init__(values)
+        self.timeouts = timeouts
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """Passed to reward functions as `trainer_state` (TRL's name): where training is."""
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
 def completion_text(completion: Completion) -> str:
     """The text of a completion in either of the two shapes reward functions receive."""
     if isinstance(completion, str):

@@ -5,10 +5,14 @@ A reward function has TRL's signature
     fn(completions, **kwargs) -> list[float | None]
 
 where `completions` holds one entry per completion (text, or a one-message list
-for chat prompts) and kwargs carries `prompts`, `completion_ids` and every
-dataset column (e.g. `answer`) as lists aligned with the completions.  None
+for chat prompts) and kwargs carries, aligned with the completions: `prompts`,
+`prompt_texts` (the text the model saw, chat template applied),
+`completion_ids` and every dataset column (e.g. `answer`); plus
+`trainer_state` (global_step, max_steps) and `max_completion_length`.  None
 means "not applicable": it is left out of that function's mean and counts as 0
-in the weighted total (TRL's nansum).
+in the weighted total (TRL's nansum).  A function may return a ScoreList to
+report completions it could not score (timeouts, errors).  `reward_args` in the
+config supplies keyword arguments per function.
 
 Names are the built-ins below, or `package.module:function`, or
 `path/to/file.py:function` for your own.
@@ -20,13 +24,13 @@ import functools
 import importlib
 import importlib.util
 from math import isfinite, nan
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from rlvr.rewards.format import boxed_format, think_answer_format
 from rlvr.rewards.math import accuracy, numeric_accuracy, signed_accuracy
-from rlvr.types import Example, Rollout
+from rlvr.types import Example, Rollout, TrainerState
 
 RewardFn = Callable[..., list]
 
@@ -79,6 +83,7 @@ def reward_name(name: str) -> str:
 class Scores:
     total: list[float]  # weighted sum per completion (None counts as 0)
     per_func: dict[str, list[float | None]]
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)  # per function: timeouts, errors
 
     def mean(self, name: str) -> float:
         vals = [v for v in self.per_func[name] if v is not None]
@@ -86,39 +91,52 @@ class Scores:
 
 
 class RewardSet:
-    """The configured reward functions with their weights."""
+    """The configured reward functions with their weights and keyword arguments."""
 
-    def __init__(self, names, weights=None):
+    def __init__(self, names, weights=None, args: dict | None = None):
+        args = args or {}
         self.names = [reward_name(n) for n in names]
-        self.fns = [resolve_reward(n) for n in names]
+        self.fns = []
+        for full, short in zip(names, self.names):
+            fn = resolve_reward(full)
+            kwargs = args.get(full, args.get(short))
+            self.fns.append(functools.partial(fn, **kwargs) if kwargs else fn)
         self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(self.fns)
 
-    def score_groups(self, examples: list[Example], groups: list[list[Rollout]]) -> Scores:
-        """Score every rollout of every group; group i belongs to examples[i]."""
-        rows = [(ex, r) for ex, group in zip(examples, groups) for r in group]
+    def score_groups(self, examples: list[Example], groups: list[list[Rollout]], prompt_texts: list[str] | None = None,
+                     trainer_state: TrainerState | None = None, max_completion_length: int | None = None) -> Scores:
+        """Score every rollout of every group; group i belongs to examples[i] (rendered as prompt_texts[i])."""
+        rows = [(i, ex, r) for i, (ex, group) in enumerate(zip(examples, groups)) for r in group]
         keys = dict.fromkeys(k for ex in examples for k in ex.columns)
-        columns = {k: [ex.columns.get(k) for ex, _ in rows] for k in keys}
-        columns.setdefault("answer", [ex.answer for ex, _ in rows])
+        columns = {k: [ex.columns.get(k) for _, ex, _ in rows] for k in keys}
+        columns.setdefault("answer", [ex.answer for _, ex, _ in rows])
         completions = [
-            [{"role": "assistant", "content": r.text}] if ex.is_conversational else r.text for ex, r in rows
+            [{"role": "assistant", "content": r.text}] if ex.is_conversational else r.text for _, ex, r in rows
         ]
-        prompts = [ex.prompt for ex, _ in rows]
-        return self.score(prompts, completions, [r.completion_ids for _, r in rows], columns)
+        context = {
+            "prompts": [ex.prompt for _, ex, _ in rows],
+            "completion_ids": [r.completion_ids for _, _, r in rows],
+            "prompt_texts": [prompt_texts[i] for i, _, _ in rows] if prompt_texts else None,
+            "trainer_state": trainer_state or TrainerState(),
+            "max_completion_length": max_completion_length,
+        }
+        return self.score(completions, {**context, **columns})
 
-    def score(self, prompts, completions, completion_ids, columns: dict[str, list]) -> Scores:
+    def score(self, completions, kwargs: dict) -> Scores:
         n = len(completions)
-        per_func = {}
+        per_func, counters = {}, {}
         for name, fn in zip(self.names, self.fns):
             try:
-                values = fn(completions=completions, prompts=prompts, completion_ids=completion_ids, **columns)
+                values = fn(completions=completions, **kwargs)
             except Exception as e:
                 raise RewardError(f"reward function {name!r} raised {e.__class__.__name__}: {e}") from e
             per_func[name] = _check_output(name, values, n)
+            counters[name] = {"timeouts": getattr(values, "timeouts", 0), "errors": getattr(values, "errors", 0)}
         total = [
             sum(w * v for w, v in zip(self.weights, vals) if v is not None)
             for vals in zip(*(per_func[name] for name in self.names))
         ]
-        return Scores(total=total, per_func=per_func)
+        return Scores(total=total, per_func=per_func, counters=counters)
 
 
 def _check_output(name: str, values, n: int) -> list[float | None]:

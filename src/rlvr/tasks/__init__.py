@@ -31,6 +31,21 @@ def reward_funcs(cfg) -> tuple[str, ...]:
     return tuple(cfg.reward_funcs) if cfg.reward_funcs else (verifier_name(cfg),)
 
 
+def build_rewards(cfg, with_verifier: bool = False):
+    """The RewardSet for training (with_verifier: plus the verifier at weight 0, for accuracy)."""
+    from rlvr.rewards import RewardSet
+
+    names = list(reward_funcs(cfg))
+    weights = list(cfg.reward_weights) if cfg.reward_weights is not None else [1.0] * len(names)
+    verifier = verifier_name(cfg)
+    if with_verifier and verifier not in names:
+        names.append(verifier)
+        weights.append(0.0)
+    task_args = {} if cfg.dataset else TASKS[cfg.task].reward_args(cfg.task_args)
+    args = {name: {**task_args.get(name, {}), **cfg.reward_args.get(name, {})} for name in names}
+    return RewardSet(names, weights, args)
+
+
 TASKS = {ArithmeticTask.name: ArithmeticTask}
 
 

@@ -62,6 +62,11 @@ class ArithmeticTask:
             raise ValueError(f"num_test={a['num_test']} leaves no train problems: only {space_size(a)} distinct problems exist")
         return a
 
+    @staticmethod
+    def reward_args(args: dict) -> dict:
+        """Keyword arguments the task gives its rewards (none: the default verifier settings)."""
+        return {}
+
     @classmethod
     def splits(cls, args: dict, seed: int) -> tuple[list[Example], list[Example]]:
         a = cls.check_args(args)
