@@ -4,7 +4,6 @@ import time
 import pytest
 
 import rlvr.rewards.math as math_rewards
-from math_verify.errors import TimeoutException
 from rlvr.rewards.math import (
     accuracy,
     extract_answer,
@@ -115,15 +114,6 @@ def test_equivalent(pred, ref):
 )
 def test_not_equivalent(pred, ref):
     assert not is_equivalent(pred, ref)
-
-
-@pytest.mark.parametrize("error", [RuntimeError("sympy blew up"), TimeoutException("too slow")])
-def test_grading_error_means_not_equal(monkeypatch, error):
-    def broken(pred, ref):
-        raise error
-
-    monkeypatch.setattr(math_rewards, "_symbolic_equal", broken)
-    assert is_equivalent("x+1", "1+x") is False
 
 
 def test_huge_completions_are_graded_quickly():

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rlvr.rewards.format import boxed_format, think_answer_format
+from rlvr.rewards.format import boxed_format, format_curriculum, tag_count, think_answer_format
+from rlvr.rewards.length import cosine_length, repetition_penalty, soft_overlong
 from rlvr.rewards.math import accuracy, numeric_accuracy, signed_accuracy
 from rlvr.types import Example, Rollout, TrainerState
 
@@ -160,4 +161,9 @@ REWARDS: dict[str, RewardFn] = {
     "signed_accuracy": signed_accuracy,
     "format": think_answer_format,
     "boxed_format": boxed_format,
+    "tag_count": tag_count,
+    "format_curriculum": format_curriculum,
+    "soft_overlong": soft_overlong,
+    "cosine_length": cosine_length,
+    "repetition_penalty": repetition_penalty,
 }

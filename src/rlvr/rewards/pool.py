@@ -1,0 +1,193 @@
+"""A hard wall-clock bound on grading calls: worker processes that are killed when they overrun.
+
+math-verify's own timeout uses SIGALRM, which works only on the main thread of
+the main interpreter: called from a data-loader thread it either raises or is
+silently switched off, and one pathological answer (`10^{10^{10}}`) then hangs
+training.  Here every slow grading call runs in a separate worker process; the
+caller waits on a pipe with a deadline, so the bound holds from any thread and
+any process.  A worker that overruns (or dies) is killed and replaced, and the
+call reports TIMEOUT (or ERROR) instead of a result.
+
+    pool = WorkerPool(workers=2)
+    pool.map(fn, [(a, b), (c, d)], timeout=5.0)  # -> [result | TIMEOUT | ERROR, ...]
+
+`fn` must be a module-level function (it is sent to the worker by reference).
+Workers are started with "spawn", so they never inherit the parent's threads
+or locks, and get a memory limit so a runaway computation fails inside the
+worker rather than taking the machine down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import threading
+import time
+from collections import deque
+from multiprocessing.connection import wait
+
+TIMEOUT = "timeout"
+ERROR = "error"
+WORKER_MEMORY_BYTES = 4 << 30  # address space per worker
+
+
+STARTUP_SECONDS = 120  # a worker's imports are not part of any call's time budget
+
+
+class _Worker:
+    """One worker process; it says "ready" once its imports are done."""
+
+    def __init__(self, ctx, preload: tuple[str, ...]):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, preload), daemon=True)
+        self.proc.start()
+        child.close()
+        self.ready = False
+        self.start_deadline = time.monotonic() + STARTUP_SECONDS
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+def _serve(conn, preload: tuple[str, ...]) -> None:
+    import importlib
+    import resource
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
+    except (ValueError, OSError):
+        pass
+    for module in preload:
+        importlib.import_module(module)
+    conn.send("ready")
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        fn, args = job
+        try:
+            result = fn(*args)
+        except BaseException:  # noqa: BLE001 - anything inside grading is "not equal", never a crash
+            result = ERROR
+        try:
+            conn.send(result)
+        except (BrokenPipeError, OSError):
+            return
+
+
+class WorkerPool:
+    def __init__(self, workers: int | None = None, preload: tuple[str, ...] = ()):
+        self.size = max(1, workers or min(4, os.cpu_count() or 1))
+        self.preload = tuple(preload)  # modules each worker imports before taking jobs
+        self._ctx = mp.get_context("spawn")
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()  # one map at a time; callers from several threads queue here
+        self.timeouts = 0  # calls killed at their deadline, since the pool was made
+        self.started = 0  # worker processes started (replacements included)
+
+    def map(self, fn, jobs: list[tuple], timeout: float) -> list:
+        """fn(*job) for every job, in parallel; TIMEOUT for a job that ran past `timeout`
+        seconds, ERROR for one whose worker raised or died."""
+        if not jobs:
+            return []
+        with self._lock:
+            return self._map(fn, jobs, timeout)
+
+    def warm(self) -> "WorkerPool":
+        """Start the workers and wait until every one is ready (e.g. before timing)."""
+        with self._lock:
+            self._fill()
+            for worker in self._workers:
+                if not worker.ready:
+                    if not worker.conn.poll(max(0.0, worker.start_deadline - time.monotonic())):
+                        raise RuntimeError(f"a grading worker did not start within {STARTUP_SECONDS} s")
+                    worker.ready = worker.conn.recv() == "ready"
+        return self
+
+    def _fill(self) -> None:
+        self._workers = [w for w in self._workers if w.proc.is_alive()]
+        while len(self._workers) < self.size:
+            self._workers.append(self._start())
+
+    def _map(self, fn, jobs, timeout):
+        self._fill()
+        results: list = [None] * len(jobs)
+        pending = deque(range(len(jobs)))
+        busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (job, deadline)
+        while pending or busy:
+            for worker in [w for w in self._workers if w.ready and w not in busy]:
+                if not pending:
+                    break
+                index = pending.popleft()
+                try:
+                    worker.conn.send((fn, jobs[index]))
+                    busy[worker] = (index, time.monotonic() + timeout)
+                except (BrokenPipeError, OSError):
+                    results[index] = ERROR
+                    self._replace(worker)
+            starting = [w for w in self._workers if not w.ready]
+            if not busy and not starting:
+                continue
+            deadlines = [d for _, d in busy.values()] + [w.start_deadline for w in starting]
+            ready = wait([w.conn for w in [*busy, *starting]], timeout=max(0.0, min(deadlines) - time.monotonic()))
+            for worker in [w for w in starting if w.conn in ready]:
+                try:
+                    worker.ready = worker.conn.recv() == "ready"
+                except (EOFError, OSError):
+                    worker.ready = False
+                if not worker.ready:
+                    raise RuntimeError("a grading worker failed to start (see its error above)")
+            for worker in [w for w in busy if w.conn in ready]:
+                index, _ = busy.pop(worker)
+                try:
+                    results[index] = worker.conn.recv()
+                except (EOFError, OSError):  # the worker died (segfault, out of memory)
+                    results[index] = ERROR
+                    self._replace(worker)
+            now = time.monotonic()
+            for worker in [w for w, (_, d) in busy.items() if d <= now]:
+                index, _ = busy.pop(worker)
+                results[index] = TIMEOUT
+                self.timeouts += 1
+                self._replace(worker)
+            if any(w.start_deadline <= now for w in self._workers if not w.ready):
+                raise RuntimeError(f"a grading worker did not start within {STARTUP_SECONDS} s")
+        return results
+
+    def _start(self) -> _Worker:
+        self.started += 1
+        return _Worker(self._ctx, self.preload)
+
+    def _replace(self, worker: _Worker) -> None:
+        """Kill `worker` and start another in its place; it takes jobs once it says it is ready."""
+        worker.kill()
+        fresh = self._start()
+        self._workers = [fresh if w is worker else w for w in self._workers]
+
+    def close(self) -> None:
+        for worker in self._workers:
+            worker.kill()
+        self._workers = []
+
+
+_shared: WorkerPool | None = None
+_shared_pid: int | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_pool() -> WorkerPool:
+    """The process-wide grading pool (made on first use; a forked child makes its own)."""
+    global _shared, _shared_pid
+    with _shared_lock:
+        if _shared is None or _shared_pid != os.getpid():
+            _shared, _shared_pid = WorkerPool(preload=("rlvr.rewards.math",)), os.getpid()
+            atexit.register(_shared.close)
+        return _shared
