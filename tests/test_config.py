@@ -41,6 +41,8 @@ def no_training(monkeypatch):
         (["reward_funcs=[no_such_pkg.mod:fn]"], "cannot import 'no_such_pkg.mod'"),
         (["reward_funcs=[/nope/r.py:fn]"], "reward function file not found: /nope/r.py"),
         (["task=sudoku"], "unknown task 'sudoku'; built-in tasks: arithmetic"),
+        (["reward_funcs=[accuracy]", "reward_args.format.partial=0.2"], "reward_args names 'format', which is not in reward_funcs"),
+        (["reward_funcs=[accuracy]", "reward_args.accuracy=3"], "reward_args.accuracy must be a mapping"),
         (["task_args.digitz=2"], "task_args for 'arithmetic': unknown key(s) ['digitz']"),
         (["task_args.operators=/"], "operators must be a non-empty string of + - *"),
         (["task_args.num_test=200"], "num_test=200 leaves no train problems: only 200 distinct problems exist"),
@@ -89,7 +91,9 @@ def test_file_then_overrides_then_trl_spellings(tmp_path):
         "model_name_or_path: default\nlearning_rate: 1.0e-6\nnum_generations: 4\nper_device_train_batch_size: 8\n"
         "scale_rewards: false\ntask_args: {digits: 2}\n"
     )
-    cfg = load_config(str(path), ["learning_rate=3e-6", "task_args.operands=3"])
+    cfg = load_config(str(path), ["learning_rate=3e-6", "task_args.operands=3", "reward_funcs=[accuracy]",
+                                  "reward_args.accuracy.timeout=2", "reward_args.accuracy.final_number=true"])
+    assert cfg.reward_args == {"accuracy": {"timeout": 2, "final_number": True}}
     assert cfg.learning_rate == 3e-6 and cfg.num_generations == 4
     assert cfg.scale_rewards == "none"  # TRL's boolean form
     assert cfg.task_args == {"digits": 2, "operands": 3}

@@ -143,3 +143,48 @@ def test_bf16_autocast_runs_and_stays_close(tiny, tmp_path):
 )
 def test_learning_rate_schedule(kind, step, expected):
     assert lr_factor(step, total_steps=10, warmup_steps=2, kind=kind) == pytest.approx(expected)
+
+
+def test_unscorable_completions_are_counted_in_the_metrics(tiny, tmp_path, monkeypatch):
+    import rlvr.rewards as rewards
+    from rlvr.types import ScoreList
+
+    def flaky(completions, **kwargs):
+        return ScoreList([0.0, 1.0] * (len(completions) // 2), timeouts=3, errors=1)
+
+    monkeypatch.setitem(rewards.REWARDS, "boxed_format", flaky)
+    model, tokenizer = tiny
+    cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "reward_funcs": ["boxed_format"],
+                        "num_generations": 2, "per_device_train_batch_size": 4, "max_completion_length": 3})
+    gen = Trainer(cfg, model, tokenizer, [Example("a", "1"), Example("b", "2")], tmp_path, 10).generate()
+    assert gen.metrics["rewards/boxed_format/timeouts"] == 3
+    assert gen.metrics["rewards/boxed_format/errors"] == 1
+
+
+def test_reward_functions_see_the_step_and_the_rendered_prompt(tiny, tmp_path, monkeypatch):
+    import rlvr.rewards as rewards
+
+    seen = {}
+
+    def spy(completions, trainer_state, prompt_texts, max_completion_length, **kwargs):
+        seen.update(step=trainer_state.global_step, total=trainer_state.max_steps, text=prompt_texts[0], max_len=max_completion_length)
+        return [0.0] * len(completions)
+
+    monkeypatch.setitem(rewards.REWARDS, "boxed_format", spy)
+    model, tokenizer = tiny
+    cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "reward_funcs": ["boxed_format"],
+                        "num_generations": 2, "per_device_train_batch_size": 2, "max_completion_length": 3, "system_prompt": "be brief"})
+    trainer = Trainer(cfg, model, tokenizer, [Example("hello", "1")], tmp_path, total_steps=7)
+    trainer.step = 4
+    trainer.generate()
+    assert seen == {"step": 4, "total": 7, "max_len": 3,
+                    "text": "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"}
+
+
+def test_reward_args_reach_the_function(tiny, tmp_path):
+    from rlvr.tasks import build_rewards
+
+    cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "reward_funcs": ["accuracy"],
+                        "reward_args": {"accuracy": {"final_number": True}}})
+    scores = build_rewards(cfg).score_groups([Example("q", "12")], [[Rollout([1], [2], [0.0], "stop", "so 12 apples")]])
+    assert scores.total == [1.0]  # the last number counts because of reward_args

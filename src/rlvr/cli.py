@@ -3,6 +3,7 @@
     rlvr train [CONFIG_FILE | demo] [key=value ...]   train (no arguments: the built-in demo)
     rlvr eval  [CONFIG_FILE] [key=value ...]          held-out accuracy of a model on a task
     rlvr sample model=... prompt="..." n=4 [answer=...] [key=value ...]
+    rlvr check-reward CASES.jsonl [reward=NAME] [--json] [--min-agreement 0.95]
 """
 
 from __future__ import annotations
@@ -28,9 +29,17 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=settings_help(),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("args", nargs="*", metavar="[CONFIG_FILE] key=value", help="a YAML config and/or settings")
+    check = sub.add_parser("check-reward", help="check a verifier on labelled cases before training",
+                           description=check_reward_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    check.add_argument("cases", metavar="CASES.jsonl")
+    check.add_argument("args", nargs="*", metavar="key=value", help="reward=NAME (default accuracy) and its keyword arguments")
+    check.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    check.add_argument("--min-agreement", type=float, default=0.0, help="exit with status 1 below this agreement (0-1)")
     ns = parser.parse_args(argv)
     _quiet_libraries()
     try:
+        if ns.command == "check-reward":
+            return cmd_check_reward(ns)
         return COMMANDS[ns.command](ns.args)
     except USAGE_ERRORS + _library_errors() as e:
         print(f"rlvr {ns.command}: error: {e}", file=sys.stderr)
@@ -54,9 +63,10 @@ def _quiet_libraries() -> None:
 def _library_errors() -> tuple:
     from rlvr.models import ModelError
     from rlvr.rewards import RewardError
+    from rlvr.rewards.check import CaseError
     from rlvr.tasks.dataset import DatasetError
 
-    return (ModelError, RewardError, DatasetError)
+    return (ModelError, RewardError, DatasetError, CaseError, ValueError)
 
 
 def split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -179,6 +189,28 @@ def cmd_sample(args: list[str]) -> int:
         print(r.text)
     if answer is None:
         print("\n(no answer=... given: accuracy rewards are n/a)")
+    return 0
+
+
+def check_reward_doc() -> str:
+    from rlvr.rewards import check
+
+    return "check a verifier on labelled cases before training\n\n" + check.__doc__
+
+
+def cmd_check_reward(ns) -> int:
+    import json
+
+    from rlvr.rewards import check
+
+    kwargs = parse_overrides(ns.args)
+    reward = kwargs.pop("reward", "accuracy")
+    result = check.check_reward(check.load_cases(ns.cases), reward, kwargs)
+    print(json.dumps(result.to_dict(), indent=2) if ns.json else check.format_result(result, ns.cases))
+    if result.agreement < ns.min_agreement:
+        if not ns.json:
+            print(f"agreement {result.agreement:.1%} is below --min-agreement {ns.min_agreement:.1%}", file=sys.stderr)
+        return 1
     return 0
 
 
