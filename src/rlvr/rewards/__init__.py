@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from rlvr.rewards.code import code_tests
 from rlvr.rewards.format import boxed_format, format_curriculum, tag_count, think_answer_format
 from rlvr.rewards.length import cosine_length, repetition_penalty, soft_overlong
 from rlvr.rewards.math import accuracy, numeric_accuracy, signed_accuracy
@@ -166,4 +167,5 @@ REWARDS: dict[str, RewardFn] = {
     "soft_overlong": soft_overlong,
     "cosine_length": cosine_length,
     "repetition_penalty": repetition_penalty,
+    "code_tests": code_tests,
 }

@@ -9,6 +9,7 @@ in TASKS below.
 from __future__ import annotations
 
 from rlvr.tasks.arithmetic import ArithmeticTask
+from rlvr.tasks.humaneval import HumanEvalTask
 from rlvr.types import Example
 
 
@@ -46,7 +47,7 @@ def build_rewards(cfg, with_verifier: bool = False):
     return RewardSet(names, weights, args)
 
 
-TASKS = {ArithmeticTask.name: ArithmeticTask}
+TASKS = {ArithmeticTask.name: ArithmeticTask, HumanEvalTask.name: HumanEvalTask}
 
 
 class PromptStream:
