@@ -127,3 +127,16 @@ def test_unreachable_hub_dataset_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(DatasetError, match="could not load dataset 'someone/not-here'"):
         load_splits(_cfg(dataset="someone/not-here"))
+
+
+def test_the_task_turns_the_final_number_fallback_on_or_off():
+    from rlvr.tasks import build_rewards
+    from rlvr.types import Example, Rollout
+
+    def score(**task_args):
+        cfg = build_config({"task_args": {"num_test": 10, **task_args}})
+        groups = [[Rollout([1], [2], [0.0], "stop", "3 + 5 = 8")]]
+        return build_rewards(cfg).score_groups([Example("What is 3 + 5?", "8")], groups).total
+
+    assert score() == [0.0]  # the default: only a boxed answer counts
+    assert score(final_number=True) == [1.0]

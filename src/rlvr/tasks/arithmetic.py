@@ -9,6 +9,7 @@ no test problem ever appears in the train split.  Difficulty knobs (task_args):
     num_train  train problems                                         default 5000
     num_test   test problems                                          default 100
     template   the prompt: a name from TEMPLATES, or text with {expr}  default "boxed_example"
+    final_number  also accept the last number when nothing is boxed   default false
     seed       generator seed (default: the run's seed)
 
 When the problem space is small (1 digit, 2 operands, "+-" has 200 problems)
@@ -23,7 +24,7 @@ import random
 
 from rlvr.types import Example
 
-DEFAULTS = {"digits": 1, "operands": 2, "operators": "+-", "num_train": 5000, "num_test": 100, "template": "boxed_example", "seed": None}
+DEFAULTS = {"digits": 1, "operands": 2, "operators": "+-", "num_train": 5000, "num_test": 100, "template": "boxed_example", "final_number": False, "seed": None}
 TEMPLATES = {
     "boxed": "What is {expr}? Put your final answer in \\boxed{{}}.",
     # One worked example of the expected layout (a 1-shot prompt).
@@ -48,6 +49,8 @@ class ArithmeticTask:
         for key in ("digits", "operands", "num_train", "num_test"):
             if not isinstance(a[key], int) or isinstance(a[key], bool) or a[key] < 1:
                 raise ValueError(f"{key} must be a positive integer, got {a[key]!r}")
+        if not isinstance(a["final_number"], bool):
+            raise ValueError(f"final_number must be true or false, got {a['final_number']!r}")
         if a["operands"] < 2:
             raise ValueError("operands must be at least 2")
         if a["digits"] > 9:
@@ -62,10 +65,11 @@ class ArithmeticTask:
             raise ValueError(f"num_test={a['num_test']} leaves no train problems: only {space_size(a)} distinct problems exist")
         return a
 
-    @staticmethod
-    def reward_args(args: dict) -> dict:
-        """Keyword arguments the task gives its rewards (none: the default verifier settings)."""
-        return {}
+    @classmethod
+    def reward_args(cls, args: dict) -> dict:
+        """Keyword arguments the task gives its rewards: whether a bare last number counts."""
+        final_number = {**DEFAULTS, **args}["final_number"]
+        return {name: {"final_number": final_number} for name in ("numeric_accuracy", "accuracy", "signed_accuracy")}
 
     @classmethod
     def splits(cls, args: dict, seed: int) -> tuple[list[Example], list[Example]]:
