@@ -66,7 +66,7 @@ def _library_errors() -> tuple:
     from rlvr.rewards.check import CaseError
     from rlvr.tasks.dataset import DatasetError
 
-    return (ModelError, RewardError, DatasetError, CaseError, ValueError)
+    return (ModelError, RewardError, DatasetError, CaseError)
 
 
 def split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -201,10 +201,14 @@ def check_reward_doc() -> str:
 def cmd_check_reward(ns) -> int:
     import json
 
-    from rlvr.rewards import check
+    from rlvr.rewards import check, resolve_reward
 
     kwargs = parse_overrides(ns.args)
     reward = kwargs.pop("reward", "accuracy")
+    try:
+        resolve_reward(reward)
+    except (ValueError, ImportError) as e:
+        raise check.CaseError(str(e)) from None
     result = check.check_reward(check.load_cases(ns.cases), reward, kwargs)
     print(json.dumps(result.to_dict(), indent=2) if ns.json else check.format_result(result, ns.cases))
     if result.agreement < ns.min_agreement:

@@ -70,3 +70,8 @@ def test_malformed_cases_are_reported_with_their_line(tmp_path, capsys, content,
 def test_missing_file(capsys):
     assert cli.main(["check-reward", "/no/such/cases.jsonl"]) == 2
     assert "cases file not found" in capsys.readouterr().err
+
+
+def test_unknown_reward_is_a_usage_error(cases_file, capsys):
+    assert cli.main(["check-reward", str(cases_file), "reward=acuracy"]) == 2
+    assert "unknown reward function 'acuracy'" in capsys.readouterr().err
