@@ -6,7 +6,7 @@ import torch
 from rlvr.chat import encode_prompts
 from rlvr.models import eos_token_ids
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.engine import HFSampler
+from rlvr.rollout.engine import FastSampler, HFSampler
 from rlvr.rollout.sampling import filter_logits, sample_next
 
 NEG = float("-inf")
@@ -49,16 +49,21 @@ def test_sampling_frequencies_follow_the_truncated_distribution():
     assert freq[3].item() == pytest.approx(0.4 / 0.7, abs=0.015)  # renormalised over the top 2
 
 
-# --- the in-process engine on the tiny model ----------------------------------------------
+# --- the in-process engines on the tiny model: the generic one and rlvr's fast one ---------
+
+
+@pytest.fixture(params=[HFSampler, FastSampler], ids=["generic", "fast"])
+def sampler_cls(request):
+    return request.param
 
 
 def _prompts(tokenizer, texts):
     return encode_prompts(tokenizer, texts, None, None)
 
 
-def test_greedy_matches_transformers_generate(tiny):
+def test_greedy_matches_transformers_generate(tiny, sampler_cls):
     model, tokenizer = tiny
-    sampler = HFSampler(model, tokenizer, eos_token_ids=[10_000])  # an id never produced: run to length
+    sampler = sampler_cls(model, tokenizer, eos_token_ids=[10_000])  # an id never produced: run to length
     ids = _prompts(tokenizer, ["what is 3+5?"])
     out = sampler.generate(ids, SamplingParams(n=1, max_tokens=12, temperature=0))[0][0]
     x = torch.tensor(ids)
@@ -67,9 +72,9 @@ def test_greedy_matches_transformers_generate(tiny):
     assert out.finish_reason == "length" and len(out.completion_ids) == 12
 
 
-def test_batched_left_padded_rows_equal_their_unbatched_runs(tiny):
+def test_batched_left_padded_rows_equal_their_unbatched_runs(tiny, sampler_cls):
     model, tokenizer = tiny
-    sampler = HFSampler(model, tokenizer, eos_token_ids=[10_000])
+    sampler = sampler_cls(model, tokenizer, eos_token_ids=[10_000])
     texts = ["a", "what is 12+7?", "hello there, how are you"]
     params = SamplingParams(n=1, max_tokens=8, temperature=0)
     batched = sampler.generate(_prompts(tokenizer, texts), params)
@@ -79,14 +84,14 @@ def test_batched_left_padded_rows_equal_their_unbatched_runs(tiny):
         assert group[0].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
 
 
-def test_rows_that_stop_early_leave_the_others_unchanged(tiny):
+def test_rows_that_stop_early_leave_the_others_unchanged(tiny, sampler_cls):
     model, tokenizer = tiny
     texts = ["a", "what is 12+7?", "hello there"]
     params = SamplingParams(n=1, max_tokens=10, temperature=0)
-    free = HFSampler(model, tokenizer, eos_token_ids=[10_000]).generate(_prompts(tokenizer, texts), params)
+    free = sampler_cls(model, tokenizer, eos_token_ids=[10_000]).generate(_prompts(tokenizer, texts), params)
     # Make the 3rd token of the first row an end token: that row stops, the cache drops it.
     stop_id = free[0][0].completion_ids[2]
-    stopped = HFSampler(model, tokenizer, eos_token_ids=[stop_id]).generate(_prompts(tokenizer, texts), params)
+    stopped = sampler_cls(model, tokenizer, eos_token_ids=[stop_id]).generate(_prompts(tokenizer, texts), params)
     first = stopped[0][0]
     assert first.finish_reason == "stop" and first.completion_ids[-1] == stop_id
     assert first.completion_ids == free[0][0].completion_ids[: free[0][0].completion_ids.index(stop_id) + 1]
@@ -96,18 +101,18 @@ def test_rows_that_stop_early_leave_the_others_unchanged(tiny):
         assert stopped[i][0].completion_ids == expect
 
 
-def test_eos_is_cut_from_the_text(tiny):
+def test_eos_is_cut_from_the_text(tiny, sampler_cls):
     model, tokenizer = tiny
-    free = HFSampler(model, tokenizer, [10_000]).generate(_prompts(tokenizer, ["x"]), SamplingParams(max_tokens=6, temperature=0))[0][0]
+    free = sampler_cls(model, tokenizer, [10_000]).generate(_prompts(tokenizer, ["x"]), SamplingParams(max_tokens=6, temperature=0))[0][0]
     stop_id = free.completion_ids[3]
-    out = HFSampler(model, tokenizer, [stop_id]).generate(_prompts(tokenizer, ["x"]), SamplingParams(max_tokens=6, temperature=0))[0][0]
+    out = sampler_cls(model, tokenizer, [stop_id]).generate(_prompts(tokenizer, ["x"]), SamplingParams(max_tokens=6, temperature=0))[0][0]
     k = free.completion_ids.index(stop_id)
     assert out.text == tokenizer.decode(free.completion_ids[:k], skip_special_tokens=True)
 
 
-def test_stop_strings_end_the_completion_and_are_cut(tiny):
+def test_stop_strings_end_the_completion_and_are_cut(tiny, sampler_cls):
     model, tokenizer = tiny
-    sampler = HFSampler(model, tokenizer, eos_token_ids=[10_000])
+    sampler = sampler_cls(model, tokenizer, eos_token_ids=[10_000])
     ids = _prompts(tokenizer, ["what is 3+5?"])
     free = sampler.generate(ids, SamplingParams(max_tokens=16, temperature=0))[0][0]
     stop = free.text[5:7]  # two characters the greedy text contains
@@ -118,7 +123,7 @@ def test_stop_strings_end_the_completion_and_are_cut(tiny):
     assert len(out.completion_ids) == cut + len(stop)  # one character per token here: up to the stop string's end
 
 
-def test_groups_and_sampling_logprobs_match_the_update(tiny):
+def test_groups_and_sampling_logprobs_match_the_update(tiny, sampler_cls):
     from rlvr.config import build_config
     from rlvr.trainer import Trainer
     from rlvr.types import Batch, Example
@@ -126,21 +131,39 @@ def test_groups_and_sampling_logprobs_match_the_update(tiny):
     model, tokenizer = tiny
     cfg = build_config({"model": "default", "temperature": 0.7, "task_args": {"num_test": 10}})
     trainer = Trainer(cfg, model, tokenizer, [Example("q", "1")], output_dir=".", total_steps=1)
+    sampler = sampler_cls(model, tokenizer, eos_token_ids(model, tokenizer))
     ids = _prompts(tokenizer, ["what is 3+5?", "a"])
-    groups = trainer.sampler.generate(ids, SamplingParams(n=3, max_tokens=7, temperature=0.7), torch.Generator().manual_seed(0))
+    groups = sampler.generate(ids, SamplingParams(n=3, max_tokens=7, temperature=0.7), torch.Generator().manual_seed(0))
     assert [len(g) for g in groups] == [3, 3]
     assert all(r.prompt_ids == ids[i] for i, g in enumerate(groups) for r in g)
     rollouts = [r for g in groups for r in g]
-    batch = Batch.from_rollouts(rollouts, torch.zeros(6), torch.ones(6, dtype=torch.bool), 0, False)
+    batch = Batch.from_rollouts(rollouts, torch.zeros(6), torch.ones(6, dtype=torch.bool), 0, False, group_size=3)
     with torch.no_grad():
-        logprobs, _ = trainer.completion_logprobs(model, batch)
+        fast, _ = trainer.completion_logprobs(model, batch)  # rlvr's forward
+        reference, _ = trainer.reference_logprobs(model, batch)  # the Hugging Face forward
     for i, r in enumerate(rollouts):
-        assert logprobs[i, : len(r.logprobs)].tolist() == pytest.approx(r.logprobs, abs=1e-4)
+        assert fast[i, : len(r.logprobs)].tolist() == pytest.approx(r.logprobs, abs=1e-4)
+        assert reference[i, : len(r.logprobs)].tolist() == pytest.approx(r.logprobs, abs=1e-4)
 
 
-def test_sampling_is_reproducible_with_a_seeded_generator(tiny):
+def test_many_rows_finishing_at_different_times(tiny, sampler_cls):
     model, tokenizer = tiny
-    sampler = HFSampler(model, tokenizer, eos_token_ids(model, tokenizer))
+    texts = ["a", "bb", "what is 12+7?", "hello there", "x y z", "7", "q?", "the end"]
+    params = SamplingParams(n=2, max_tokens=12, temperature=0)
+    free = HFSampler(model, tokenizer, [10_000]).generate(_prompts(tokenizer, texts), params)
+    # every token id that some row produces early becomes an end token: rows stop one by one
+    stop_ids = sorted({g[0].completion_ids[k] for g in free for k in (1, 4)})[:3]
+    stopped = sampler_cls(model, tokenizer, stop_ids).generate(_prompts(tokenizer, texts), params)
+    for f, s in zip(free, stopped):
+        for fr, sr in zip(f, s):
+            cut = next((k + 1 for k, t in enumerate(fr.completion_ids) if t in stop_ids), len(fr.completion_ids))
+            assert sr.completion_ids == fr.completion_ids[:cut]
+            assert sr.finish_reason == ("stop" if cut < len(fr.completion_ids) or fr.completion_ids[-1] in stop_ids else "length")
+
+
+def test_sampling_is_reproducible_with_a_seeded_generator(tiny, sampler_cls):
+    model, tokenizer = tiny
+    sampler = sampler_cls(model, tokenizer, eos_token_ids(model, tokenizer))
     ids = _prompts(tokenizer, ["a", "b"])
     params = SamplingParams(n=4, max_tokens=6, temperature=1.0, top_p=0.9)
     a = sampler.generate(ids, params, torch.Generator().manual_seed(3))
@@ -151,7 +174,7 @@ def test_sampling_is_reproducible_with_a_seeded_generator(tiny):
     assert model.training  # the sampler switched to eval for the call and back afterwards
 
 
-def test_empty_prompt_is_refused(tiny):
+def test_empty_prompt_is_refused(tiny, sampler_cls):
     model, tokenizer = tiny
     with pytest.raises(ValueError, match="empty prompt"):
-        HFSampler(model, tokenizer, [2]).generate([[]], SamplingParams())
+        sampler_cls(model, tokenizer, [2]).generate([[]], SamplingParams())

@@ -125,7 +125,7 @@ def cmd_eval(args: list[str]) -> int:
     from rlvr.evaluate import evaluate, write_result
     from rlvr.models import eos_token_ids, is_run_dir, load_model
     from rlvr.monitor import make_console
-    from rlvr.rollout.engine import HFSampler
+    from rlvr.rollout.engine import make_sampler
     from rlvr.tasks import build_rewards, load_splits, verifier_name
 
     cfg = resolve_config(args, run_base=True)
@@ -133,7 +133,7 @@ def cmd_eval(args: list[str]) -> int:
     _, test = load_splits(cfg)
     test = test[: cfg.eval_max_examples or None]
     model, tokenizer, path = load_model(cfg.model, cfg.dtype)
-    sampler = HFSampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
+    sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
     verifier = verifier_name(cfg)
     console.print(f"evaluating {path} on {len(test)} {cfg.dataset or cfg.task} problems...")
     result = evaluate(sampler, tokenizer, test, build_rewards(cfg, with_verifier=True), verifier, cfg)
@@ -158,7 +158,7 @@ def cmd_sample(args: list[str]) -> int:
     from rlvr.chat import render_prompts, tokenize_prompts
     from rlvr.models import eos_token_ids, load_model
     from rlvr.rollout import SamplingParams
-    from rlvr.rollout.engine import HFSampler
+    from rlvr.rollout.engine import make_sampler
     from rlvr.tasks import build_rewards
     from rlvr.types import Example
 
@@ -173,7 +173,7 @@ def cmd_sample(args: list[str]) -> int:
         raise ConfigError(f"n must be a positive integer, got {n!r}")
     cfg = build_config(load_yaml(config_file) if config_file else {}, values)
     model, tokenizer, path = load_model(cfg.model, cfg.dtype)
-    sampler = HFSampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
+    sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
     texts = render_prompts(tokenizer, [prompt], cfg.system_prompt)
     ids = tokenize_prompts(tokenizer, texts, cfg.max_prompt_length)
     params = SamplingParams(n=n, max_tokens=cfg.max_completion_length, temperature=cfg.temperature,

@@ -28,7 +28,8 @@ from rlvr.models import disable_dropout, eos_token_ids, latest_checkpoint, load_
 from rlvr.monitor import MetricsLog, format_log_line, make_console, make_progress
 from rlvr.optim import build_optimizer
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.engine import HFSampler
+from rlvr.llama import LlamaRunner, batch_logprobs, supports
+from rlvr.rollout.engine import make_sampler
 from rlvr.tasks import PromptStream, build_rewards, load_splits, verifier_name
 from rlvr.types import Batch, Example, Rollout, TrainerState
 
@@ -48,7 +49,9 @@ class Trainer:
         self.cfg, self.model, self.tokenizer, self.ref_model = cfg, model, tokenizer, ref_model
         self.output_dir, self.total_steps = Path(output_dir), total_steps
         self.rewards = build_rewards(cfg)
-        self.sampler = HFSampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
+        self.sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
+        self.fast = supports(model)  # rlvr's own forward (llama.py) for log-probs; else the generic one
+        self._runners: dict[int, LlamaRunner] = {}
         self.sampling = SamplingParams(
             n=cfg.num_generations,
             max_tokens=cfg.max_completion_length,
@@ -81,7 +84,7 @@ class Trainer:
         advantages, zero_std = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)  # 3. advantage
         rollouts = [r for group in groups for r in group]
         keep = (~zero_std).repeat_interleave(cfg.num_generations)  # groups without signal are left out
-        batch = Batch.from_rollouts(rollouts, advantages, keep, self.sampler.pad_id, cfg.mask_truncated_completions)
+        batch = Batch.from_rollouts(rollouts, advantages, keep, self.sampler.pad_id, cfg.mask_truncated_completions, cfg.num_generations)
         if len(batch):
             self._fill_reference_logprobs(batch)
 
@@ -184,6 +187,14 @@ class Trainer:
     def completion_logprobs(self, model, batch: Batch):
         """Per-token log-probs (and entropies) of the completion tokens under `model`,
         with logits divided by the sampling temperature, as the sampler saw them."""
+        if self.fast:
+            runner = self._runners.setdefault(id(model), LlamaRunner(model))
+            with self._autocast():
+                return batch_logprobs(runner, batch, self.cfg.temperature, torch.bfloat16 if self.cfg.bf16 else None)
+        return self.reference_logprobs(model, batch)
+
+    def reference_logprobs(self, model, batch: Batch):
+        """The straightforward computation: the model's own forward over padded prompt + completion."""
         ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
         mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)

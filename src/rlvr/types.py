@@ -79,10 +79,13 @@ class Batch:
     advantages: torch.Tensor  # [B] float
     old_logprobs: torch.Tensor | None = None  # [B, T]
     ref_logprobs: torch.Tensor | None = None  # [B, T]
+    group_ids: torch.Tensor | None = None  # [B] long: rows with the same id share their prompt
 
     @classmethod
-    def from_rollouts(cls, rollouts: list[Rollout], advantages: torch.Tensor, keep: torch.Tensor, pad_id: int, mask_truncated: bool) -> "Batch":
-        """The rollouts where `keep` is True; with mask_truncated, a truncated completion is fully masked."""
+    def from_rollouts(cls, rollouts: list[Rollout], advantages: torch.Tensor, keep: torch.Tensor, pad_id: int,
+                      mask_truncated: bool, group_size: int | None = None) -> "Batch":
+        """The rollouts where `keep` is True; with mask_truncated, a truncated completion is fully masked.
+        With group_size, rollouts i*G .. i*G+G-1 are one group (they share a prompt)."""
         rows = [r for r, k in zip(rollouts, keep.tolist()) if k]
         n = len(rows)
         p_width = max((len(r.prompt_ids) for r in rows), default=0)
@@ -97,7 +100,8 @@ class Batch:
             prompt_mask[i, p_width - p :] = True
             completion_ids[i, :c] = torch.tensor(r.completion_ids)
             completion_mask[i, :c] = not (mask_truncated and r.truncated)
-        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages[keep].float())
+        groups = None if group_size is None else (torch.arange(len(rollouts)) // group_size)[keep]
+        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages[keep].float(), group_ids=groups)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -124,6 +128,7 @@ class Batch:
             advantages=self.advantages[index],
             old_logprobs=pick(self.old_logprobs),
             ref_logprobs=pick(self.ref_logprobs),
+            group_ids=pick(self.group_ids),
         )
         if sub.old_logprobs is not None:
             sub.old_logprobs = sub.old_logprobs[:, :t_end]

@@ -14,6 +14,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from rlvr.llama import LlamaRunner, supports
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.sampling import sample_next
 from rlvr.types import Rollout
@@ -60,23 +61,9 @@ class HFSampler:
         return out
 
     def _decode(self, prompts, params: SamplingParams, generator):
-        model, n = self.model, params.n
-        device = next(model.parameters()).device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=device)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-        for i, p in enumerate(prompts):  # left padding: every prompt ends at the last column
-            ids[i, width - len(p) :] = torch.tensor(p, device=device)
-            mask[i, width - len(p) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
-        logits = out.logits[:, -1].repeat_interleave(n, dim=0)
-        cache.batch_repeat_interleave(n)
-        mask = mask.repeat_interleave(n, dim=0)
-        next_pos = positions[:, -1:].repeat_interleave(n, dim=0) + 1
-
-        total = len(prompts) * n
+        """The sampling loop; `_prefill`, `_step` and `_drop` are the model-specific parts."""
+        logits, state = self._prefill(prompts, params.n, params.max_tokens)
+        total = len(prompts) * params.n
         rows = torch.arange(total)  # which completion each live cache row belongs to
         tokens = [[] for _ in range(total)]
         logps = [[] for _ in range(total)]
@@ -92,14 +79,41 @@ class HFSampler:
             if not live or step == params.max_tokens - 1:
                 break
             if len(live) < len(rows):
-                keep = torch.tensor(live, device=device)
-                cache.batch_select_indices(keep)
-                rows, tok, mask, next_pos = rows[keep.cpu()], tok[keep], mask[keep], next_pos[keep]
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **{self.cache_arg: cache})
-            logits = out.logits[:, -1]
-            next_pos = next_pos + 1
+                keep = torch.tensor(live)
+                state = self._drop(state, keep.to(logits.device))
+                rows, tok = rows[keep], tok[keep]
+            logits = self._step(tok, state)
         return tokens, logps, finish
+
+    # --- the generic backend: any Hugging Face causal LM, through its own forward -------
+
+    def _prefill(self, prompts, n: int, max_new: int):
+        model = self.model
+        device = next(model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):  # left padding: every prompt ends at the last column
+            ids[i, width - len(p) :] = torch.tensor(p, device=device)
+            mask[i, width - len(p) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
+        cache.batch_repeat_interleave(n)
+        state = {"cache": cache, "mask": mask.repeat_interleave(n, dim=0), "next": positions[:, -1:].repeat_interleave(n, dim=0) + 1}
+        return out.logits[:, -1].float().repeat_interleave(n, dim=0), state
+
+    def _step(self, tok, state):
+        state["mask"] = torch.cat([state["mask"], state["mask"].new_ones((len(tok), 1))], dim=1)
+        out = self.model(input_ids=tok[:, None], attention_mask=state["mask"], position_ids=state["next"], use_cache=True,
+                         **{self.cache_arg: state["cache"]})
+        state["next"] = state["next"] + 1
+        return out.logits[:, -1].float()
+
+    def _drop(self, state, keep):
+        state["cache"].batch_select_indices(keep)
+        state["mask"], state["next"] = state["mask"][keep], state["next"][keep]
+        return state
 
     def _hit_stop(self, ids: list[int], stops) -> bool:
         window = max(len(s) for s in stops) + 2  # every token decodes to at least one character
@@ -118,3 +132,33 @@ class HFSampler:
             return contextlib.nullcontext()
         device = next(self.model.parameters()).device.type
         return torch.autocast(device_type=device, dtype=torch.bfloat16)
+
+
+class FastSampler(HFSampler):
+    """The same sampler on rlvr's own Llama forward (llama.py): a preallocated KV cache,
+    each prompt prefilled once for its group, finished rows dropped in batches."""
+
+    def __init__(self, model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False):
+        super().__init__(model, tokenizer, eos_token_ids, max_batch_size, bf16)
+        self.runner = LlamaRunner(model)
+
+    def _prefill(self, prompts, n: int, max_new: int):
+        dtype = torch.bfloat16 if self.bf16 else next(self.model.parameters()).dtype
+        return self.runner.prefill(prompts, n, max_new, dtype)
+
+    def _step(self, tok, state):
+        return self.runner.decode(tok, state)
+
+    def _drop(self, state, keep):
+        # Copying the cache costs about as much as a decode step; do it only when a quarter of the rows are done.
+        if len(keep) <= 0.75 * state.rows:
+            state.keep(keep)
+        else:
+            state.hold(keep)
+        return state
+
+
+def make_sampler(model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False):
+    """The fast sampler where the model's architecture allows, else the generic one."""
+    cls = FastSampler if supports(model) else HFSampler
+    return cls(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)

@@ -1,0 +1,329 @@
+"""A compact forward pass for Llama-family models, over a Hugging Face model's own weights.
+
+Why: a GRPO step runs the same model two ways, and the generic path pays for
+work it does not need.  This module runs the weights of a LlamaForCausalLM (or
+Mistral / Qwen2, same block) directly with torch ops, so that
+
+* rollout decodes with a preallocated KV cache, each prompt prefilled once and
+  its cache copied to its G completions, and rows that finish dropped;
+* the update packs tokens without padding: the linear layers (nearly all of the
+  FLOPs) see only real tokens, each prompt is processed once per group rather
+  than once per completion, and its keys and values are shared by the group's
+  completions in attention, with gradients flowing back through them;
+* the output layer is applied only where a completion token is predicted
+  (see logprobs.py), never to prompt positions.
+
+It reads the parameters of the Hugging Face modules (no copies), so an
+optimizer step on the model is seen by the next call.  The result equals the
+Hugging Face forward up to floating-point reordering; tests check log-probs to
+1e-4 and gradients to 1e-5 relative.  `supports(model)` says whether a model can
+use this path; others use the generic one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = ("llama", "mistral", "qwen2")
+
+
+def supports(model) -> bool:
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) not in SUPPORTED:
+        return False
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) and config.model_type != "llama":
+        return False  # windowed attention is not implemented here
+    inner = getattr(model, "model", None)
+    return all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb"))
+
+
+class LlamaRunner:
+    def __init__(self, model):
+        if not supports(model):
+            raise ValueError(f"{type(model).__name__} is not a Llama-family model this runner supports")
+        cfg = model.config
+        self.model = model
+        self.inner = model.model
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.head_dim**-0.5
+
+    # --- pieces -------------------------------------------------------------------------
+
+    def _norm(self, x, module):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return module.weight * x.to(dtype)
+
+    def _rope(self, x_like, positions):
+        """cos, sin [tokens, head_dim] for flat positions, from the model's own rotary module."""
+        cos, sin = self.inner.rotary_emb(x_like, positions[None])
+        return cos[0], sin[0]
+
+    @staticmethod
+    def _rotate(x, cos, sin):
+        """x [tokens, heads, head_dim]; the Hugging Face rotate-half convention."""
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos[:, None] + rotated * sin[:, None]
+
+    def _qkv(self, h, attn, cos, sin):
+        """Projections of flat tokens h [n, hidden] -> q [n, H, D], k, v [n, Hkv, D], RoPE applied."""
+        n = h.shape[0]
+        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, self.heads, self.head_dim)
+        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, self.kv_heads, self.head_dim)
+        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, self.kv_heads, self.head_dim)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+
+    @staticmethod
+    def _mlp(h, mlp):
+        return F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
+
+    def _attend(self, q, k, v, mask):
+        """q [B, H, L, D], k/v [B, Hkv, S, D], mask [B, 1, L, S] bool (True = may attend)."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=self.kv_heads != self.heads)
+
+    # --- training: grouped, padding-free ------------------------------------------------
+
+    def completion_hidden(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], group: list[int]):
+        """Final hidden states that predict each completion token, flat: [sum of completion lengths, hidden].
+
+        prompt_ids[g] is prompt g; completion i continues prompt group[i].  Row j
+        of the result is the state from which completion token j (in order,
+        completion after completion) is predicted: the last prompt token for a
+        completion's first token, its previous token otherwise.
+        """
+        device = self.inner.embed_tokens.weight.device
+        layout = _Layout(prompt_ids, completion_ids, group, device)
+        x = self.inner.embed_tokens(layout.tokens)  # [n_prompt + n_completion, hidden], all real tokens
+        cos, sin = self._rope(x, layout.positions)
+        for layer in self.inner.layers:
+            attn = layer.self_attn
+            q, k, v = self._qkv(self._norm(x, layer.input_layernorm), attn, cos, sin)
+            out = layout.attention(q, k, v, self._attend)  # [n, H * D]
+            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            x = x + self._mlp(self._norm(x, layer.post_attention_layernorm), layer.mlp)
+        x = self._norm(x, self.inner.norm)
+        return x[layout.predictors]
+
+    # --- rollout: prefill and decode with a static cache -----------------------------------
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: list[list[int]], n: int, max_new: int, dtype: torch.dtype):
+        """Run every prompt once and lay its cache out for its n completions.
+
+        `dtype` is the cache's (bfloat16 when sampling under bf16 autocast).
+        Returns (logits of the next token [P * n, vocab], DecodeState)."""
+        device = self.inner.embed_tokens.weight.device
+        lengths = [len(p) for p in prompt_ids]
+        width = max(lengths)
+        tokens = torch.tensor([t for p in prompt_ids for t in p], device=device)
+        positions = torch.cat([torch.arange(length, device=device) for length in lengths])
+        x = self.inner.embed_tokens(tokens)
+        cos, sin = self._rope(x, positions)
+        rows = len(prompt_ids) * n
+        state = DecodeState(self, rows, width + max_new, dtype, device)
+        index = _padded_index(lengths, width, device)  # where each flat token sits in [P, width]
+        mask = _causal_padded_mask(lengths, width, device)
+        for i, layer in enumerate(self.inner.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(self._norm(x, layer.input_layernorm), attn, cos, sin)
+            qp, kp, vp = (_to_padded(t, index, len(lengths), width) for t in (q, k, v))
+            out = self._attend(qp, kp, vp, mask)
+            out = _from_padded(out, index)
+            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            x = x + self._mlp(self._norm(x, layer.post_attention_layernorm), layer.mlp)
+            # right-align nothing: each prompt's cache holds its tokens at 0..len-1
+            state.k[i, :, :, :width] = kp.repeat_interleave(n, dim=0)
+            state.v[i, :, :, :width] = vp.repeat_interleave(n, dim=0)
+        last = torch.tensor(lengths, device=device).cumsum(0) - 1
+        h = self._norm(x[last], self.inner.norm)
+        logits = F.linear(h, self.model.lm_head.weight).float().repeat_interleave(n, dim=0)
+        state.set_prompts(lengths, n, width)
+        return logits, state
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, state: "DecodeState") -> torch.Tensor:
+        """One token per live row -> logits of the next token [live rows, vocab].
+
+        Cache rows of finished completions that were not dropped yet (see
+        DecodeState.hold) are computed with a dummy token and ignored."""
+        if len(tokens) < state.rows:
+            full = torch.zeros(state.rows, dtype=tokens.dtype, device=tokens.device)
+            tokens = full.index_copy(0, state.active, tokens)
+        x = self.inner.embed_tokens(tokens)  # [rows, hidden]
+        cos, sin = self._rope(x, state.positions)
+        slot = state.length  # the cache column this token's key goes to
+        state.mask[:, slot] = True
+        mask = state.mask[:, None, None, : slot + 1]
+        for i, layer in enumerate(self.inner.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(self._norm(x, layer.input_layernorm), attn, cos, sin)
+            state.k[i, :, :, slot] = k
+            state.v[i, :, :, slot] = v
+            out = self._attend(q[:, :, None], state.k[i, :, :, : slot + 1], state.v[i, :, :, : slot + 1], mask)
+            x = x + F.linear(out.reshape(x.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
+            x = x + self._mlp(self._norm(x, layer.post_attention_layernorm), layer.mlp)
+        state.advance()
+        if len(state.active) < state.rows:
+            x = x[state.active]
+        return F.linear(self._norm(x, self.inner.norm), self.model.lm_head.weight).float()
+
+
+def batch_logprobs(runner: LlamaRunner, batch, temperature: float, dtype: torch.dtype | None = None):
+    """Per-token log-probs and entropies [B, T] of a Batch's completion tokens (zero where masked),
+    each group's prompt run once, no padding, the output layer only where a token is predicted."""
+    from rlvr.logprobs import linear_logprobs
+
+    mask = batch.completion_mask
+    lengths = mask.sum(1).tolist()
+    rows = [i for i, n in enumerate(lengths) if n > 0]  # a fully masked row contributes nothing
+    logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    entropy = torch.zeros_like(logp)
+    if not rows:
+        return logp, entropy
+    gids = batch.group_ids[rows] if batch.group_ids is not None else torch.tensor(rows)
+    unique, group = torch.unique(gids, return_inverse=True)
+    first = [rows[(gids == g).nonzero()[0].item()] for g in unique.tolist()]
+    prompts = [batch.prompt_ids[r][batch.prompt_mask[r]].tolist() for r in first]
+    completions = [batch.completion_ids[r, : lengths[r]].tolist() for r in rows]
+    hidden = runner.completion_hidden(prompts, completions, group.tolist())
+    targets = torch.tensor([t for c in completions for t in c], device=hidden.device)
+    flat_logp, flat_entropy = linear_logprobs(hidden, runner.model.lm_head.weight, targets, temperature, dtype)
+    logp = logp.masked_scatter(mask, flat_logp)
+    entropy = entropy.masked_scatter(mask, flat_entropy)
+    return logp, entropy
+
+
+class DecodeState:
+    """Preallocated keys and values [layers, rows, kv_heads, capacity, head_dim] and per-row bookkeeping."""
+
+    def __init__(self, runner: LlamaRunner, rows: int, capacity: int, dtype, device):
+        layers = len(runner.inner.layers)
+        shape = (layers, rows, runner.kv_heads, capacity, runner.head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.mask = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
+        self.dtype, self.device = dtype, device
+        self.length = 0  # cache columns in use (prompt width + generated tokens)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.active = torch.arange(rows, device=device)  # cache rows of the completions still being sampled
+
+    def set_prompts(self, lengths: list[int], n: int, width: int) -> None:
+        per_row = torch.tensor(lengths, device=self.device).repeat_interleave(n)
+        self.mask[:, :width] = torch.arange(width, device=self.device)[None] < per_row[:, None]
+        self.positions = per_row.clone()  # the next token's position is the prompt length
+        self.length = width
+
+    def advance(self) -> None:
+        self.length += 1
+        self.positions += 1
+
+    @property
+    def rows(self) -> int:
+        return self.k.shape[1]
+
+    def hold(self, live: torch.Tensor) -> None:
+        """Keep only `live` (indices into the current live rows) as live, without copying the cache."""
+        self.active = self.active[live]
+
+    def keep(self, live: torch.Tensor) -> None:
+        """Keep only `live` and drop the other rows from the cache (one copy)."""
+        rows = self.active[live]
+        self.k = self.k[:, rows].contiguous()
+        self.v = self.v[:, rows].contiguous()
+        self.mask = self.mask[rows]
+        self.positions = self.positions[rows]
+        self.active = torch.arange(len(rows), device=self.device)
+
+
+class _Layout:
+    """Where every token of a grouped, padding-free batch lives, and the attention over it.
+
+    Flat token order: all prompt tokens (prompt after prompt), then all completion
+    tokens.  For attention, prompts are laid out padded [P, Lp] with causal masks;
+    completions padded [N, Lc] attend to their prompt's keys (all of them) and to
+    their own earlier tokens.
+    """
+
+    def __init__(self, prompt_ids, completion_ids, group, device):
+        p_len = [len(p) for p in prompt_ids]
+        c_len = [len(c) for c in completion_ids]
+        self.n_prompt_tokens = sum(p_len)
+        self.tokens = torch.tensor([t for p in prompt_ids for t in p] + [t for c in completion_ids for t in c], device=device)
+        group_t = torch.tensor(group, device=device)
+        c_start = torch.tensor(p_len, device=device)[group_t]  # a completion's first position
+        self.positions = torch.cat(
+            [torch.arange(n, device=device) for n in p_len]
+            + [torch.arange(n, device=device) + int(s) for n, s in zip(c_len, c_start.tolist())]
+        )
+        self.p_width, self.c_width = max(p_len), max(c_len)
+        self.p_index = _padded_index(p_len, self.p_width, device)
+        self.c_index = _padded_index(c_len, self.c_width, device)
+        self.group = group_t
+        self.n_prompts, self.n_completions = len(p_len), len(c_len)
+        self.p_mask = _causal_padded_mask(p_len, self.p_width, device)
+        # completion row i: prompt keys of its group where real, then its own causal keys
+        prompt_keys = (torch.arange(self.p_width, device=device)[None] < torch.tensor(p_len, device=device)[:, None])[group_t]
+        own = _causal_padded_mask(c_len, self.c_width, device)[:, 0]  # [N, Lc, Lc]
+        self.c_mask = torch.cat([prompt_keys[:, None, :].expand(-1, self.c_width, -1), own], dim=-1)[:, None]
+        # predictors: the last prompt token for token 0, then the completion's own tokens 0..len-2
+        p_last = torch.tensor(p_len, device=device).cumsum(0) - 1
+        c_offsets = [self.n_prompt_tokens + o for o in _offsets(c_len)]
+        rows = []
+        for i, (n, off) in enumerate(zip(c_len, c_offsets)):
+            rows.append(p_last[group[i]].reshape(1))
+            rows.append(torch.arange(off, off + n - 1, device=device))
+        self.predictors = torch.cat(rows)
+
+    def attention(self, q, k, v, attend):
+        """q [n, H, D], k/v [n, Hkv, D] over all flat tokens -> [n, H * D]."""
+        split = self.n_prompt_tokens
+        qp, kp, vp = (_to_padded(t[:split], self.p_index, self.n_prompts, self.p_width) for t in (q, k, v))
+        qc, kc, vc = (_to_padded(t[split:], self.c_index, self.n_completions, self.c_width) for t in (q, k, v))
+        out_p = attend(qp, kp, vp, self.p_mask)
+        keys = torch.cat([kp[self.group], kc], dim=2)
+        values = torch.cat([vp[self.group], vc], dim=2)
+        out_c = attend(qc, keys, values, self.c_mask)
+        return torch.cat([_from_padded(out_p, self.p_index), _from_padded(out_c, self.c_index)])
+
+
+def _offsets(lengths: list[int]) -> list[int]:
+    out, total = [], 0
+    for n in lengths:
+        out.append(total)
+        total += n
+    return out
+
+
+def _padded_index(lengths: list[int], width: int, device) -> torch.Tensor:
+    """Flat position -> row * width + column, for sequences laid out left-aligned in [rows, width]."""
+    return torch.cat([torch.arange(n, device=device) + r * width for r, n in enumerate(lengths)])
+
+
+def _to_padded(t: torch.Tensor, index: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """Flat [n, heads, D] -> [rows, heads, width, D] (zeros where padded)."""
+    out = t.new_zeros((rows * width,) + t.shape[1:])
+    out = out.index_copy(0, index, t)
+    return out.view(rows, width, *t.shape[1:]).transpose(1, 2)
+
+
+def _from_padded(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[rows, heads, width, D] -> flat [n, heads * D] at the real positions."""
+    rows, heads, width, dim = t.shape
+    return t.transpose(1, 2).reshape(rows * width, heads * dim).index_select(0, index)
+
+
+def _causal_padded_mask(lengths: list[int], width: int, device) -> torch.Tensor:
+    """[rows, 1, width, width]: causal, and no key beyond a row's length.  Padded query rows
+    attend to key 0 only, so that no softmax row is empty."""
+    ar = torch.arange(width, device=device)
+    causal = ar[None, :] <= ar[:, None]
+    valid = ar[None] < torch.tensor(lengths, device=device)[:, None]  # [rows, width]
+    mask = causal[None] & valid[:, None, :]
+    mask[:, :, 0] = True
+    return mask[:, None]

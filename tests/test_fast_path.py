@@ -1,0 +1,102 @@
+"""rlvr's own Llama forward (llama.py, logprobs.py) against the Hugging Face model it runs:
+same log-probs, same gradients, same greedy tokens."""
+
+import pytest
+import torch
+
+from rlvr.llama import LlamaRunner, batch_logprobs, supports
+from rlvr.logprobs import linear_logprobs
+from rlvr.types import Batch, Rollout
+
+PROMPTS = [[1, 24, 22, 8, 33, 41, 35], [1, 24, 9], [1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
+GROUP = [0, 0, 1, 1, 1, 2]  # completion i continues PROMPTS[GROUP[i]]
+COMPLETIONS = [[5, 6, 7, 8], [9], [10, 11, 12, 13, 14, 15], [16, 17], [18, 19, 20], [21, 22, 23, 24, 25, 26, 27]]
+
+
+def reference_logprobs(model, temperature=1.0):
+    """Each prompt + completion through the Hugging Face forward, one sequence at a time."""
+    out = []
+    for g, comp in zip(GROUP, COMPLETIONS):
+        ids = torch.tensor([PROMPTS[g] + comp])
+        logits = model(input_ids=ids).logits[0, len(PROMPTS[g]) - 1 : -1].float() / temperature
+        out.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(comp)[:, None]).squeeze(-1))
+    return torch.cat(out)
+
+
+def fast_logprobs(model, temperature=1.0):
+    runner = LlamaRunner(model)
+    hidden = runner.completion_hidden(PROMPTS, COMPLETIONS, GROUP)
+    targets = torch.tensor([t for c in COMPLETIONS for t in c])
+    return linear_logprobs(hidden, model.lm_head.weight, targets, temperature, chunk=5)[0]
+
+
+def test_the_tiny_llama_is_supported(tiny):
+    model, _ = tiny
+    assert supports(model)
+    assert not supports(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_equal_the_hugging_face_forward(tiny, temperature):
+    model, _ = tiny
+    with torch.no_grad():
+        assert torch.allclose(fast_logprobs(model, temperature), reference_logprobs(model, temperature), atol=1e-5)
+
+
+def test_gradients_equal_the_hugging_face_forward(tiny):
+    model, _ = tiny
+    weights = torch.linspace(-1, 1, sum(len(c) for c in COMPLETIONS))
+
+    def grads(fn):
+        model.zero_grad()
+        (fn(model) * weights).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ref, fast = grads(reference_logprobs), grads(fast_logprobs)
+    for name in ref:
+        scale = ref[name].abs().max().clamp(min=1e-8)
+        assert (fast[name] - ref[name]).abs().max() / scale < 1e-5, name
+
+
+def test_batch_logprobs_scatter_into_the_padded_layout(tiny):
+    model, tokenizer = tiny
+    rollouts = [Rollout(PROMPTS[g], c, [0.0] * len(c), "stop", "") for g, c in zip(GROUP, COMPLETIONS)]
+    keep = torch.tensor([True, True, True, True, False, True])  # one completion left out
+    batch = Batch.from_rollouts(rollouts, torch.zeros(6), keep, 0, False)
+    batch.group_ids = torch.tensor(GROUP)[keep]
+    batch.completion_mask[1] = False  # a fully masked row (mask_truncated_completions)
+    with torch.no_grad():
+        logp, entropy = batch_logprobs(LlamaRunner(model), batch, 1.0)
+        expected = reference_logprobs(model)
+    offsets = [0]
+    for c in COMPLETIONS:
+        offsets.append(offsets[-1] + len(c))
+    for row, i in enumerate([0, 1, 2, 3, 5]):
+        n = len(COMPLETIONS[i]) if row != 1 else 0
+        assert torch.allclose(logp[row, :n], expected[offsets[i] : offsets[i] + n], atol=1e-5)
+        assert (logp[row, n:] == 0).all() and (entropy[row, n:] == 0).all()
+    assert (entropy[batch.completion_mask] > 0).all()
+
+
+def test_linear_logprobs_gradcheck_and_chunking():
+    torch.manual_seed(0)
+    hidden = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (7,))
+    torch.autograd.gradcheck(lambda h, w: linear_logprobs(h, w, targets, 0.8, chunk=3)[0], (hidden, weight))
+    logp, ent = linear_logprobs(hidden, weight, targets, 0.8, chunk=3)
+    logits = hidden @ weight.T / 0.8
+    assert torch.allclose(logp.double(), torch.log_softmax(logits, -1)[torch.arange(7), targets], atol=1e-6)
+    p = torch.softmax(logits, -1)
+    assert torch.allclose(ent.double(), -(p * torch.log(p)).sum(-1), atol=1e-5)
+
+
+def test_bf16_logprobs_stay_close(tiny):
+    model, _ = tiny
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        runner = LlamaRunner(model)
+        hidden = runner.completion_hidden(PROMPTS, COMPLETIONS, GROUP)
+        targets = torch.tensor([t for c in COMPLETIONS for t in c])
+        bf16 = linear_logprobs(hidden, model.lm_head.weight, targets, 1.0, torch.bfloat16)[0]
+    with torch.no_grad():
+        assert torch.allclose(bf16, reference_logprobs(model), atol=0.05)
