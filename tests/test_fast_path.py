@@ -100,3 +100,62 @@ def test_bf16_logprobs_stay_close(tiny):
         bf16 = linear_logprobs(hidden, model.lm_head.weight, targets, 1.0, torch.bfloat16)[0]
     with torch.no_grad():
         assert torch.allclose(bf16, reference_logprobs(model), atol=0.05)
+
+
+def test_the_update_gives_the_same_loss_and_gradients_on_both_paths(tiny, tmp_path):
+    from rlvr.config import build_config
+    from rlvr.trainer import Trainer
+    from rlvr.types import Example
+
+    model, tokenizer = tiny
+    cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "num_generations": 3,
+                        "per_device_train_batch_size": 2, "gradient_accumulation_steps": 3, "loss_type": "grpo", "beta": 0.05})
+    trainer = Trainer(cfg, model, tokenizer, [Example("q", "1")], tmp_path, 5)
+    rollouts = [Rollout(PROMPTS[g], c, [0.0] * len(c), "stop", "") for g, c in zip(GROUP, COMPLETIONS)]
+    # positive advantages, so the loss is a sum of same-signed terms and a relative tolerance means something
+    batch = Batch.from_rollouts(rollouts, torch.linspace(0.5, 1.5, 6), torch.ones(6, dtype=torch.bool), 0, False)
+    batch.group_ids = torch.tensor(GROUP)
+    with torch.no_grad():
+        batch.ref_logprobs = trainer.reference_logprobs(model, batch)[0] - 0.1  # a reference that differs
+        batch.old_logprobs = trainer.reference_logprobs(model, batch)[0] + 0.05  # ratios away from 1
+
+    def run(fast):
+        trainer.fast = fast
+        sums = trainer.accumulate_gradients(batch)
+        return sums, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    fast_sums, fast_grads = run(True)
+    ref_sums, ref_grads = run(False)
+    assert fast_sums["loss"] == pytest.approx(ref_sums["loss"], rel=1e-5)
+    assert fast_sums["kl"] == pytest.approx(ref_sums["kl"], rel=1e-5)
+    for name in ref_grads:
+        scale = ref_grads[name].abs().max().clamp(min=1e-8)
+        assert (fast_grads[name] - ref_grads[name]).abs().max() / scale < 1e-5, name
+
+
+def test_no_full_logits_tensor_is_ever_made(tiny):
+    """No tensor of logits over all completion tokens is ever created, forward or backward:
+    with 4-row chunks, every new [rows, vocab] tensor has at most 4 rows."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model, _ = tiny
+    vocab = model.config.vocab_size
+    weight_storage = model.lm_head.weight.untyped_storage().data_ptr()
+    rows_seen = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[-1] == vocab:
+                    if t.untyped_storage().data_ptr() != weight_storage:  # not a view of the weights
+                        rows_seen.append(t.shape[0])
+            return out
+
+    runner = LlamaRunner(model)
+    with Watch():
+        hidden = runner.completion_hidden(PROMPTS, COMPLETIONS, GROUP)
+        targets = torch.tensor([t for c in COMPLETIONS for t in c])
+        logp, _ = linear_logprobs(hidden, model.lm_head.weight, targets, 1.0, chunk=4)
+        logp.sum().backward()
+    assert rows_seen and max(rows_seen) == 4  # 23 completion tokens, never more than a chunk at once

@@ -49,6 +49,34 @@ def test_sampling_frequencies_follow_the_truncated_distribution():
     assert freq[3].item() == pytest.approx(0.4 / 0.7, abs=0.015)  # renormalised over the top 2
 
 
+@pytest.mark.parametrize(
+    "shape,top_k,top_p",
+    [
+        ("peaked", 0, 0.9),
+        ("peaked", 5, 1.0),
+        ("peaked", 20, 0.8),
+        ("flat", 0, 0.95),  # the nucleus spans ~950 of 1000 tokens: beyond the 256 examined first
+        ("flat", 600, 0.5),
+        ("flat", 0, 1.0),
+    ],
+)
+def test_fast_sampling_draws_from_the_reference_distribution(shape, top_k, top_p):
+    from rlvr.rollout.sampling import sample_next
+
+    g = torch.Generator().manual_seed(0)
+    vocab = 1000
+    base = torch.randn(vocab, generator=g) * (3.0 if shape == "peaked" else 0.05)
+    expected = torch.softmax(filter_logits(base[None] / 0.7, top_k, top_p), -1)[0]
+    draws = 40_000
+    tokens, logprobs = sample_next(base.expand(draws, vocab), 0.7, top_k, top_p, torch.Generator().manual_seed(1))
+    freq = torch.bincount(tokens, minlength=vocab).float() / draws
+    assert (freq[expected == 0] == 0).all()  # nothing outside the top-k / nucleus is ever drawn
+    # total variation distance between the empirical and the reference distribution
+    tv = 0.5 * (freq - expected).abs().sum().item()
+    assert tv < (0.02 if shape == "peaked" else 0.13)  # 1000 tokens, 40k draws: sampling noise ~0.1
+    assert torch.allclose(logprobs, torch.log_softmax(base / 0.7, -1)[tokens], atol=1e-5)
+
+
 # --- the in-process engines on the tiny model: the generic one and rlvr's fast one ---------
 
 

@@ -53,11 +53,12 @@ class LlamaRunner:
 
     # --- pieces -------------------------------------------------------------------------
 
-    def _norm(self, x, module):
+    def _norm(self, x, module_or_weight):
+        weight = getattr(module_or_weight, "weight", module_or_weight)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return module.weight * x.to(dtype)
+        return weight * x.to(dtype)
 
     def _rope(self, x_like, positions):
         """cos, sin [tokens, head_dim] for flat positions, from the model's own rotary module."""
@@ -84,8 +85,21 @@ class LlamaRunner:
         return F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
 
     def _attend(self, q, k, v, mask):
-        """q [B, H, L, D], k/v [B, Hkv, S, D], mask [B, 1, L, S] bool (True = may attend)."""
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=self.kv_heads != self.heads)
+        """q [B, H, L, D], k/v [B, Hkv, S, D], mask [B, 1, L, S] bool (True = may attend).
+
+        In bf16 the attention is written out (query heads grouped onto their
+        key/value head, softmax in fp32): on CPU that is about twice as fast as
+        SDPA's bf16 kernel, forward and backward; in fp32 SDPA is faster."""
+        low = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") and q.device.type == "cpu" else q.dtype
+        if low != torch.bfloat16:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=self.kv_heads != self.heads)
+        rows, heads, length, dim = q.shape
+        group = heads // self.kv_heads
+        q, k, v = q.to(low), k.to(low), v.to(low)
+        scores = torch.matmul(q.reshape(rows, self.kv_heads, group * length, dim), k.transpose(-1, -2)).float() * self.scale
+        scores = scores.view(rows, self.kv_heads, group, length, -1).masked_fill(~mask[:, :, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(low).view(rows, self.kv_heads, group * length, -1)
+        return torch.matmul(probs, v).view(rows, heads, length, dim)
 
     # --- training: grouped, padding-free ------------------------------------------------
 
@@ -116,35 +130,34 @@ class LlamaRunner:
     def prefill(self, prompt_ids: list[list[int]], n: int, max_new: int, dtype: torch.dtype):
         """Run every prompt once and lay its cache out for its n completions.
 
-        `dtype` is the cache's (bfloat16 when sampling under bf16 autocast).
-        Returns (logits of the next token [P * n, vocab], DecodeState)."""
+        `dtype` is the sampling precision (weights, matmuls and cache; norms and
+        the residual stream stay fp32).  Returns (logits of the next token
+        [P * n, vocab], DecodeState)."""
         device = self.inner.embed_tokens.weight.device
+        rows = len(prompt_ids) * n
+        weights = self._inference_weights(dtype, rows)
         lengths = [len(p) for p in prompt_ids]
         width = max(lengths)
         tokens = torch.tensor([t for p in prompt_ids for t in p], device=device)
         positions = torch.cat([torch.arange(length, device=device) for length in lengths])
-        x = self.inner.embed_tokens(tokens)
+        x = self.inner.embed_tokens(tokens).float()
         cos, sin = self._rope(x, positions)
-        rows = len(prompt_ids) * n
         state = DecodeState(self, rows, width + max_new, dtype, device)
         index = _padded_index(lengths, width, device)  # where each flat token sits in [P, width]
         mask = _causal_padded_mask(lengths, width, device)
-        for i, layer in enumerate(self.inner.layers):
-            attn = layer.self_attn
-            q, k, v = self._qkv(self._norm(x, layer.input_layernorm), attn, cos, sin)
+        for i, (ln1, qkv, o, ln2, gate_up, down) in enumerate(weights.layers):
+            q, k, v = self._split_qkv(qkv(self._norm(x, ln1).to(dtype)), cos, sin)
             qp, kp, vp = (_to_padded(t, index, len(lengths), width) for t in (q, k, v))
-            out = self._attend(qp, kp, vp, mask)
-            out = _from_padded(out, index)
-            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            x = x + self._mlp(self._norm(x, layer.post_attention_layernorm), layer.mlp)
-            # right-align nothing: each prompt's cache holds its tokens at 0..len-1
-            state.k[i, :, :, :width] = kp.repeat_interleave(n, dim=0)
+            out = _from_padded(self._attend(qp, kp, vp, mask), index)
+            x = x + o(out)
+            x = x + self._fused_mlp(self._norm(x, ln2).to(dtype), gate_up, down)
+            state.k[i, :, :, :, :width] = kp.transpose(-1, -2).repeat_interleave(n, dim=0)
             state.v[i, :, :, :width] = vp.repeat_interleave(n, dim=0)
         last = torch.tensor(lengths, device=device).cumsum(0) - 1
-        h = self._norm(x[last], self.inner.norm)
-        logits = F.linear(h, self.model.lm_head.weight).float().repeat_interleave(n, dim=0)
+        logits = weights.lm_head(self._norm(x[last], self.inner.norm.weight).to(dtype)).float()
         state.set_prompts(lengths, n, width)
-        return logits, state
+        state.weights = weights
+        return logits.repeat_interleave(n, dim=0), state
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, state: "DecodeState") -> torch.Tensor:
@@ -155,23 +168,104 @@ class LlamaRunner:
         if len(tokens) < state.rows:
             full = torch.zeros(state.rows, dtype=tokens.dtype, device=tokens.device)
             tokens = full.index_copy(0, state.active, tokens)
-        x = self.inner.embed_tokens(tokens)  # [rows, hidden]
+        weights, dtype = state.weights, state.dtype
+        x = self.inner.embed_tokens(tokens).float()  # [rows, hidden]
         cos, sin = self._rope(x, state.positions)
         slot = state.length  # the cache column this token's key goes to
         state.mask[:, slot] = True
-        mask = state.mask[:, None, None, : slot + 1]
-        for i, layer in enumerate(self.inner.layers):
-            attn = layer.self_attn
-            q, k, v = self._qkv(self._norm(x, layer.input_layernorm), attn, cos, sin)
-            state.k[i, :, :, slot] = k
+        mask = state.mask[:, None, None, : slot + 1]  # [rows, 1, 1, keys]
+        for i, (ln1, qkv, o, ln2, gate_up, down) in enumerate(weights.layers):
+            q, k, v = self._split_qkv(qkv(self._norm(x, ln1).to(dtype)), cos, sin)
+            state.k[i, :, :, :, slot] = k
             state.v[i, :, :, slot] = v
-            out = self._attend(q[:, :, None], state.k[i, :, :, : slot + 1], state.v[i, :, :, : slot + 1], mask)
-            x = x + F.linear(out.reshape(x.shape[0], -1), attn.o_proj.weight, attn.o_proj.bias)
-            x = x + self._mlp(self._norm(x, layer.post_attention_layernorm), layer.mlp)
+            out = self._attend_one(q, state.k[i, :, :, :, : slot + 1], state.v[i, :, :, : slot + 1], mask)
+            x = x + o(out)
+            x = x + self._fused_mlp(self._norm(x, ln2).to(dtype), gate_up, down)
         state.advance()
         if len(state.active) < state.rows:
             x = x[state.active]
-        return F.linear(self._norm(x, self.inner.norm), self.model.lm_head.weight).float()
+        return weights.lm_head(self._norm(x, self.inner.norm.weight).to(dtype)).float()
+
+    def _attend_one(self, q, k_t, v, mask):
+        """Attention of one new token per row: q [rows, H, D] against keys k_t [rows, Hkv, D, S]
+        (stored transposed, so the slice needs no copy) and values v [rows, Hkv, S, D].
+
+        Written out with two matmuls (query heads grouped onto their key/value head):
+        for a single query this is several times faster than SDPA on CPU in bf16."""
+        rows, group = q.shape[0], self.heads // self.kv_heads
+        scores = torch.matmul(q.view(rows, self.kv_heads, group, self.head_dim), k_t) * self.scale
+        scores = scores.float().masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        return torch.matmul(probs, v).reshape(rows, self.heads * self.head_dim)
+
+    def _inference_weights(self, dtype: torch.dtype, rows: int) -> "InferenceWeights":
+        cached = getattr(self, "_weights", None)
+        if cached is None or cached.dtype != dtype or cached.version != _version(self.model):
+            self._weights = InferenceWeights(self, dtype, rows)
+        return self._weights
+
+    def _split_qkv(self, fused, cos, sin):
+        """The fused projection [n, (H + 2 Hkv) D] -> q [n, H, D], k, v [n, Hkv, D]; RoPE on q and k at once."""
+        n = fused.shape[0]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        qk = self._rotate(fused[:, : q_size + kv_size].view(n, self.heads + self.kv_heads, self.head_dim), cos, sin)
+        qk = qk.to(fused.dtype)
+        v = fused[:, q_size + kv_size :].view(n, self.kv_heads, self.head_dim)
+        return qk[:, : self.heads], qk[:, self.heads :], v
+
+    @staticmethod
+    def _fused_mlp(h, gate_up, down):
+        gate, up = gate_up(h).chunk(2, dim=-1)
+        return down(F.silu(gate) * up).float()
+
+
+class _Linear:
+    """y = x W^T + b with W prepacked for oneDNN (CPU) when available: 1.3-2.6x faster than
+    F.linear for the small row counts of decoding.  Elsewhere it is plain F.linear."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, hint: int):
+        self.bias = bias
+        self.packed = None
+        if weight.device.type == "cpu" and torch.backends.mkldnn.is_available():
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, hint)
+            except (RuntimeError, AttributeError):
+                self.packed = None
+        self.weight = weight if self.packed is None else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+class InferenceWeights:
+    """A read-only copy of the weights for sampling: in the sampling dtype, q/k/v and gate/up
+    each fused into one matrix, prepacked.  Rebuilt only when the parameters have changed."""
+
+    def __init__(self, runner: LlamaRunner, dtype: torch.dtype, rows: int):
+        self.dtype = dtype
+        self.version = _version(runner.model)
+        self.layers = []
+        with torch.no_grad():
+            for layer in runner.inner.layers:
+                a, m = layer.self_attn, layer.mlp
+                biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+                qkv_bias = torch.cat(biases).to(dtype) if biases[0] is not None else None
+                self.layers.append((
+                    layer.input_layernorm.weight,
+                    _Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).to(dtype), qkv_bias, rows),
+                    _Linear(a.o_proj.weight.to(dtype), None if a.o_proj.bias is None else a.o_proj.bias.to(dtype), rows),
+                    layer.post_attention_layernorm.weight,
+                    _Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).to(dtype), None, rows),
+                    _Linear(m.down_proj.weight.to(dtype), None, rows),
+                ))
+            self.lm_head = _Linear(runner.model.lm_head.weight.to(dtype), None, rows)
+
+
+def _version(model) -> int:
+    """Changes whenever any parameter is modified in place (an optimizer step) or replaced."""
+    return hash(tuple((id(p), p._version) for p in model.parameters()))
 
 
 def batch_logprobs(runner: LlamaRunner, batch, temperature: float, dtype: torch.dtype | None = None):
@@ -200,13 +294,13 @@ def batch_logprobs(runner: LlamaRunner, batch, temperature: float, dtype: torch.
 
 
 class DecodeState:
-    """Preallocated keys and values [layers, rows, kv_heads, capacity, head_dim] and per-row bookkeeping."""
+    """Preallocated keys [layers, rows, kv_heads, head_dim, capacity] (transposed) and values
+    [layers, rows, kv_heads, capacity, head_dim], and per-row bookkeeping."""
 
     def __init__(self, runner: LlamaRunner, rows: int, capacity: int, dtype, device):
         layers = len(runner.inner.layers)
-        shape = (layers, rows, runner.kv_heads, capacity, runner.head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.k = torch.empty((layers, rows, runner.kv_heads, runner.head_dim, capacity), dtype=dtype, device=device)
+        self.v = torch.empty((layers, rows, runner.kv_heads, capacity, runner.head_dim), dtype=dtype, device=device)
         self.mask = torch.zeros((rows, capacity), dtype=torch.bool, device=device)
         self.dtype, self.device = dtype, device
         self.length = 0  # cache columns in use (prompt width + generated tokens)

@@ -149,7 +149,8 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         tokens = max(batch.num_tokens, 1)
-        metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm, "learning_rate": lr}
+        metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm, "learning_rate": lr,
+                   "update_tokens": sums["update_tokens"], "update_flops": sums["update_flops"]}
         for k in ("low", "high", "region"):
             metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / tokens
         if "kl" in sums:
@@ -166,10 +167,13 @@ class Trainer:
         self.model.train()
         size = cfg.per_device_train_batch_size
         norm = LossNorm(len(batch), batch.num_tokens, cfg.max_completion_length, math.ceil(len(batch) / size))
-        sums = {"loss": 0.0, "entropy": 0.0}
+        sums = {"loss": 0.0, "entropy": 0.0, "update_tokens": 0.0, "update_flops": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
         for lo in range(0, len(batch), size):
             micro = batch.select(slice(lo, lo + size))
+            tokens, flops = self._work(micro)
+            sums["update_tokens"] += tokens
+            sums["update_flops"] += flops
             logprobs, entropy = self.completion_logprobs(self.model, micro)
             old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             loss, m = policy_loss(
@@ -183,6 +187,22 @@ class Trainer:
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
         return sums
+
+    def _work(self, batch: Batch) -> tuple[int, float]:
+        """(tokens through the transformer body, FLOPs of forward + backward) for one micro-batch:
+        6 x parameters per token, the output layer only where a completion token is predicted."""
+        head = self.model.get_output_embeddings().weight.numel()
+        body = sum(p.numel() for p in self.model.parameters()) - (0 if self.model.config.tie_word_embeddings else head)
+        predicted = int(batch.completion_mask.sum())
+        if self.fast:  # each group's prompt once, no padding
+            firsts = {}
+            for row, g in enumerate(batch.group_ids.tolist() if batch.group_ids is not None else range(len(batch))):
+                firsts.setdefault(g, row)
+            tokens = int(batch.prompt_mask[list(firsts.values())].sum()) + predicted
+        else:  # padded prompt + completion for every row, the output layer at every completion position
+            tokens = batch.prompt_ids.numel() + batch.completion_ids.numel()
+            predicted = batch.completion_ids.numel()
+        return tokens, 6.0 * (body * tokens + head * predicted)
 
     def completion_logprobs(self, model, batch: Batch):
         """Per-token log-probs (and entropies) of the completion tokens under `model`,

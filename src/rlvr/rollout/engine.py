@@ -17,6 +17,7 @@ from transformers import DynamicCache
 from rlvr.llama import LlamaRunner, supports
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.sampling import sample_next
+from rlvr.runtime import configure_allocator
 from rlvr.types import Rollout
 
 
@@ -160,5 +161,6 @@ class FastSampler(HFSampler):
 
 def make_sampler(model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False):
     """The fast sampler where the model's architecture allows, else the generic one."""
+    configure_allocator()
     cls = FastSampler if supports(model) else HFSampler
     return cls(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
