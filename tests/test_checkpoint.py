@@ -7,7 +7,8 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.config import build_config
-from rlvr.trainer import Trainer, train
+from rlvr.run import train
+from rlvr.trainer import Trainer
 
 
 def _cfg(tiny_model_dir, out, **kw):

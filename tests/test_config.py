@@ -10,12 +10,12 @@ from rlvr.config import Config, ConfigError, build_config, load_config, parse_ov
 def no_training(monkeypatch):
     """Fail loudly if a command gets as far as loading a model or training."""
     import rlvr.models
-    import rlvr.trainer
+    import rlvr.run
 
     def boom(*a, **k):
         raise AssertionError("a model was loaded before the config was validated")
 
-    monkeypatch.setattr(rlvr.trainer, "train", boom)
+    monkeypatch.setattr(rlvr.run, "train", boom)
     monkeypatch.setattr(rlvr.models, "load_model", boom)
 
 

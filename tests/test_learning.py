@@ -3,7 +3,7 @@
 import json
 
 from rlvr.config import build_config
-from rlvr.trainer import train
+from rlvr.run import train
 
 REWARD = """
 def starts_with_seven(completions, **kwargs):

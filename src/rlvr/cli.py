@@ -99,7 +99,7 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
     if run_base and isinstance(model, str) and (Path(model) / "config.yaml").is_file():
         base = {k: v for k, v in load_yaml(Path(model) / "config.yaml").items() if k not in ("output_dir", "resume")}
     if merged.get("resume") or merged.get("resume_from_checkpoint"):
-        from rlvr.trainer import latest_run_dir
+        from rlvr.run import latest_run_dir
 
         run_dir = Path(merged["output_dir"]) if merged.get("output_dir") else latest_run_dir()
         if (run_dir / "config.yaml").is_file():
@@ -111,11 +111,15 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
 def cmd_train(args: list[str]) -> int:
     import yaml
 
-    from rlvr.trainer import train
+    from rlvr.run import AlertStop, train
 
     cfg = resolve_config(args, default_file=None if args else "demo")
     print(yaml.safe_dump({k: v for k, v in cfg.to_dict().items()}, sort_keys=False).rstrip())
-    train(cfg)
+    try:
+        train(cfg)
+    except AlertStop as e:  # on_alert marked this rule `stop`; the run was saved
+        print(f"rlvr train: {e}", file=sys.stderr)
+        return 3
     return 0
 
 

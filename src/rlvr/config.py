@@ -55,10 +55,16 @@ class Config:
 
     # --- advantage -----------------------------------------------------------
     scale_rewards: str = "group"  # group | batch | none
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal and sample more prompts
+    max_sampling_rounds: int = 3  # dynamic sampling: extra generation rounds per step at most
 
     # --- loss ----------------------------------------------------------------
     loss_type: str = "dapo"  # grpo | dapo | dr_grpo | bnpo
     beta: float = 0.0  # KL coefficient; 0 loads no reference model
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators of KL(policy || reference))
+    kl_penalty: str = "loss"  # loss: beta * KL added to the loss | reward: beta * KL subtracted from each reward
+    kl_target: float | None = None  # adaptive KL: move beta toward this KL each step; null = fixed beta
+    kl_horizon: int = 100  # adaptive KL: steps over which beta may change by about e-fold (Ziegler et al.)
     epsilon: float = 0.2  # the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
     epsilon_high: float | None = None  # default: epsilon
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
@@ -92,10 +98,27 @@ class Config:
     save_total_limit: int | None = None  # keep only the newest checkpoints; null = all
     log_completions: bool = True  # write sample completions to completions.jsonl
     num_completions_to_print: int = 4  # completions logged per logging step
+    report_to: tuple = ()  # extra loggers: tensorboard, wandb, trackio (metrics.jsonl is always written)
+    report_steps: int = 50  # redraw the run's plots and report.html every this many steps; 0 = at the end only
+
+    # --- alerts --------------------------------------------------------------
+    alert_window: int = 20  # steps in each rule's rolling window
+    alert_reward_flat_steps: int = 200  # reward mean not improving for this many steps
+    alert_reward_std_low: float = 0.1  # reward std below this (guide: normal 0.3-1.0)
+    alert_reward_std_high: float = 2.0  # reward std above this
+    alert_kl_high: float = 0.1  # KL above this and rising
+    alert_loss_zero: float = 1e-4  # |policy loss| and grad norm below this while reward is not improving
+    alert_throughput_fraction: float = 0.5  # tokens/s below this fraction of the run's early throughput
+    alert_zero_std_high: float = 0.8  # fraction of zero-signal groups above this
+    on_alert: dict = field(default_factory=dict)  # rule -> warn | stop, e.g. {kl_high: stop}; stop exits non-zero
 
     # --- evaluation ----------------------------------------------------------
     eval_on_start: bool = True  # held-out accuracy before training
     eval_on_end: bool = True  # ... and after it
+    eval_strategy: str = "no"  # no | steps: also evaluate every eval_steps during training
+    eval_steps: int | None = None  # default: logging_steps (as TRL)
+    eval_num_samples: int = 1  # k completions per problem; > 1 reports pass@k, maj@k, mean@k
+    eval_num_shots: int = 0  # worked examples from the train split put before each eval prompt
     eval_max_examples: int = 200  # 0 = the whole test split
     eval_temperature: float = 0.0  # 0 = greedy
     eval_batch_size: int = 64  # prompts per generation call
@@ -139,6 +162,9 @@ _CHOICES = {
     "scale_rewards": ("group", "batch", "none"),
     "importance_sampling_level": ("token", "sequence"),
     "lr_scheduler_type": ("constant", "linear", "cosine"),
+    "kl_estimator": ("k1", "k2", "k3"),
+    "kl_penalty": ("loss", "reward"),
+    "eval_strategy": ("no", "steps"),
 }
 
 
@@ -316,10 +342,46 @@ def validate(cfg: Config) -> None:
             problems.append(f"reward_args names {name!r}, which is not in reward_funcs {list(cfg.reward_funcs)}")
         if not isinstance(args, dict):
             problems.append(f"reward_args.{name} must be a mapping of keyword arguments, got {args!r}")
+    need(cfg.kl_horizon >= 1, f"kl_horizon must be at least 1; got {cfg.kl_horizon}")
+    if cfg.kl_target is not None:
+        need(cfg.kl_target > 0, f"kl_target must be > 0 (or null for a fixed beta); got {cfg.kl_target}")
+        need(cfg.beta > 0, "kl_target (adaptive KL) adjusts beta from its starting value: set beta > 0, e.g. beta=0.04")
+    need(cfg.max_sampling_rounds >= 0, "max_sampling_rounds must be >= 0")
+    for name in cfg.report_to:
+        need(name in REPORT_TO, f"report_to: unknown logger {name!r}; choose from {', '.join(REPORT_TO)}")
+    need(cfg.report_steps >= 0, "report_steps must be >= 0 (0 = the report is written at the end only)")
+    problems += _check_alerts(cfg)
+    need(cfg.eval_steps is None or cfg.eval_steps >= 1, "eval_steps must be at least 1 (or null for logging_steps)")
+    need(cfg.eval_num_samples >= 1, "eval_num_samples must be at least 1")
+    need(cfg.eval_num_shots >= 0, "eval_num_shots must be >= 0")
     problems += _check_names(cfg)
     problems += _check_paths(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+REPORT_TO = ("jsonl", "tensorboard", "wandb", "trackio", "none")
+
+
+def _check_alerts(cfg: Config) -> list[str]:
+    from rlvr.alerts import RULES
+
+    problems = []
+    if cfg.alert_window < 1 or cfg.alert_reward_flat_steps < 1:
+        problems.append("alert_window and alert_reward_flat_steps must be at least 1")
+    if not 0 <= cfg.alert_reward_std_low < cfg.alert_reward_std_high:
+        problems.append("alert_reward_std_low must be >= 0 and below alert_reward_std_high")
+    for name in ("alert_throughput_fraction", "alert_zero_std_high"):
+        if not 0 < getattr(cfg, name) <= 1:
+            problems.append(f"{name} must be in (0, 1]; got {getattr(cfg, name)}")
+    if cfg.alert_kl_high <= 0 or cfg.alert_loss_zero < 0:
+        problems.append("alert_kl_high must be > 0 and alert_loss_zero >= 0")
+    for rule, action in cfg.on_alert.items():
+        if rule not in RULES:
+            problems.append(f"on_alert: unknown rule {rule!r}; rules: {', '.join(RULES)}")
+        if action not in ("warn", "stop"):
+            problems.append(f"on_alert.{rule} must be warn or stop; got {action!r}")
+    return problems
 
 
 def _check_names(cfg: Config) -> list[str]:

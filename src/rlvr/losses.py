@@ -5,7 +5,7 @@ Per completion token t of completion i (PPO, https://arxiv.org/abs/1707.06347):
     w_it  = exp(logp_it - old_logp_it)                     token-level ratio
             exp(mean_t(logp_it - old_logp_it))             sequence-level (GSPO, https://arxiv.org/abs/2507.18071)
     l_it  = -min(w_it * A_i, clip(w_it, 1 - eps, 1 + eps_high) * A_i)
-          + beta * KL_it                                   k3 estimator, below
+          + beta * KL_it                                   k1, k2 or k3 estimator (kl.py; default k3)
 
     KL_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1  (k3, http://joschu.net/blog/kl-approx.html)
 
@@ -32,6 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from rlvr.kl import kl_estimate
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,7 @@ def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8):
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(pi || pi_ref): exp(r) - r - 1 with r = ref - logp; always >= 0."""
-    r = ref_logprobs - logprobs
-    return torch.exp(r) - r - 1
+    return kl_estimate(logprobs, ref_logprobs, "k3")
 
 
 def importance_log_weights(logprobs, old_logprobs, mask, level: str = "token") -> torch.Tensor:
@@ -90,6 +91,7 @@ def policy_loss(
     importance_sampling_level: str = "token",
     beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
+    kl_estimator: str = "k3",
 ):
     """Loss of one micro-batch and its metrics (sums, so micro-batches can be added up).
 
@@ -117,7 +119,7 @@ def policy_loss(
     if beta > 0:
         if ref_logprobs is None:
             raise ValueError("beta > 0 needs ref_logprobs")
-        kl = kl_k3(logprobs, ref_logprobs)
+        kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
         per_token = per_token + beta * kl
         metrics["kl"] = torch.where(mask, kl, 0.0).sum().detach()
     per_token = torch.where(mask, per_token, torch.zeros_like(per_token))

@@ -1,4 +1,5 @@
-"""Metrics: the per-step numbers, metrics.jsonl, sample completions and the progress bar.
+"""Metrics: the per-step numbers, metrics.jsonl, sample completions, the progress bar, and
+the optional loggers of report_to (tensorboard, wandb, trackio; each imported only when named).
 
 Metric names follow TRL's (reward, reward_std, rewards/<fn>/mean,
 frac_reward_zero_std, kl, entropy, clip_ratio/..., completions/...), so
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
 from rich.console import Console
+
+from rlvr.config import ConfigError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
@@ -114,3 +118,79 @@ def format_log_line(line: dict, total_steps: int) -> str:
     if line.get("kl") is not None:
         parts.insert(4, f"kl {f('kl', '{:.4f}')}")
     return "  ".join(parts)
+
+
+# --- report_to: loggers beside metrics.jsonl -------------------------------------------------
+
+
+class LoggerError(ConfigError):
+    """A logger named in report_to cannot start (its package is missing)."""
+
+
+def _require(module: str, extra: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise LoggerError(
+            f"report_to={extra} needs the {extra} package, which is not installed: pip install 'rlvr[{extra}]' "
+            f"(or pip install {extra}), or drop it from report_to"
+        ) from e
+
+
+class TensorBoardLogger:
+    def __init__(self, cfg, output_dir: Path):
+        _require("tensorboard", "tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+
+    def log(self, line: dict) -> None:
+        for key, value in _scalars(line).items():
+            self.writer.add_scalar(key, value, line["step"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    """Project from $WANDB_PROJECT (default rlvr); offline runs work as wandb's own do (WANDB_MODE=offline)."""
+
+    def __init__(self, cfg, output_dir: Path):
+        self.wandb = _require("wandb", "wandb")
+        self.run = self.wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), name=Path(output_dir).name,
+                                   dir=str(output_dir), config=cfg.to_dict())
+
+    def log(self, line: dict) -> None:
+        self.run.log(_scalars(line), step=line["step"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TrackioLogger:
+    """Project from $TRACKIO_PROJECT (default rlvr)."""
+
+    def __init__(self, cfg, output_dir: Path):
+        self.trackio = _require("trackio", "trackio")
+        self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlvr"), name=Path(output_dir).name, config=cfg.to_dict())
+
+    def log(self, line: dict) -> None:
+        self.trackio.log(_scalars(line), step=line["step"])
+
+    def close(self) -> None:
+        self.trackio.finish()
+
+
+def _scalars(line: dict) -> dict:
+    return {k: v for k, v in line.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def build_loggers(cfg, output_dir: Path) -> list:
+    """One logger per report_to entry (metrics.jsonl is always written, by MetricsLog)."""
+    return [LOGGERS[name](cfg, output_dir) for name in dict.fromkeys(cfg.report_to) if name in LOGGERS]
+
+
+LOGGERS = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger, "trackio": TrackioLogger}

@@ -1,4 +1,5 @@
-"""The training loop, top to bottom: sample, score, advantage, update, log, save.
+"""One training step, top to bottom: sample, score, advantage, update.  (The whole run,
+with evaluation, logging, alerts and checkpoints around the steps, is run.py.)
 
 One *generation* samples G completions for each of `prompts_per_step` prompts
 (stages 1-3), then `num_iterations` optimizer steps train on it (stage 4).
@@ -8,8 +9,6 @@ what they mean there.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import time
 import warnings
@@ -19,19 +18,47 @@ from pathlib import Path
 import torch
 
 from rlvr.advantages import group_advantages, group_reward_std
+from rlvr.alerts import AlertMonitor
 from rlvr.chat import render_prompts, tokenize_prompts
 from rlvr.checkpoint import load_checkpoint, save_checkpoint
-from rlvr.config import Config, save_config
+from rlvr.config import Config
+from rlvr.kl import AdaptiveKL, sequence_kl
+from rlvr.llama import LlamaRunner, batch_logprobs, supports
 from rlvr.losses import LossNorm, policy_loss, selective_logprobs
-from rlvr.evaluate import EvalResult, evaluate, write_result
-from rlvr.models import disable_dropout, eos_token_ids, latest_checkpoint, load_model, make_reference
-from rlvr.monitor import MetricsLog, format_log_line, make_console, make_progress
+from rlvr.models import eos_token_ids
+from rlvr.monitor import MetricsLog
 from rlvr.optim import build_optimizer
 from rlvr.rollout import SamplingParams
-from rlvr.llama import LlamaRunner, batch_logprobs, supports
 from rlvr.rollout.engine import make_sampler
-from rlvr.tasks import PromptStream, build_rewards, load_splits, verifier_name
+from rlvr.tasks import PromptStream, build_rewards
 from rlvr.types import Batch, Example, Rollout, TrainerState
+
+
+@dataclass
+class SampledGroup:
+    """The G completions of one prompt with their rewards (total after any KL penalty, and per function)."""
+
+    example: Example
+    rollouts: list[Rollout]
+    rewards: list[float]
+    per_func: dict[str, list]
+    kl: list[float] | None = None  # per completion, summed over tokens (kl_penalty=reward)
+
+    @property
+    def has_signal(self) -> bool:
+        return max(self.rewards) > min(self.rewards)
+
+
+@dataclass
+class Round:
+    groups: list[SampledGroup]
+    counters: dict
+    rollout_seconds: float
+    reward_seconds: float
+
+
+def _informative(rounds: list[Round]) -> int:
+    return sum(g.has_signal for r in rounds for g in r.groups)
 
 
 @dataclass
@@ -63,7 +90,11 @@ class Trainer:
         self.prompts = PromptStream(train_examples, cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.optimizer, self.scheduler = build_optimizer(model, cfg, total_steps)
+        self.beta = cfg.beta  # moved by the adaptive KL controller when kl_target is set
+        self.kl_control = AdaptiveKL(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target else None
         self.log = MetricsLog(self.output_dir, cfg.logging_steps)
+        self.alerts = AlertMonitor(cfg, self.output_dir / "alerts.jsonl")
+        self.last_samples: list[dict] = []
         self.step = 0
         self.pending: Generation | None = None
         self.extra_state: dict = {}  # e.g. the accuracy before training, kept across resumes
@@ -71,57 +102,107 @@ class Trainer:
     # --- stages 1-3: one generation ----------------------------------------------------
 
     def generate(self) -> Generation:
+        """Sample and score G completions per prompt, then compute advantages.
+
+        With dynamic_sampling (DAPO), groups whose rewards are all equal are dropped and
+        further rounds of prompts are sampled until prompts_per_step groups carry signal,
+        or max_sampling_rounds extra rounds have run; then the informative groups are used."""
+        cfg, size = self.cfg, self.cfg.num_generations
+        rounds = [self._sample_round()]  # 1. rollout and 2. reward
+        while cfg.dynamic_sampling and len(rounds) <= cfg.max_sampling_rounds and _informative(rounds) < cfg.prompts_per_step:
+            rounds.append(self._sample_round())
+        groups = [g for r in rounds for g in r.groups]
+        chosen = [g for g in groups if g.has_signal][: cfg.prompts_per_step] if cfg.dynamic_sampling else groups
+        rewards = torch.tensor([x for g in chosen for x in g.rewards])
+        advantages, zero_std = group_advantages(rewards, size, cfg.scale_rewards)  # 3. advantage
+        rollouts = [r for g in chosen for r in g.rollouts]
+        keep = (~zero_std).repeat_interleave(size)  # groups without signal are left out
+        batch = Batch.from_rollouts(rollouts, advantages, keep, self.sampler.pad_id, cfg.mask_truncated_completions, size)
+        if len(batch):
+            self._fill_reference_logprobs(batch)
+        metrics = self._generation_metrics(groups, rounds)
+        if cfg.dynamic_sampling:
+            metrics["sampling/rounds"] = len(rounds) - 1
+            metrics["sampling/dropped_groups"] = sum(not g.has_signal for g in groups)
+        samples = [
+            {"prompt": g.example.prompt, "answer": g.example.answer, "completion": r.text, "reward": reward,
+             "advantage": advantages[i * size + j].item(), "finish_reason": r.finish_reason}
+            for i, g in enumerate(chosen) for j, (r, reward) in enumerate(zip(g.rollouts, g.rewards))
+        ][: cfg.num_completions_to_print]
+        return Generation(batch, metrics, samples)
+
+    def _sample_round(self) -> "Round":
+        """One round: prompts_per_step prompts, G completions each, scored; with kl_penalty=reward
+        the reward is lowered by beta x the completion's KL to the reference."""
         cfg, t0 = self.cfg, time.perf_counter()
         examples = self.prompts.take(cfg.prompts_per_step)
         texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt)
         prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
-        groups = self.sampler.generate(prompt_ids, self.sampling, self.generator)  # 1. rollout
+        sampled = self.sampler.generate(prompt_ids, self.sampling, self.generator)
         t1 = time.perf_counter()
         state = TrainerState(global_step=self.step, max_steps=self.total_steps)
-        scores = self.rewards.score_groups(examples, groups, texts, state, cfg.max_completion_length)  # 2. reward
+        scores = self.rewards.score_groups(examples, sampled, texts, state, cfg.max_completion_length)
         t2 = time.perf_counter()
-        rewards = torch.tensor(scores.total)
-        advantages, zero_std = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)  # 3. advantage
-        rollouts = [r for group in groups for r in group]
-        keep = (~zero_std).repeat_interleave(cfg.num_generations)  # groups without signal are left out
-        batch = Batch.from_rollouts(rollouts, advantages, keep, self.sampler.pad_id, cfg.mask_truncated_completions, cfg.num_generations)
-        if len(batch):
-            self._fill_reference_logprobs(batch)
+        totals, kls = list(scores.total), None
+        if self.beta > 0 and cfg.kl_penalty == "reward":
+            kls = self._sequence_kl([r for group in sampled for r in group])
+            totals = [t - self.beta * k for t, k in zip(totals, kls)]
+        groups = []
+        for i, (ex, group) in enumerate(zip(examples, sampled)):
+            idx = range(i * cfg.num_generations, (i + 1) * cfg.num_generations)
+            groups.append(SampledGroup(ex, group, [totals[j] for j in idx], {n: [v[j] for j in idx] for n, v in scores.per_func.items()},
+                                       None if kls is None else [kls[j] for j in idx]))
+        return Round(groups, scores.counters, t1 - t0, t2 - t1)
 
+    @torch.no_grad()
+    def _sequence_kl(self, rollouts: list[Rollout]) -> list[float]:
+        """Per completion: sum over tokens of the KL estimate between the sampling policy
+        (the sampler's log-probs) and the reference model."""
+        batch = Batch.from_rollouts(rollouts, torch.zeros(len(rollouts)), torch.ones(len(rollouts), dtype=torch.bool),
+                                    self.sampler.pad_id, False, self.cfg.num_generations)
+        ref = self._logprobs_in_chunks(self.ref_model, batch)
+        logp = torch.zeros_like(ref)
+        for i, r in enumerate(rollouts):
+            logp[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
+        return sequence_kl(logp, ref, batch.completion_mask, self.cfg.kl_estimator).tolist()
+
+    def _generation_metrics(self, groups: list["SampledGroup"], rounds: list["Round"]) -> dict:
+        """TRL's names, over every group sampled in this step."""
+        size = self.cfg.num_generations
+        rewards = torch.tensor([x for g in groups for x in g.rewards])
+        rollouts = [r for g in groups for r in g.rollouts]
         lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float)
         metrics = {
             "reward": rewards.mean().item(),
-            "reward_std": group_reward_std(rewards, cfg.num_generations).mean().item(),
-            "frac_reward_zero_std": zero_std.float().mean().item(),
+            "reward_std": group_reward_std(rewards, size).mean().item(),
+            "frac_reward_zero_std": sum(not g.has_signal for g in groups) / len(groups),
             "completions/mean_length": lengths.mean().item(),
             "completions/min_length": lengths.min().item(),
             "completions/max_length": lengths.max().item(),
             "completions/clipped_ratio": sum(r.truncated for r in rollouts) / len(rollouts),
             "num_tokens": lengths.sum().item(),
-            "timing/rollout": t1 - t0,
-            "timing/reward": t2 - t1,
+            "timing/rollout": sum(r.rollout_seconds for r in rounds),
+            "timing/reward": sum(r.reward_seconds for r in rounds),
         }
-        for name, values in scores.per_func.items():
-            vals = torch.tensor([v for v in values if v is not None] or [math.nan])
+        if groups[0].kl is not None:
+            tokens = max(lengths.sum().item(), 1.0)
+            metrics["kl"] = sum(k for g in groups for k in g.kl) / tokens
+        for name in groups[0].per_func:
+            vals = torch.tensor([v for g in groups for v in g.per_func[name] if v is not None] or [math.nan])
             metrics[f"rewards/{name}/mean"] = vals.mean().item()
             metrics[f"rewards/{name}/std"] = vals.std().item() if len(vals) > 1 else 0.0
-            for counter, count in scores.counters.get(name, {}).items():
+            for counter in ("timeouts", "errors"):
+                count = sum(r.counters.get(name, {}).get(counter, 0) for r in rounds)
                 if count:
                     metrics[f"rewards/{name}/{counter}"] = count
-        owners = [ex for ex in examples for _ in range(cfg.num_generations)]
-        samples = [
-            {"prompt": owners[i].prompt, "answer": owners[i].answer, "completion": rollouts[i].text,
-             "reward": scores.total[i], "advantage": advantages[i].item(), "finish_reason": rollouts[i].finish_reason}
-            for i in range(min(cfg.num_completions_to_print, len(rollouts)))
-        ]
-        return Generation(batch, metrics, samples)
+        return metrics
 
     @torch.no_grad()
     def _fill_reference_logprobs(self, batch: Batch) -> None:
         """old_logprobs (only needed when a batch is trained on more than once) and ref_logprobs."""
         if self.cfg.num_iterations > 1:
             batch.old_logprobs = self._logprobs_in_chunks(self.model, batch)
-        if self.cfg.beta > 0:
+        if self.beta > 0 and self.cfg.kl_penalty == "loss":
             batch.ref_logprobs = self._logprobs_in_chunks(self.ref_model, batch)
 
     def _logprobs_in_chunks(self, model, batch: Batch) -> torch.Tensor:
@@ -179,7 +260,8 @@ class Trainer:
             loss, m = policy_loss(
                 logprobs, old, micro.advantages, micro.completion_mask, norm,
                 loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
-                importance_sampling_level=cfg.importance_sampling_level, beta=cfg.beta, ref_logprobs=micro.ref_logprobs,
+                importance_sampling_level=cfg.importance_sampling_level, ref_logprobs=micro.ref_logprobs,
+                beta=self.beta if cfg.kl_penalty == "loss" else 0.0, kl_estimator=cfg.kl_estimator,
             )
             loss.backward()
             sums["loss"] += loss.item()
@@ -246,9 +328,14 @@ class Trainer:
                 raise
         gen = self.pending
         metrics = {**gen.metrics, **self.update(gen.batch)}
+        if self.beta > 0:
+            metrics["beta"] = self.beta  # the beta this step used
+        if self.kl_control is not None:  # adaptive KL: the next step's beta
+            self.beta = self.kl_control.update(metrics.get("kl"))
         gen.iterations_done += 1
         if gen.iterations_done == 1 and gen.samples and self.cfg.log_completions:
             self.log.add_completions(self.step + 1, gen.samples)
+        self.last_samples = gen.samples
         if gen.iterations_done >= self.cfg.num_iterations:
             self.pending = None
         self.step += 1
@@ -265,8 +352,11 @@ class Trainer:
             "prompts": self.prompts.state_dict(),
             "generator": self.generator.get_state(),
             "log": self.log.state_dict(),
+            "alerts": self.alerts.state_dict(),
             "pending": self.pending,
             "extra": self.extra_state,
+            "beta": self.beta,
+            "kl_control": self.kl_control.state_dict() if self.kl_control else None,
         }
 
     def save(self) -> Path:
@@ -280,8 +370,13 @@ class Trainer:
         self.prompts.load_state_dict(state["prompts"])
         self.generator.set_state(state["generator"])
         self.log.load_state_dict(state["log"])
+        if "alerts" in state:
+            self.alerts.load_state_dict(state["alerts"])
         self.pending = state["pending"]
         self.extra_state = state.get("extra", {})
+        self.beta = state.get("beta", self.beta)
+        if self.kl_control is not None and state.get("kl_control"):
+            self.kl_control.load_state_dict(state["kl_control"])
 
 
 def total_steps_for(cfg: Config, num_train_examples: int) -> int:
@@ -289,129 +384,3 @@ def total_steps_for(cfg: Config, num_train_examples: int) -> int:
         return cfg.max_steps
     generations = math.ceil(cfg.num_train_epochs * num_train_examples / cfg.prompts_per_step)
     return max(1, generations * cfg.num_iterations)
-
-
-# --- the whole run -------------------------------------------------------------------------
-
-
-def train(cfg: Config, console=None) -> dict:
-    """Train as configured: before/after evaluation, checkpoints, final model. Returns the summary."""
-    console = console or make_console()
-    cfg, output_dir, checkpoint = prepare_output_dir(cfg)
-    train_examples, test_examples = load_splits(cfg)
-    test_examples = test_examples[: cfg.eval_max_examples or None]
-    model, tokenizer, model_path = load_model(cfg.model, cfg.dtype)
-    if cfg.disable_dropout:
-        disable_dropout(model)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    total = total_steps_for(cfg, len(train_examples))
-    trainer = Trainer(cfg, model, tokenizer, train_examples, output_dir, total, make_reference(model, cfg.beta))
-    if checkpoint is not None:
-        trainer.resume(checkpoint)
-        console.print(f"resumed from {checkpoint} at step {trainer.step}")
-    save_config(cfg, output_dir / "config.yaml")
-    console.print(f"[bold]rlvr train[/] -> {output_dir}  model: {model_path}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
-
-    verifier = verifier_name(cfg)
-    scorer = build_rewards(cfg, with_verifier=True)
-
-    def held_out(label: str) -> EvalResult:
-        console.print(f"held-out evaluation ({label}, {len(test_examples)} problems)...")
-        result = evaluate(trainer.sampler, tokenizer, test_examples, scorer, verifier, cfg)
-        write_result(result, output_dir / f"eval_{label}.json", {"model": str(model_path), "step": trainer.step})
-        console.print(f"  accuracy {result.accuracy:.1%}  mean length {result.mean_completion_length:.1f} tokens")
-        return result
-
-    if cfg.eval_on_start and "eval_before" not in trainer.extra_state:
-        trainer.extra_state["eval_before"] = _brief(held_out("before"))
-    started, seconds_before = time.perf_counter(), trainer.extra_state.get("train_seconds", 0.0)
-    saved_step = trainer.step
-
-    def save() -> Path:
-        trainer.extra_state["train_seconds"] = seconds_before + time.perf_counter() - started
-        return trainer.save()
-
-    try:
-        with make_progress(console) as progress:
-            bar = progress.add_task("train", total=total, completed=trainer.step, reward="-")
-            while trainer.step < total:
-                metrics = trainer.train_step()
-                line = trainer.log.add(trainer.step, metrics, force=trainer.step == total)
-                progress.update(bar, completed=trainer.step, reward=f"{metrics['reward']:.3f}")
-                if line:
-                    progress.console.print(format_log_line(line, total))
-                # Also after the last step, so that resume=true with a larger max_steps can continue.
-                if trainer.step % cfg.save_steps == 0 or trainer.step == total:
-                    save()
-                    saved_step = trainer.step
-    except BaseException:
-        if trainer.step > saved_step:
-            path = save()
-            console.print(f"[red]stopped at step {trainer.step}[/]; saved {path}. Continue with: rlvr train resume=true output_dir={output_dir}")
-        raise
-    train_seconds = seconds_before + time.perf_counter() - started
-    model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
-    after = _brief(held_out("after")) if cfg.eval_on_end else None
-    summary = {
-        "output_dir": str(output_dir),
-        "steps": trainer.step,
-        "train_seconds": round(train_seconds, 1),
-        "eval_before": trainer.extra_state.get("eval_before"),
-        "eval_after": after,
-    }
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print_summary(console, summary)
-    return summary
-
-
-def _brief(result: EvalResult) -> dict:
-    return {k: v for k, v in result.to_dict().items() if k != "samples"}
-
-
-def prepare_output_dir(cfg: Config):
-    """(cfg with a concrete output_dir, that dir, the checkpoint to resume from or None)."""
-    if cfg.resume:
-        output_dir = Path(cfg.output_dir) if cfg.output_dir else latest_run_dir()
-        checkpoint = latest_checkpoint(output_dir)
-        if checkpoint is None:
-            raise FileNotFoundError(f"resume=true but {output_dir} has no checkpoint-* to resume from")
-        return dataclasses.replace(cfg, output_dir=str(output_dir)), output_dir, checkpoint
-    name = cfg.output_dir or f"runs/{_run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    output_dir = Path(name)
-    if output_dir.is_dir() and ((output_dir / "metrics.jsonl").exists() or latest_checkpoint(output_dir)):
-        raise FileExistsError(
-            f"{output_dir} already holds a training run; continue it with resume=true, or pick another output_dir"
-        )
-    output_dir.mkdir(parents=True, exist_ok=True)
-    return dataclasses.replace(cfg, output_dir=str(output_dir)), output_dir, None
-
-
-def latest_run_dir(root: Path = Path("runs")) -> Path:
-    runs = [p for p in root.glob("*") if p.is_dir() and latest_checkpoint(p) is not None]
-    if not runs:
-        raise FileNotFoundError(f"resume=true without output_dir, and no run with a checkpoint under {root}/")
-    return max(runs, key=lambda p: latest_checkpoint(p).stat().st_mtime)
-
-
-def _run_name(cfg: Config) -> str:
-    return Path(cfg.dataset).stem.replace("/", "-") if cfg.dataset else cfg.task
-
-
-def print_summary(console, summary: dict) -> None:
-    from rich.table import Table
-
-    table = Table(title="rlvr run summary", show_header=False)
-    before, after = summary.get("eval_before"), summary.get("eval_after")
-    if before or after:
-        n = (after or before)["n"]
-        b = f"{before['accuracy']:.1%}" if before else "-"
-        a = f"{after['accuracy']:.1%}" if after else "-"
-        delta = f"  ({(after['accuracy'] - before['accuracy']) * 100:+.1f} points)" if before and after else ""
-        table.add_row(f"held-out accuracy (n={n})", f"before {b}  ->  after {a}{delta}")
-    table.add_row("steps", str(summary["steps"]))
-    minutes, seconds = divmod(int(summary["train_seconds"]), 60)
-    table.add_row("training wall time", f"{minutes}m {seconds:02d}s")
-    table.add_row("output", summary["output_dir"])
-    console.print(table)

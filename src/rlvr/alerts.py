@@ -1,0 +1,251 @@
+"""Alerts: the guide's monitoring rules, evaluated on rolling windows of the step metrics.
+
+Each rule looks at the last `alert_window` steps (some at a longer history) and
+is either active or not.  An alert is reported once when its rule becomes
+active ("start") and once when it stops being active ("clear"), with a
+suggestion, and appended to alerts.jsonl.  A rule that `on_alert` marks `stop`
+ends the run when it starts (the trainer saves a checkpoint and exits non-zero).
+
+    reward_flat       the rolling mean reward has not beaten its best by more than
+                      1% (at least 0.001) for `alert_reward_flat_steps` steps
+    reward_std_low    rolling mean of reward_std below `alert_reward_std_low`
+    reward_std_high   ... above `alert_reward_std_high`
+    kl_high           rolling mean KL above `alert_kl_high` and rising (the second
+                      half of the window higher than the first)
+    loss_zero         |policy loss| and grad norm both below `alert_loss_zero` on
+                      average while the reward is not improving over the window
+                      (nothing is being learned; a saturated reward suggests hacking)
+    throughput_low    rolling tokens/s below `alert_throughput_fraction` of the run's
+                      early throughput (the median of steps 2 .. window + 1)
+    zero_std_high     rolling mean fraction of groups whose rewards are all equal
+                      above `alert_zero_std_high`
+
+Note on loss_zero: with one update per batch the clipped loss is exactly the
+mean advantage, and for loss_type grpo that is 0 by construction; so a zero loss
+alone means nothing, and the rule also requires the gradient to have vanished.
+
+Rules need a full window before they can fire, and read only the metrics they
+name; a metric absent from the stream (e.g. kl when beta = 0) keeps its rule off.
+This module imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class AlertEvent:
+    step: int
+    rule: str
+    event: str  # "start" | "clear"
+    severity: str  # "warn" | "stop"
+    message: str
+    suggestion: str
+    value: float | None
+
+    def format(self) -> str:
+        if self.event == "clear":
+            return f"alert cleared at step {self.step}: {self.rule} ({self.message})"
+        tag = "STOP" if self.severity == "stop" else "alert"
+        return f"{tag} at step {self.step}: {self.rule}: {self.message}\n  suggestion: {self.suggestion}"
+
+
+@dataclass
+class Finding:
+    """What a rule reports while it is active."""
+
+    value: float
+    message: str
+    suggestion: str
+
+
+@dataclass
+class History:
+    """The step metrics a rule may read: values per metric name, oldest first."""
+
+    window: int
+    steps: list[int] = field(default_factory=list)
+    values: dict[str, list] = field(default_factory=dict)
+    best_reward: float | None = None
+    best_reward_step: int = 0
+    early_tokens_per_second: list = field(default_factory=list)  # steps 1 .. window + 1: the baseline
+    samples: list[dict] = field(default_factory=list)  # the latest logged completions
+
+    def last(self, name: str, n: int | None = None) -> list[float] | None:
+        """The last n (default: window) values of a metric, or None if fewer were recorded."""
+        n = n or self.window
+        vals = [v for v in self.values.get(name, [])[-n:] if v is not None]
+        return vals if len(vals) >= n else None
+
+
+class AlertMonitor:
+    def __init__(self, cfg, path: Path | None = None):
+        self.cfg, self.path = cfg, path
+        self.history = History(cfg.alert_window)
+        self.active: dict[str, Finding] = {}
+
+    def update(self, step: int, metrics: dict, samples: list[dict] | None = None) -> list[AlertEvent]:
+        """Record one step's metrics; return the alerts that start or clear at this step."""
+        h = self.history
+        if metrics.get("skipped_update"):  # no group had signal: nothing was learned this step
+            metrics = {**metrics, "loss": 0.0, "grad_norm": 0.0}
+        h.steps.append(step)
+        del h.steps[:-2 * h.window]
+        for name in _WATCHED:
+            h.values.setdefault(name, []).append(_number(metrics.get(name)))
+            del h.values[name][: -2 * h.window]
+        tps = _number(metrics.get("tokens_per_second"))
+        if tps is not None and len(h.early_tokens_per_second) <= h.window:
+            h.early_tokens_per_second.append(tps)
+        if samples:
+            h.samples = list(samples)
+        rolling = h.last("reward")
+        if rolling is not None:
+            mean = sum(rolling) / len(rolling)
+            if h.best_reward is None or mean > h.best_reward + max(0.01 * abs(h.best_reward), 1e-3):
+                h.best_reward, h.best_reward_step = mean, step
+        events = []
+        for rule, check in RULES.items():
+            finding = check(h, self.cfg)
+            if finding and rule not in self.active:
+                events.append(self._event(step, rule, "start", finding))
+            elif not finding and rule in self.active:
+                events.append(self._event(step, rule, "clear", self.active[rule]))
+            if finding:
+                self.active[rule] = finding
+            else:
+                self.active.pop(rule, None)
+        if events and self.path is not None:
+            with self.path.open("a") as f:
+                for e in events:
+                    f.write(json.dumps(asdict(e), ensure_ascii=False) + "\n")
+        return events
+
+    def _event(self, step: int, rule: str, kind: str, finding: Finding) -> AlertEvent:
+        severity = self.cfg.on_alert.get(rule, "warn")
+        return AlertEvent(step, rule, kind, severity, finding.message, finding.suggestion, finding.value)
+
+    def state_dict(self) -> dict:
+        return {"history": asdict(self.history), "active": {k: asdict(v) for k, v in self.active.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = History(**state["history"])
+        self.active = {k: Finding(**v) for k, v in state["active"].items()}
+
+
+def _number(v):
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def _mean(vals: list[float]) -> float:
+    return sum(vals) / len(vals)
+
+
+# --- the rules: History + config -> Finding while active, else None ------------------------
+
+
+def reward_flat(h: History, cfg) -> Finding | None:
+    if h.best_reward is None or h.steps[-1] - h.best_reward_step < cfg.alert_reward_flat_steps:
+        return None
+    return Finding(
+        h.best_reward,
+        f"reward has not improved for {h.steps[-1] - h.best_reward_step} steps (best rolling mean {h.best_reward:.3f})",
+        "check the verifier on labelled cases (rlvr check-reward); try a higher learning_rate, easier data, "
+        "or a prompt that shows the answer format",
+    )
+
+
+def reward_std_low(h: History, cfg) -> Finding | None:
+    vals = h.last("reward_std")
+    if vals is None or _mean(vals) >= cfg.alert_reward_std_low:
+        return None
+    return Finding(
+        _mean(vals),
+        f"reward std {_mean(vals):.3f} < {cfg.alert_reward_std_low} over the last {len(vals)} steps: groups barely differ",
+        "raise temperature or num_generations so completions of a prompt differ more",
+    )
+
+
+def reward_std_high(h: History, cfg) -> Finding | None:
+    vals = h.last("reward_std")
+    if vals is None or _mean(vals) <= cfg.alert_reward_std_high:
+        return None
+    return Finding(
+        _mean(vals),
+        f"reward std {_mean(vals):.3f} > {cfg.alert_reward_std_high} over the last {len(vals)} steps",
+        "check the reward scale and reward_weights; lower temperature; consider scale_rewards=group",
+    )
+
+
+def kl_high(h: History, cfg) -> Finding | None:
+    vals = h.last("kl")
+    if vals is None:
+        return None
+    half = len(vals) // 2
+    rising = half > 0 and _mean(vals[half:]) > _mean(vals[:half])
+    if _mean(vals) <= cfg.alert_kl_high or not rising:
+        return None
+    return Finding(
+        _mean(vals),
+        f"KL {_mean(vals):.4f} > {cfg.alert_kl_high} and rising",
+        "raise beta (or set kl_target for adaptive KL), or lower the learning_rate",
+    )
+
+
+def loss_zero(h: History, cfg) -> Finding | None:
+    loss, grad, reward = h.last("loss"), h.last("grad_norm"), h.last("reward")
+    if loss is None or reward is None:
+        return None
+    if _mean([abs(v) for v in loss]) >= cfg.alert_loss_zero or (grad is not None and _mean(grad) >= cfg.alert_loss_zero):
+        return None
+    if h.steps[-1] - h.best_reward_step < len(reward):  # the reward improved within the window
+        return None
+    shown = "; ".join(repr(str(s.get("completion", ""))[:120]) for s in h.samples[:2])
+    return Finding(
+        _mean([abs(v) for v in loss]),
+        f"policy loss and gradient near zero while reward is flat at {_mean(reward):.3f}",
+        "suspect reward hacking: read the completions (completions.jsonl), e.g. " + (shown or "(none logged)"),
+    )
+
+
+def throughput_low(h: History, cfg) -> Finding | None:
+    early, vals = h.early_tokens_per_second, h.last("tokens_per_second")
+    if vals is None or len(early) <= h.window or len(h.steps) < 2 * h.window:
+        return None
+    baseline = statistics.median(early[1:])  # the first step pays for warm-up
+    now = _mean(vals)
+    if baseline <= 0 or now >= cfg.alert_throughput_fraction * baseline:
+        return None
+    return Finding(
+        now,
+        f"{now:.0f} tokens/s, below {cfg.alert_throughput_fraction:.0%} of the run's early {baseline:.0f} tokens/s",
+        "check for other processes on the machine, swapping, or completions growing to max_completion_length",
+    )
+
+
+def zero_std_high(h: History, cfg) -> Finding | None:
+    vals = h.last("frac_reward_zero_std")
+    if vals is None or _mean(vals) <= cfg.alert_zero_std_high:
+        return None
+    return Finding(
+        _mean(vals),
+        f"{_mean(vals):.0%} of groups have all-equal rewards (no signal)",
+        "use data of a difficulty the model sometimes solves (harder if all right, easier if all wrong), "
+        "or dynamic_sampling=true",
+    )
+
+
+RULES = {
+    "reward_flat": reward_flat,
+    "reward_std_low": reward_std_low,
+    "reward_std_high": reward_std_high,
+    "kl_high": kl_high,
+    "loss_zero": loss_zero,
+    "throughput_low": throughput_low,
+    "zero_std_high": zero_std_high,
+}
+_WATCHED = ("reward", "reward_std", "kl", "loss", "grad_norm", "tokens_per_second", "frac_reward_zero_std")

@@ -1,0 +1,192 @@
+"""The whole run around the steps: evaluation before, during and after training, metrics and
+loggers, alerts, the live report, checkpoints, the final model and the summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from rlvr.alerts import AlertEvent
+from rlvr.config import Config, save_config
+from rlvr.evaluate import EvalResult, evaluate, write_result
+from rlvr.models import disable_dropout, latest_checkpoint, load_model, make_reference
+from rlvr.monitor import build_loggers, format_log_line, make_console, make_progress
+from rlvr.tasks import build_rewards, load_splits, verifier_name
+from rlvr.trainer import Trainer, total_steps_for
+
+
+class AlertStop(RuntimeError):
+    """A rule marked `stop` in on_alert started; the run was saved and stopped."""
+
+    def __init__(self, event: AlertEvent):
+        super().__init__(f"stopped by alert {event.rule} at step {event.step}: {event.message}")
+        self.event = event
+
+
+def train(cfg: Config, console=None) -> dict:
+    """Train as configured: before/after evaluation, checkpoints, final model. Returns the summary."""
+    console = console or make_console()
+    cfg, output_dir, checkpoint = prepare_output_dir(cfg)
+    train_examples, test_examples = load_splits(cfg)
+    test_examples = test_examples[: cfg.eval_max_examples or None]
+    loggers = build_loggers(cfg, output_dir)  # a missing logger package fails before the model loads
+    model, tokenizer, model_path = load_model(cfg.model, cfg.dtype)
+    if cfg.disable_dropout:
+        disable_dropout(model)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    total = total_steps_for(cfg, len(train_examples))
+    trainer = Trainer(cfg, model, tokenizer, train_examples, output_dir, total, make_reference(model, cfg.beta))
+    if checkpoint is not None:
+        trainer.resume(checkpoint)
+        console.print(f"resumed from {checkpoint} at step {trainer.step}")
+    save_config(cfg, output_dir / "config.yaml")
+    console.print(f"[bold]rlvr train[/] -> {output_dir}  model: {model_path}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
+
+    verifier = verifier_name(cfg)
+    scorer = build_rewards(cfg, with_verifier=True)
+
+    def held_out(label: str | None = None, out=console) -> EvalResult:
+        if label:
+            out.print(f"held-out evaluation ({label}, {len(test_examples)} problems)...")
+        result = evaluate(trainer.sampler, tokenizer, test_examples, scorer, verifier, cfg)
+        if label:
+            write_result(result, output_dir / f"eval_{label}.json", {"model": str(model_path), "step": trainer.step})
+        out.print(f"  {'' if label else f'step {trainer.step}: '}held-out accuracy {result.accuracy:.1%}  "
+                  f"mean length {result.mean_completion_length:.1f} tokens")
+        return result
+
+    if cfg.eval_on_start and "eval_before" not in trainer.extra_state:
+        trainer.extra_state["eval_before"] = _brief(held_out("before"))
+    started, seconds_before = time.perf_counter(), trainer.extra_state.get("train_seconds", 0.0)
+    saved_step = trainer.step
+    eval_every = cfg.eval_steps or cfg.logging_steps
+    report = LiveReport(output_dir, console)
+
+    def save() -> Path:
+        trainer.extra_state["train_seconds"] = seconds_before + time.perf_counter() - started
+        return trainer.save()
+
+    try:
+        with make_progress(console) as progress:
+            bar = progress.add_task("train", total=total, completed=trainer.step, reward="-")
+            while trainer.step < total:
+                metrics = trainer.train_step()
+                if cfg.eval_strategy == "steps" and trainer.step % eval_every == 0 and test_examples:
+                    result = held_out(out=progress.console)
+                    metrics.update({f"eval/{k}": v for k, v in result.metrics().items()})
+                events = trainer.alerts.update(trainer.step, metrics, trainer.last_samples)
+                line = trainer.log.add(trainer.step, metrics, force=trainer.step == total)
+                progress.update(bar, completed=trainer.step, reward=f"{metrics['reward']:.3f}")
+                if line:
+                    progress.console.print(format_log_line(line, total))
+                    for logger in loggers:
+                        logger.log(line)
+                for event in events:
+                    progress.console.print(f"[{'red' if event.event == 'start' else 'green'}]{event.format()}[/]")
+                # Also after the last step, so that resume=true with a larger max_steps can continue.
+                if trainer.step % cfg.save_steps == 0 or trainer.step == total:
+                    save()
+                    saved_step = trainer.step
+                if cfg.report_steps and trainer.step % cfg.report_steps == 0:
+                    report.refresh()
+                fatal = [e for e in events if e.event == "start" and e.severity == "stop"]
+                if fatal:
+                    raise AlertStop(fatal[0])
+    except BaseException as e:
+        if trainer.step > saved_step:
+            path = save()
+            console.print(f"[red]stopped at step {trainer.step}[/]; saved {path}. Continue with: rlvr train resume=true output_dir={output_dir}")
+        elif isinstance(e, AlertStop):
+            console.print(f"[red]stopped at step {trainer.step}[/]: checkpoint {latest_checkpoint(output_dir)}")
+        report.refresh()
+        raise
+    finally:
+        for logger in loggers:
+            logger.close()
+    train_seconds = seconds_before + time.perf_counter() - started
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    after = _brief(held_out("after")) if cfg.eval_on_end else None
+    summary = {
+        "output_dir": str(output_dir),
+        "steps": trainer.step,
+        "train_seconds": round(train_seconds, 1),
+        "eval_before": trainer.extra_state.get("eval_before"),
+        "eval_after": after,
+    }
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    report.refresh()
+    print_summary(console, summary)
+    return summary
+
+
+class LiveReport:
+    """report.html and its plots, redrawn during training.  A failure to draw is reported once
+    and never stops training: the report is a view of files that are already safe on disk."""
+
+    def __init__(self, output_dir: Path, console):
+        self.output_dir, self.console, self.failed = output_dir, console, False
+
+    def refresh(self) -> None:
+        try:
+            from rlvr.report import write_report
+
+            write_report(self.output_dir)
+        except Exception as e:  # noqa: BLE001 - see the class docstring
+            if not self.failed:
+                self.console.print(f"[yellow]could not draw the report ({e.__class__.__name__}: {e}); training goes on[/]")
+            self.failed = True
+
+
+def _brief(result: EvalResult) -> dict:
+    return {k: v for k, v in result.to_dict().items() if k != "samples"}
+
+
+def prepare_output_dir(cfg: Config):
+    """(cfg with a concrete output_dir, that dir, the checkpoint to resume from or None)."""
+    if cfg.resume:
+        output_dir = Path(cfg.output_dir) if cfg.output_dir else latest_run_dir()
+        checkpoint = latest_checkpoint(output_dir)
+        if checkpoint is None:
+            raise FileNotFoundError(f"resume=true but {output_dir} has no checkpoint-* to resume from")
+        return dataclasses.replace(cfg, output_dir=str(output_dir)), output_dir, checkpoint
+    name = cfg.output_dir or f"runs/{_run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    output_dir = Path(name)
+    if output_dir.is_dir() and ((output_dir / "metrics.jsonl").exists() or latest_checkpoint(output_dir)):
+        raise FileExistsError(
+            f"{output_dir} already holds a training run; continue it with resume=true, or pick another output_dir"
+        )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return dataclasses.replace(cfg, output_dir=str(output_dir)), output_dir, None
+
+
+def latest_run_dir(root: Path = Path("runs")) -> Path:
+    runs = [p for p in root.glob("*") if p.is_dir() and latest_checkpoint(p) is not None]
+    if not runs:
+        raise FileNotFoundError(f"resume=true without output_dir, and no run with a checkpoint under {root}/")
+    return max(runs, key=lambda p: latest_checkpoint(p).stat().st_mtime)
+
+
+def _run_name(cfg: Config) -> str:
+    return Path(cfg.dataset).stem.replace("/", "-") if cfg.dataset else cfg.task
+
+
+def print_summary(console, summary: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="rlvr run summary", show_header=False)
+    before, after = summary.get("eval_before"), summary.get("eval_after")
+    if before or after:
+        n = (after or before)["n"]
+        b = f"{before['accuracy']:.1%}" if before else "-"
+        a = f"{after['accuracy']:.1%}" if after else "-"
+        delta = f"  ({(after['accuracy'] - before['accuracy']) * 100:+.1f} points)" if before and after else ""
+        table.add_row(f"held-out accuracy (n={n})", f"before {b}  ->  after {a}{delta}")
+    table.add_row("steps", str(summary["steps"]))
+    minutes, seconds = divmod(int(summary["train_seconds"]), 60)
+    table.add_row("training wall time", f"{minutes}m {seconds:02d}s")
+    table.add_row("output", summary["output_dir"])
+    console.print(table)
