@@ -32,6 +32,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
         raise ValueError(f"scale must be one of {', '.join(SCALES)}; got {scale!r}")
     if group_size < 2 or rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size} (need group_size >= 2)")
+    if rewards.numel() == 0:  # e.g. dynamic sampling found no group with signal
+        return rewards.float(), torch.zeros(0, dtype=torch.bool)
     grouped = rewards.float().view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     zero_std = (grouped == grouped[:, :1]).all(dim=1)

@@ -1,7 +1,9 @@
 """The `rlvr` command: parse, resolve the config, call one library function.
 
     rlvr train [CONFIG_FILE | demo] [key=value ...]   train (no arguments: the built-in demo)
-    rlvr eval  [CONFIG_FILE] [key=value ...]          held-out accuracy of a model on a task
+    rlvr eval  [CONFIG_FILE ...] [key=value ...]      held-out accuracy, pass@k, maj@k of a model, task by task
+    rlvr compare EVAL_JSON|RUN_DIR ...                eval results side by side
+    rlvr report [RUN_DIR]                             report.html and plots of a run (default: the latest)
     rlvr sample model=... prompt="..." n=4 [answer=...] [key=value ...]
     rlvr check-reward CASES.jsonl [reward=NAME] [--json] [--min-agreement 0.95]
 """
@@ -23,12 +25,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("train", "train a model (no arguments: the built-in demo)"),
-        ("eval", "held-out accuracy and completion length of a model on a task"),
+        ("eval", "held-out accuracy, pass@k and maj@k of a model on one task per config file"),
         ("sample", "print a few completions of one prompt with their rewards"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=settings_help(),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("args", nargs="*", metavar="[CONFIG_FILE] key=value", help="a YAML config and/or settings")
+        files = "[CONFIG_FILE ...]" if name == "eval" else "[CONFIG_FILE]"
+        p.add_argument("args", nargs="*", metavar=f"{files} key=value", help="YAML config(s) and/or settings")
+    compare = sub.add_parser("compare", help="eval results side by side (rows: tasks, columns: runs)",
+                             description=compare_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    compare.add_argument("args", nargs="+", metavar="EVAL_JSON|RUN_DIR")
+    report_help = "write RUN_DIR/report.html: the curves, alert periods and sample completions of a run"
+    report = sub.add_parser("report", help=report_help, description=report_help)
+    report.add_argument("args", nargs="?", metavar="RUN_DIR", help="default: the run under runs/ that logged last")
     check = sub.add_parser("check-reward", help="check a verifier on labelled cases before training",
                            description=check_reward_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("cases", metavar="CASES.jsonl")
@@ -61,12 +70,13 @@ def _quiet_libraries() -> None:
 
 
 def _library_errors() -> tuple:
+    from rlvr.compare import EvalFileError
     from rlvr.models import ModelError
     from rlvr.rewards import RewardError
     from rlvr.rewards.check import CaseError
     from rlvr.tasks.dataset import DatasetError
 
-    return (ModelError, RewardError, DatasetError, CaseError)
+    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError)
 
 
 def split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -124,36 +134,91 @@ def cmd_train(args: list[str]) -> int:
 
 
 def cmd_eval(args: list[str]) -> int:
-    from rich.table import Table
+    """Each CONFIG_FILE is one task (the key=value settings apply to all); one JSON, one table."""
+    import torch
 
-    from rlvr.evaluate import evaluate, write_result
+    from rlvr.evaluate import evaluate, write_results
     from rlvr.models import eos_token_ids, is_run_dir, load_model
     from rlvr.monitor import make_console
     from rlvr.rollout.engine import make_sampler
     from rlvr.tasks import build_rewards, load_splits, verifier_name
 
-    cfg = resolve_config(args, run_base=True)
-    console = make_console()
-    _, test = load_splits(cfg)
-    test = test[: cfg.eval_max_examples or None]
-    model, tokenizer, path = load_model(cfg.model, cfg.dtype)
-    sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
-    verifier = verifier_name(cfg)
-    console.print(f"evaluating {path} on {len(test)} {cfg.dataset or cfg.task} problems...")
-    result = evaluate(sampler, tokenizer, test, build_rewards(cfg, with_verifier=True), verifier, cfg)
-    model_dir = Path(cfg.model)
-    out = Path(cfg.eval_output) if cfg.eval_output else (model_dir / "eval.json" if model_dir.is_dir() and is_run_dir(model_dir) else Path("eval.json"))
-    write_result(result, out, {"model": str(path), "task": cfg.dataset or cfg.task, "config": cfg.to_dict()})
-    table = Table(title=f"rlvr eval: {cfg.dataset or cfg.task}")
-    for col in ("model", "n", "accuracy", "mean length", *[f"reward {n}" for n in result.rewards if n != verifier]):
-        table.add_column(col)
-    table.add_row(
-        str(cfg.model), str(result.n), f"{result.accuracy:.1%}", f"{result.mean_completion_length:.1f}",
-        *[f"{v:.3f}" for n, v in result.rewards.items() if n != verifier],
-    )
-    console.print(table)
+    files = [a for a in args if "=" not in a] or [None]
+    overrides = [a for a in args if "=" in a]
+    cfgs = [resolve_config(([f] if f else []) + overrides, run_base=True) for f in files]
+    labels = _task_labels(cfgs, files)
+    splits = [load_splits(cfg) for cfg in cfgs]  # every dataset error before any model loads
+    console, models, results = make_console(), {}, []
+    for cfg, label, (train, test) in zip(cfgs, labels, splits):
+        test = test[: cfg.eval_max_examples or None]
+        if (cfg.model, cfg.dtype) not in models:
+            models[cfg.model, cfg.dtype] = load_model(cfg.model, cfg.dtype)
+        model, tokenizer, path = models[cfg.model, cfg.dtype]
+        sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
+        how = (f", {cfg.eval_num_samples} samples each" if cfg.eval_num_samples > 1 else "") + (
+            f", {cfg.eval_num_shots}-shot" if cfg.eval_num_shots else "")
+        console.print(f"evaluating {path} on {len(test)} {label} problems{how}...")
+        verifier = verifier_name(cfg)
+        result = evaluate(sampler, tokenizer, test, build_rewards(cfg, with_verifier=True), verifier, cfg,
+                          generator=torch.Generator().manual_seed(cfg.seed), shot_pool=train)
+        results.append({"model": str(path), "task": label, "verifier": verifier, "config": cfg.to_dict(), **result.to_dict()})
+    model_dir = Path(cfgs[0].model)
+    out = Path(cfgs[0].eval_output) if cfgs[0].eval_output else (model_dir / "eval.json" if model_dir.is_dir() and is_run_dir(model_dir) else Path("eval.json"))
+    write_results(results, out)
+    console.print(_eval_table(results))
     console.print(f"written to {out}")
     return 0
+
+
+def _task_labels(cfgs: list[Config], files: list[str | None]) -> list[str]:
+    """The dataset or task name; the config file's name added where two tasks would share one."""
+    names = [cfg.dataset or cfg.task for cfg in cfgs]
+    labels = [f"{n} ({Path(f).stem})" if f and names.count(n) > 1 else n for n, f in zip(names, files)]
+    return [f"{label} #{i + 1}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
+
+
+def _eval_table(results: list[dict]):
+    from rich.table import Table
+
+    from rlvr.compare import format_cell, metric_order
+
+    models = list(dict.fromkeys(r["model"] for r in results))
+    # mean@k is the accuracy column
+    at_k = sorted(dict.fromkeys(m for r in results for m in r["at_k"] if not m.startswith("mean@")), key=metric_order)
+    others = list(dict.fromkeys(n for r in results for n in r["rewards"] if n != r["verifier"]))
+    table = Table(title="rlvr eval: " + (models[0] if len(models) == 1 else f"{len(models)} models"))
+    columns = ["task", *(["model"] if len(models) > 1 else []), "n", "accuracy", *at_k, "mean length", *[f"reward {n}" for n in others]]
+    for col in columns:
+        table.add_column(col, no_wrap=col != "task", overflow="fold")
+    for r in results:
+        table.add_row(
+            r["task"], *([r["model"]] if len(models) > 1 else []), str(r["n"]), format_cell(r["accuracy"]),
+            *[format_cell(r["at_k"].get(m)) for m in at_k], f"{r['mean_completion_length']:.1f}",
+            *[f"{r['rewards'][n]:.3f}" if n in r["rewards"] else "-" for n in others],
+        )
+    return table
+
+
+def cmd_compare(args: list[str]) -> int:
+    from rich.table import Table
+
+    from rlvr.compare import column_labels, compare_rows, format_cell, load_results
+    from rlvr.monitor import make_console
+
+    columns = [load_results(arg) for arg in args]
+    table = Table(title="rlvr compare")
+    for col in ("task", "metric", *column_labels(args)):
+        table.add_column(col)
+    for task, metric, values in compare_rows(columns):
+        table.add_row(task, metric, *[format_cell(v) for v in values])
+    make_console().print(table)
+    return 0
+
+
+def compare_doc() -> str:
+    from rlvr import compare
+
+    return "eval results side by side (rows: tasks, columns: runs)\n\n" + compare.__doc__
 
 
 def cmd_sample(args: list[str]) -> int:
@@ -222,6 +287,13 @@ def cmd_check_reward(ns) -> int:
     return 0
 
 
+def cmd_report(run_dir: str | None) -> int:
+    from rlvr.report import find_run_dir, write_report
+
+    print(write_report(find_run_dir(run_dir)))
+    return 0
+
+
 def settings_help() -> str:
     lines, section = ["settings (key=value, or in the YAML file):"], None
     for sec, name, default, help_text in describe_settings():
@@ -232,7 +304,7 @@ def settings_help() -> str:
     return "\n".join(lines)
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample, "compare": cmd_compare, "report": cmd_report}
 
 if __name__ == "__main__":
     sys.exit(main())

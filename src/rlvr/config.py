@@ -156,7 +156,7 @@ ALIASES = {
     "resume_from_checkpoint": "resume",
 }
 
-_TUPLE_FIELDS = {"stop_strings", "reward_funcs", "reward_weights"}
+_TUPLE_FIELDS = {"stop_strings", "reward_funcs", "reward_weights", "report_to"}
 _CHOICES = {
     "dtype": ("float32", "bfloat16"),
     "scale_rewards": ("group", "batch", "none"),
@@ -221,7 +221,7 @@ def build_config(*sources: dict[str, Any]) -> Config:
     return cfg
 
 
-_MAPPINGS = {"task_args", "reward_args"}
+_MAPPINGS = {"task_args", "reward_args", "on_alert"}
 
 
 def _set(values: dict[str, Any], key: str, value: Any) -> None:
@@ -353,6 +353,9 @@ def validate(cfg: Config) -> None:
     problems += _check_alerts(cfg)
     need(cfg.eval_steps is None or cfg.eval_steps >= 1, "eval_steps must be at least 1 (or null for logging_steps)")
     need(cfg.eval_num_samples >= 1, "eval_num_samples must be at least 1")
+    need(cfg.eval_num_samples == 1 or cfg.eval_temperature > 0,
+         f"eval_num_samples={cfg.eval_num_samples} with eval_temperature=0 (greedy) would give identical completions; "
+         "set eval_temperature > 0 to sample (e.g. eval_temperature=0.6), or eval_num_samples=1 for greedy pass@1")
     need(cfg.eval_num_shots >= 0, "eval_num_shots must be >= 0")
     problems += _check_names(cfg)
     problems += _check_paths(cfg)

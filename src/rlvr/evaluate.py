@@ -1,8 +1,20 @@
 """Held-out evaluation with the same verifiers as training.
 
-accuracy = mean of the task's verifier reward over the examples (rows where it
-is not applicable are left out); also the mean of every other configured
-reward and the mean completion length in tokens.  Greedy by default.
+Each problem gets k = cfg.eval_num_samples completions (greedy when k = 1 and
+eval_temperature = 0, the default), optionally after cfg.eval_num_shots worked
+examples from the train split (tasks/fewshot.py).  Reported:
+
+- accuracy: the mean verifier reward over all completions (rows where it is not
+  applicable are left out); with k > 1 this is mean@k;
+- pass@k for k = 1, 2, 4, ... and k = n (the unbiased estimator, passk.py), where a
+  completion passes when the verifier gives it full reward (>= 1);
+- maj@n, with k > 1 and a math verifier: the majority answer of the n completions
+  (answers compared by `answer_key`), graded by the verifier;
+- the mean of every other configured reward, the mean completion length in tokens
+  and the fraction of completions cut off at max_completion_length.
+
+k > 1 with eval_temperature = 0 is an error (k identical greedy completions say
+nothing more than one); greedy pass@1 is the default run, eval_num_samples=1.
 """
 
 from __future__ import annotations
@@ -13,54 +25,76 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rlvr.chat import render_prompts, tokenize_prompts
+from rlvr.passk import ks_to_report, maj_at_k, pass_at_k
 from rlvr.rewards import RewardSet
+from rlvr.rewards.math import accuracy, answer_key, extract_answer, numeric_accuracy, signed_accuracy
 from rlvr.rollout import SamplingParams
+from rlvr.tasks.fewshot import pick_shots, with_shots
 from rlvr.types import Example
+
+MAX_SAMPLES_KEPT = 20  # completions written to the result, for reading
+_VOTING_VERIFIERS = (accuracy, numeric_accuracy, signed_accuracy)  # those whose answers can be extracted
 
 
 @dataclass
 class EvalResult:
     accuracy: float
-    n: int
+    n: int  # problems
     mean_completion_length: float
     truncated_fraction: float
     rewards: dict[str, float] = field(default_factory=dict)
     samples: list[dict] = field(default_factory=list)
+    num_samples: int = 1  # completions per problem (k)
+    num_shots: int = 0
+    at_k: dict[str, float] = field(default_factory=dict)  # pass@1, pass@2, ..., maj@n, mean@n
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numbers for logging: accuracy, pass@k, maj@k, mean@k, mean_completion_length, truncated_fraction."""
+        return {"accuracy": self.accuracy, **self.at_k, "mean_completion_length": self.mean_completion_length,
+                "truncated_fraction": self.truncated_fraction}
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, verifier: str, cfg, generator=None, on_batch=None) -> EvalResult:
-    """Sample one completion per example (temperature cfg.eval_temperature) and score it."""
+def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, verifier: str, cfg, generator=None,
+             on_batch=None, shot_pool: list[Example] | None = None) -> EvalResult:
+    """Sample cfg.eval_num_samples completions per example and score them with the verifier.
+
+    shot_pool: the train split, from which cfg.eval_num_shots worked examples are drawn
+    (required when eval_num_shots > 0)."""
     if not examples:
         raise ValueError("nothing to evaluate: the test split is empty")
-    params = SamplingParams(
-        n=1,
-        max_tokens=cfg.max_completion_length,
-        temperature=cfg.eval_temperature,
-        top_p=cfg.top_p if cfg.eval_temperature > 0 else 1.0,
-        top_k=cfg.top_k if cfg.eval_temperature > 0 else 0,
-        stop_strings=cfg.stop_strings,
-    )
+    if cfg.eval_num_shots and shot_pool is None:
+        raise ValueError(f"eval_num_shots={cfg.eval_num_shots} needs the train split to draw examples from (shot_pool)")
+    shots = pick_shots(shot_pool or [], cfg.eval_num_shots, cfg.seed)
+    k = cfg.eval_num_samples
+    sampled = cfg.eval_temperature > 0
+    params = SamplingParams(n=k, max_tokens=cfg.max_completion_length, temperature=cfg.eval_temperature,
+                            top_p=cfg.top_p if sampled else 1.0, top_k=cfg.top_k if sampled else 0,
+                            stop_strings=cfg.stop_strings)
     per_func: dict[str, list] = {name: [] for name in rewards.names}
-    lengths, truncated, samples = [], 0, []
+    completions, lengths, truncated, samples = [], [], 0, []
     for lo in range(0, len(examples), cfg.eval_batch_size):
         chunk = examples[lo : lo + cfg.eval_batch_size]
-        texts = render_prompts(tokenizer, [ex.prompt for ex in chunk], cfg.system_prompt)
+        texts = render_prompts(tokenizer, [with_shots(ex.prompt, shots) for ex in chunk], cfg.system_prompt)
         groups = sampler.generate(tokenize_prompts(tokenizer, texts, cfg.max_prompt_length), params, generator)
         scores = rewards.score_groups(chunk, groups, texts, max_completion_length=cfg.max_completion_length)
         for name in rewards.names:
             per_func[name] += scores.per_func[name]
-        for i, (ex, group) in enumerate(zip(chunk, groups)):
-            r = group[0]
+        rows = [(ex, s, r) for ex, group in zip(chunk, groups) for s, r in enumerate(group)]
+        for j, (ex, s, r) in enumerate(rows):
+            completions.append(r.text)
             lengths.append(len(r.completion_ids))
             truncated += r.truncated
-            if len(samples) < 20:
+            if len(samples) < MAX_SAMPLES_KEPT:
                 samples.append({"prompt": ex.prompt, "answer": ex.answer, "completion": r.text,
-                                "rewards": {name: scores.per_func[name][i] for name in rewards.names}})
+                                **({"sample": s} if k > 1 else {}),
+                                "rewards": {name: scores.per_func[name][j] for name in rewards.names}})
         if on_batch:
             on_batch(min(lo + cfg.eval_batch_size, len(examples)), len(examples))
+    vote = _vote_key(rewards, verifier)
+    keys = [vote(text) for text in completions] if vote and k > 1 else None
     means = {name: _mean(vals) for name, vals in per_func.items()}
     return EvalResult(
         accuracy=means[verifier],
@@ -69,7 +103,43 @@ def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, ve
         truncated_fraction=truncated / len(lengths),
         rewards=means,
         samples=samples,
+        num_samples=k,
+        num_shots=len(shots),
+        at_k=sample_metrics(per_func[verifier], k, keys),
     )
+
+
+def sample_metrics(rewards: list[float | None], k: int, keys: list | None = None) -> dict[str, float]:
+    """pass@j for j in 1, 2, 4, ..., k; with k > 1 also mean@k, and maj@k when answer keys are given.
+
+    rewards: the verifier's reward per completion, problem after problem, k each;
+    keys: the answer key per completion (None: no answer), same order.  A problem
+    whose rewards are all None (no reference) is left out; a None among rewards
+    counts as not passing.
+    """
+    problems = [rewards[i : i + k] for i in range(0, len(rewards), k)]
+    kept = [i for i, p in enumerate(problems) if any(v is not None for v in p)]
+    passed = [[v is not None and v >= 1.0 for v in problems[i]] for i in kept]
+    out = {f"pass@{j}": _mean([pass_at_k(k, sum(p), j) for p in passed]) for j in ks_to_report(k)}
+    if k > 1:
+        if keys is not None:
+            out[f"maj@{k}"] = _mean([maj_at_k(keys[i * k : (i + 1) * k], p, k) for i, p in zip(kept, passed)])
+        out[f"mean@{k}"] = _mean(rewards)
+    return out
+
+
+def _vote_key(rewards: RewardSet, verifier: str):
+    """completion text -> the key its answer votes under; None when the verifier's answers cannot be extracted."""
+    fn = rewards.fns[rewards.names.index(verifier)]
+    if getattr(fn, "func", fn) not in _VOTING_VERIFIERS:
+        return None
+    final_number = bool(getattr(fn, "keywords", {}).get("final_number", False))
+
+    def key(text: str):
+        answer = extract_answer(text, final_number=final_number)
+        return None if answer is None else answer_key(answer)
+
+    return key
 
 
 def _mean(vals) -> float:
@@ -78,5 +148,12 @@ def _mean(vals) -> float:
 
 
 def write_result(result: EvalResult, path: Path, meta: dict) -> None:
+    """One task's result (with `meta` such as model, task, config) as JSON."""
+    write_results([{**meta, **result.to_dict()}], path)
+
+
+def write_results(results: list[dict], path: Path) -> None:
+    """One result object, or {"results": [...]} for several tasks (what `rlvr compare` reads)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**meta, **result.to_dict()}, indent=2, ensure_ascii=False, default=str) + "\n")
+    data = results[0] if len(results) == 1 else {"results": results}
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")

@@ -2,7 +2,7 @@ r"""Answer extraction and grading for math problems.
 
 Extraction (`extract_answer`): the content of the last ``\boxed{...}`` /
 ``\fbox{...}``; else of the last ``<answer>...</answer>`` block; else what
-follows the last "the answer is" / "final answer:"; else, only when the task
+follows the last "the answer is" / "final answer:" / GSM8K's "####"; else, only when the task
 turns it on (``final_number=True``), the last number in the text.  References
 (`reference_answer`) may be plain, LaTeX, a MATH-style solution (its last box)
 or a GSM8K-style solution ending in ``#### N``.
@@ -66,7 +66,7 @@ _NUMBER = re.compile(
     r"(?P<percent>\\?%)?"
 )
 _ASSIGNMENT = re.compile(r"[A-Za-z]\s*=\s*([^=]+)")
-_PHRASES = ("the answer is", "final answer is", "final answer:", "answer:")
+_PHRASES = ("the answer is", "final answer is", "final answer:", "answer:", "####")
 _LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _GSM8K = re.compile(r"####\s*(.+?)\s*$")
 
@@ -95,7 +95,7 @@ def extract_answer(text: str, final_number: bool = False) -> str | None:
 
     The last non-empty boxed answer anywhere in the text, else the content of
     the last ``<answer>...</answer>`` block (its box content if it holds one),
-    else the text after the last "the answer is" / "final answer:" up to the end
+    else the text after the last "the answer is" / "final answer:" / "####" up to the end
     of its line, else (final_number) the last number in the text.
     """
     text = _tail(text)
@@ -144,6 +144,21 @@ def reference_answer(ref) -> str | None:
         match = _GSM8K.search(text[text.rfind("####"):])
         text = match.group(1).replace(",", "") if match else ""
     return text.strip() or None
+
+
+def answer_key(answer: str) -> str:
+    r"""A key under which equal-looking answers vote together (majority voting, maj@k).
+
+    A plain number becomes its exact value (``0.5``, ``\frac{1}{2}`` and ``1/2`` share
+    a key; a percentage keeps its own); anything else its normalised string
+    (``x = 3`` counts as ``3``).  Cheap, and no symbolic step: ``\sqrt{4}`` and ``2``
+    vote apart.
+    """
+    answer = _drop_variable(answer, "")
+    number = _number(answer)
+    if number is not None:
+        return f"{number.value}{'%' if number.percent else ''}"
+    return _normalise(answer)
 
 
 def is_equivalent(pred: str, ref: str, timeout: float = DEFAULT_TIMEOUT) -> bool:
