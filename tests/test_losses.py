@@ -181,3 +181,30 @@ def test_selective_logprobs_matches_log_softmax_in_chunks():
     assert torch.allclose(logp, ref, atol=1e-6)
     p = torch.softmax(logits, -1)
     assert torch.allclose(ent, -(p * torch.log(p)).sum(-1), atol=1e-5)
+
+
+def test_truncated_importance_weights_by_hand():
+    from rlvr.losses import truncated_importance_weights
+
+    old = torch.tensor([[LN(0.5), LN(0.25), 0.0]])
+    sampler = torch.tensor([[LN(0.25), LN(0.5), 3.0]])
+    mask = torch.tensor([[True, True, False]])
+    # exp(ln 0.5 - ln 0.25) = 2, capped at 1.5; exp(ln 0.25 - ln 0.5) = 0.5; masked -> 1
+    w = truncated_importance_weights(old, sampler, mask, cap=1.5)
+    assert w[0].tolist() == pytest.approx([1.5, 0.5, 1.0])
+
+
+def test_importance_weights_scale_the_policy_term_only():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    norm = LossNorm(1, 2, 2)
+    ref = torch.tensor([[-1.0, -1.0]])
+    w = torch.tensor([[0.5, 1.5]])
+    loss, m = policy_loss(logp, logp.detach(), torch.tensor([1.0]), mask, norm, loss_type="dapo",
+                          importance_weights=w, beta=0.1, ref_logprobs=ref)
+    # ratio 1, A = 1: policy terms -0.5 and -1.5; KL k3 of token 2: r = -1 - (-2) = 1 -> e - 2 = 0.718282
+    # dapo: (-0.5 + -1.5 + 0.1 * 0.718282) / 2 = -0.964086
+    assert loss.item() == pytest.approx(-0.964086, abs=1e-6)
+    loss.backward()
+    # d/dlogp of -w * exp(logp - old) at ratio 1 is -w; divided by the 2 tokens
+    assert logp.grad[0, 0].item() == pytest.approx(-0.25, abs=1e-6)

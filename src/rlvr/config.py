@@ -28,6 +28,14 @@ class Config:
     model: str = "default"  # "default" (embedded SmolLM2-135M-Instruct), a local dir, a run dir, or a hub id
     dtype: str = "float32"  # weights: float32 | bfloat16
 
+    # --- lora ----------------------------------------------------------------
+    use_peft: bool = False  # train a LoRA adapter (peft) instead of every weight
+    lora_r: int = 16  # adapter rank
+    lora_alpha: int = 32  # adapter scale alpha / r
+    lora_dropout: float = 0.05  # dropout on the adapter's input
+    lora_target_modules: tuple | None = None  # module names to adapt; default: every linear layer of attention and MLP
+    lora_save: str = "adapter"  # final save: adapter (peft format) | merged (a plain model)
+
     # --- data ----------------------------------------------------------------
     task: str = "arithmetic"  # a built-in generated task; ignored when `dataset` is set
     task_args: dict = field(default_factory=dict)  # the task's own knobs, e.g. {digits: 2, operands: 3}
@@ -47,6 +55,16 @@ class Config:
     top_p: float = 1.0  # nucleus sampling; 1 = off
     top_k: int = 0  # 0 = no top-k filtering
     stop_strings: tuple = ()  # generation also stops at any of these (text is cut before it)
+    use_vllm: bool = False  # sample with vLLM instead of the in-process engine
+    vllm_mode: str = "server"  # server: a separate `rlvr vllm-serve` | colocate: vLLM inside the training process
+    vllm_gpu_memory_utilization: float = 0.3  # colocate: the share of accelerator memory vLLM may take
+    vllm_server_host: str = "0.0.0.0"  # server mode: where `rlvr vllm-serve` listens
+    vllm_server_port: int = 8000  # server mode
+    vllm_server_timeout: float = 240.0  # seconds to wait for the server (start, generation, weight push) before failing
+    vllm_importance_sampling_correction: bool = True  # reweight tokens by the trainer / sampler probability ratio
+    vllm_importance_sampling_cap: float = 2.0  # truncate that ratio at this value (TIS)
+    rollout_workers: int = 0  # Ray actors that sample and score; 0 = in the training process
+    ray_address: str | None = None  # an existing Ray cluster ("auto" or host:port); null = start a local one
 
     # --- reward --------------------------------------------------------------
     reward_funcs: tuple | None = None  # built-in names or `package.module:function`; default: the task's verifier
@@ -156,7 +174,7 @@ ALIASES = {
     "resume_from_checkpoint": "resume",
 }
 
-_TUPLE_FIELDS = {"stop_strings", "reward_funcs", "reward_weights", "report_to"}
+_TUPLE_FIELDS = {"stop_strings", "reward_funcs", "reward_weights", "report_to", "lora_target_modules"}
 _CHOICES = {
     "dtype": ("float32", "bfloat16"),
     "scale_rewards": ("group", "batch", "none"),
@@ -165,6 +183,8 @@ _CHOICES = {
     "kl_estimator": ("k1", "k2", "k3"),
     "kl_penalty": ("loss", "reward"),
     "eval_strategy": ("no", "steps"),
+    "lora_save": ("adapter", "merged"),
+    "vllm_mode": ("server", "colocate"),
 }
 
 
@@ -352,6 +372,12 @@ def validate(cfg: Config) -> None:
     need(cfg.report_steps >= 0, "report_steps must be >= 0 (0 = the report is written at the end only)")
     problems += _check_alerts(cfg)
     need(cfg.eval_steps is None or cfg.eval_steps >= 1, "eval_steps must be at least 1 (or null for logging_steps)")
+    need(cfg.lora_r >= 1 and cfg.lora_alpha > 0, "lora_r must be at least 1 and lora_alpha > 0")
+    need(0 <= cfg.lora_dropout < 1, "lora_dropout must be in [0, 1)")
+    need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization must be in (0, 1]")
+    need(cfg.vllm_server_timeout > 0, "vllm_server_timeout must be > 0 seconds")
+    need(cfg.vllm_importance_sampling_cap >= 1, "vllm_importance_sampling_cap must be >= 1")
+    need(cfg.rollout_workers >= 0, "rollout_workers must be >= 0 (0 = sample in the training process)")
     need(cfg.eval_num_samples >= 1, "eval_num_samples must be at least 1")
     need(cfg.eval_num_samples == 1 or cfg.eval_temperature > 0,
          f"eval_num_samples={cfg.eval_num_samples} with eval_temperature=0 (greedy) would give identical completions; "

@@ -10,6 +10,13 @@ Per completion token t of completion i (PPO, https://arxiv.org/abs/1707.06347):
     KL_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1  (k3, http://joschu.net/blog/kl-approx.html)
 
 `eps_high` > `eps` is DAPO's clip-higher (https://arxiv.org/abs/2503.14476).
+When the completions come from another engine (vLLM, rollout workers), whose
+probabilities differ slightly from the trainer's, the policy term of each token
+is multiplied by the truncated importance weight (TIS,
+https://fengyao.notion.site/off-policy-rl)
+
+    v_it = min(exp(old_logp_it - sampler_logp_it), cap)       (no gradient)
+
 The per-token losses are then aggregated over the masked tokens by `loss_type`:
 
     grpo     sum_i (sum_t l_it / |o_i|) / N          mean per completion, then over completions
@@ -68,6 +75,13 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return kl_estimate(logprobs, ref_logprobs, "k3")
 
 
+def truncated_importance_weights(old_logprobs, sampler_logprobs, mask, cap: float) -> torch.Tensor:
+    """TIS weights [B, T]: min(exp(old - sampler), cap) on masked tokens, 1 elsewhere; no gradient."""
+    with torch.no_grad():
+        w = torch.exp(old_logprobs.detach() - sampler_logprobs).clamp(max=cap)
+        return torch.where(mask.bool(), w, torch.ones_like(w))
+
+
 def importance_log_weights(logprobs, old_logprobs, mask, level: str = "token") -> torch.Tensor:
     """log w: [B, T] per token, or [B, 1] per sequence (mean log-ratio over the completion)."""
     log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
@@ -92,6 +106,7 @@ def policy_loss(
     beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     kl_estimator: str = "k3",
+    importance_weights: torch.Tensor | None = None,
 ):
     """Loss of one micro-batch and its metrics (sums, so micro-batches can be added up).
 
@@ -113,6 +128,8 @@ def policy_loss(
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if importance_weights is not None:  # TIS: the sampler was not exactly this policy
+        per_token = per_token * importance_weights.detach()
     if per_token.shape != mask.shape:  # sequence-level weights broadcast over tokens
         per_token = per_token.expand_as(mask)
     metrics = {}

@@ -24,7 +24,7 @@ from rlvr.checkpoint import load_checkpoint, save_checkpoint
 from rlvr.config import Config
 from rlvr.kl import AdaptiveKL, sequence_kl
 from rlvr.llama import LlamaRunner, batch_logprobs, supports
-from rlvr.losses import LossNorm, policy_loss, selective_logprobs
+from rlvr.losses import LossNorm, policy_loss, selective_logprobs, truncated_importance_weights
 from rlvr.models import eos_token_ids
 from rlvr.monitor import MetricsLog
 from rlvr.optim import build_optimizer
@@ -77,6 +77,9 @@ class Trainer:
         self.output_dir, self.total_steps = Path(output_dir), total_steps
         self.rewards = build_rewards(cfg)
         self.sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
+        # Completions from another engine (vLLM, rollout workers) get the TIS correction (losses.py).
+        self.weight_subscribers: list = []  # objects with update_weights(model), told after each optimizer step
+        self.corrects_sampling = cfg.vllm_importance_sampling_correction and (cfg.use_vllm or cfg.rollout_workers > 0)
         self.fast = supports(model)  # rlvr's own forward (llama.py) for log-probs; else the generic one
         self._runners: dict[int, LlamaRunner] = {}
         self.sampling = SamplingParams(
@@ -229,6 +232,7 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
         self.optimizer.step()
         self.scheduler.step()
+        self.publish_weights()
         tokens = max(batch.num_tokens, 1)
         metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm, "learning_rate": lr,
                    "update_tokens": sums["update_tokens"], "update_flops": sums["update_flops"]}
@@ -236,8 +240,17 @@ class Trainer:
             metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / tokens
         if "kl" in sums:
             metrics["kl"] = sums["kl"] / tokens
+        if "sampling/importance_sampling_ratio" in sums:
+            metrics["sampling/importance_sampling_ratio/mean"] = sums["sampling/importance_sampling_ratio"] / tokens
+            metrics["sampling/importance_sampling_ratio/max"] = sums["sampling/importance_sampling_ratio/max"]
+            metrics["sampling/sampling_logp_difference/mean"] = sums["sampling/sampling_logp_difference"] / tokens
         metrics["timing/update"] = time.perf_counter() - t0
         return metrics
+
+    def publish_weights(self) -> None:
+        """Hand the updated weights to every sampler outside this model (vLLM, rollout workers)."""
+        for subscriber in self.weight_subscribers:
+            subscriber.update_weights(self.model)
 
     def accumulate_gradients(self, batch: Batch) -> dict:
         """Backward over micro-batches of per_device_train_batch_size completions; returns metric sums.
@@ -257,11 +270,22 @@ class Trainer:
             sums["update_flops"] += flops
             logprobs, entropy = self.completion_logprobs(self.model, micro)
             old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+            weights = None
+            if self.corrects_sampling and micro.sampler_logprobs is not None:
+                weights = truncated_importance_weights(old, micro.sampler_logprobs, micro.completion_mask,
+                                                       cfg.vllm_importance_sampling_cap)
+                mask = micro.completion_mask
+                sums["sampling/importance_sampling_ratio"] = sums.get("sampling/importance_sampling_ratio", 0.0) + weights[mask].sum().item()
+                sums["sampling/importance_sampling_ratio/max"] = max(sums.get("sampling/importance_sampling_ratio/max", 0.0),
+                                                                     weights[mask].max().item() if mask.any() else 0.0)
+                diff = (old.detach() - micro.sampler_logprobs).abs()[mask]
+                sums["sampling/sampling_logp_difference"] = sums.get("sampling/sampling_logp_difference", 0.0) + diff.sum().item()
             loss, m = policy_loss(
                 logprobs, old, micro.advantages, micro.completion_mask, norm,
                 loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
                 importance_sampling_level=cfg.importance_sampling_level, ref_logprobs=micro.ref_logprobs,
                 beta=self.beta if cfg.kl_penalty == "loss" else 0.0, kl_estimator=cfg.kl_estimator,
+                importance_weights=weights,
             )
             loss.backward()
             sums["loss"] += loss.item()

@@ -69,7 +69,8 @@ class Batch:
     (masked by completion_mask).  `advantages` holds one value per completion.
     `old_logprobs` is filled before the first update when num_iterations > 1
     (otherwise the current log-probs, detached, stand in for them);
-    `ref_logprobs` when beta > 0.
+    `ref_logprobs` when beta > 0.  `sampler_logprobs` are the log-probs the sampler
+    reported for the tokens it drew (for the importance correction of an external sampler).
     """
 
     prompt_ids: torch.Tensor  # [B, P] long
@@ -80,6 +81,7 @@ class Batch:
     old_logprobs: torch.Tensor | None = None  # [B, T]
     ref_logprobs: torch.Tensor | None = None  # [B, T]
     group_ids: torch.Tensor | None = None  # [B] long: rows with the same id share their prompt
+    sampler_logprobs: torch.Tensor | None = None  # [B, T]
 
     @classmethod
     def from_rollouts(cls, rollouts: list[Rollout], advantages: torch.Tensor, keep: torch.Tensor, pad_id: int,
@@ -94,14 +96,18 @@ class Batch:
         prompt_mask = torch.zeros((n, p_width), dtype=torch.bool)
         completion_ids = torch.full((n, c_width), pad_id, dtype=torch.long)
         completion_mask = torch.zeros((n, c_width), dtype=torch.bool)
+        sampler_logprobs = torch.zeros((n, c_width))
         for i, r in enumerate(rows):
             p, c = len(r.prompt_ids), len(r.completion_ids)
             prompt_ids[i, p_width - p :] = torch.tensor(r.prompt_ids)
             prompt_mask[i, p_width - p :] = True
             completion_ids[i, :c] = torch.tensor(r.completion_ids)
             completion_mask[i, :c] = not (mask_truncated and r.truncated)
+            reported = r.logprobs[:c]
+            sampler_logprobs[i, : len(reported)] = torch.tensor(reported, dtype=torch.float)
         groups = None if group_size is None else (torch.arange(len(rollouts)) // group_size)[keep]
-        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages[keep].float(), group_ids=groups)
+        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages[keep].float(), group_ids=groups,
+                   sampler_logprobs=sampler_logprobs)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -129,11 +135,11 @@ class Batch:
             old_logprobs=pick(self.old_logprobs),
             ref_logprobs=pick(self.ref_logprobs),
             group_ids=pick(self.group_ids),
+            sampler_logprobs=pick(self.sampler_logprobs),
         )
-        if sub.old_logprobs is not None:
-            sub.old_logprobs = sub.old_logprobs[:, :t_end]
-        if sub.ref_logprobs is not None:
-            sub.ref_logprobs = sub.ref_logprobs[:, :t_end]
+        for name in ("old_logprobs", "ref_logprobs", "sampler_logprobs"):
+            if getattr(sub, name) is not None:
+                setattr(sub, name, getattr(sub, name)[:, :t_end])
         return sub
 
 
