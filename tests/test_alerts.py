@@ -181,3 +181,19 @@ def test_on_alert_names_are_checked():
         validate(cfg(on_alert={"kl_high": "halt"}))
     assert set(RULES) == {"reward_flat", "reward_std_low", "reward_std_high", "kl_high", "loss_zero",
                           "throughput_low", "zero_std_high"}
+
+
+def test_a_value_hovering_at_the_threshold_does_not_flap():
+    rng = random.Random(10)
+    base = [healthy(s, rng) for s in range(1, 41)]
+    # Window 8, so an alert clears only after 8 // 4 = 2 steps without its condition.
+    stds = [0.09] * 11 + [0.25, 0.0] + [0.09] * 27
+    # Step 8: mean 0.09 < 0.1 -> start.  Step 12: 0.09 + (0.25 - 0.09) / 8 = 0.11, one quiet step;
+    # step 13: 0.11 + (0.0 - 0.09) / 8 = 0.09875, low again: no clear, no second start.
+    events = run(AlertMonitor(cfg(alert_window=8)), with_(base, "reward_std", stds))
+    assert starts(events, "reward_std_low") == [8] and clears(events, "reward_std_low") == []
+    # The same stream with no patience (window 5 -> 5 // 4 = 1) would have flapped; a real recovery clears:
+    stds = [0.09] * 11 + [0.5] * 29
+    events = run(AlertMonitor(cfg(alert_window=8)), with_(base, "reward_std", stds))
+    # Step 12: 0.09 + 0.41 / 8 = 0.141 (quiet 1), step 13: quiet 2 -> clear.
+    assert starts(events, "reward_std_low") == [8] and clears(events, "reward_std_low") == [13]

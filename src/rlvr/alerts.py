@@ -2,7 +2,8 @@
 
 Each rule looks at the last `alert_window` steps (some at a longer history) and
 is either active or not.  An alert is reported once when its rule becomes
-active ("start") and once when it stops being active ("clear"), with a
+active ("start") and once when it has stayed inactive for a quarter of the
+window ("clear", so a value hovering at a threshold does not flap), with a
 suggestion, and appended to alerts.jsonl.  A rule that `on_alert` marks `stop`
 ends the run when it starts (the trainer saves a checkpoint and exits non-zero).
 
@@ -87,6 +88,7 @@ class AlertMonitor:
         self.cfg, self.path = cfg, path
         self.history = History(cfg.alert_window)
         self.active: dict[str, Finding] = {}
+        self.quiet: dict[str, int] = {}  # active rules: consecutive steps their condition has been false
 
     def update(self, step: int, metrics: dict, samples: list[dict] | None = None) -> list[AlertEvent]:
         """Record one step's metrics; return the alerts that start or clear at this step."""
@@ -108,17 +110,18 @@ class AlertMonitor:
             mean = sum(rolling) / len(rolling)
             if h.best_reward is None or mean > h.best_reward + max(0.01 * abs(h.best_reward), 1e-3):
                 h.best_reward, h.best_reward_step = mean, step
-        events = []
+        events, patience = [], max(1, self.cfg.alert_window // 4)
         for rule, check in RULES.items():
             finding = check(h, self.cfg)
-            if finding and rule not in self.active:
-                events.append(self._event(step, rule, "start", finding))
-            elif not finding and rule in self.active:
-                events.append(self._event(step, rule, "clear", self.active[rule]))
             if finding:
-                self.active[rule] = finding
-            else:
-                self.active.pop(rule, None)
+                if rule not in self.active:
+                    events.append(self._event(step, rule, "start", finding))
+                self.active[rule], self.quiet[rule] = finding, 0
+            elif rule in self.active:
+                self.quiet[rule] += 1
+                if self.quiet[rule] >= patience:
+                    events.append(self._event(step, rule, "clear", self.active.pop(rule)))
+                    del self.quiet[rule]
         if events and self.path is not None:
             with self.path.open("a") as f:
                 for e in events:
@@ -130,11 +133,13 @@ class AlertMonitor:
         return AlertEvent(step, rule, kind, severity, finding.message, finding.suggestion, finding.value)
 
     def state_dict(self) -> dict:
-        return {"history": asdict(self.history), "active": {k: asdict(v) for k, v in self.active.items()}}
+        return {"history": asdict(self.history), "active": {k: asdict(v) for k, v in self.active.items()},
+                "quiet": dict(self.quiet)}
 
     def load_state_dict(self, state: dict) -> None:
         self.history = History(**state["history"])
         self.active = {k: Finding(**v) for k, v in state["active"].items()}
+        self.quiet = dict(state.get("quiet", {}))
 
 
 def _number(v):

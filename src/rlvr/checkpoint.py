@@ -1,8 +1,9 @@
 """Atomic checkpoints and exact resume.
 
-A checkpoint directory `checkpoint-<step>` holds the model and tokenizer in
-Hugging Face format plus `trainer_state.pt`: optimizer, scheduler, step, data
-position, every RNG state, the metrics window, and the generated batch still
+A checkpoint directory `checkpoint-<step>` holds the model (with LoRA only the
+adapter, in peft format) and tokenizer in Hugging Face format plus
+`trainer_state.pt`: optimizer, scheduler, step, data position, every RNG
+state, the metrics window, and the generated batch still
 being trained on when num_iterations > 1.  It is written to a temporary
 directory and renamed into place, so a crash mid-save never leaves a broken
 checkpoint that resume would pick.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.lora import is_peft
 from rlvr.models import latest_checkpoint
 
 STATE_FILE = "trainer_state.pt"
@@ -48,7 +50,14 @@ def load_checkpoint(path: Path, model) -> dict:
     weights = {}
     for shard in shards:
         weights.update(load_file(shard))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if is_peft(model):  # a LoRA checkpoint holds only the adapter; the frozen base is the model's own
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, weights)
+        missing = [k for k in result.missing_keys if "lora_" in k]
+        unexpected = result.unexpected_keys
+    else:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
     # Tied output embeddings are saved once; anything else missing is a real mismatch.
     missing = [k for k in missing if not _is_tied(model, k)]
     if missing or unexpected:

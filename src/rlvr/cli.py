@@ -6,11 +6,14 @@
     rlvr report [RUN_DIR]                             report.html and plots of a run (default: the latest)
     rlvr sample model=... prompt="..." n=4 [answer=...] [key=value ...]
     rlvr check-reward CASES.jsonl [reward=NAME] [--json] [--min-agreement 0.95]
+    rlvr vllm-serve [CONFIG_FILE] [key=value ...]    a vLLM server for training with use_vllm=true vllm_mode=server
+    rlvr plan [CONFIG_FILE] [key=value ...]          estimated memory of a run (rlvr/plan.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -27,11 +30,16 @@ def main(argv: list[str] | None = None) -> int:
         ("train", "train a model (no arguments: the built-in demo)"),
         ("eval", "held-out accuracy, pass@k and maj@k of a model on one task per config file"),
         ("sample", "print a few completions of one prompt with their rewards"),
+        ("vllm-serve", "serve vLLM for `rlvr train use_vllm=true vllm_mode=server` (model, dtype, vllm_server_host/port)"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=settings_help(),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         files = "[CONFIG_FILE ...]" if name == "eval" else "[CONFIG_FILE]"
         p.add_argument("args", nargs="*", metavar=f"{files} key=value", help="YAML config(s) and/or settings")
+    plan = sub.add_parser("plan", help="estimated memory of a run: weights, reference, optimizer, activations, KV cache",
+                          description="estimated memory of a run (formulas in rlvr/plan.py); settings as for train, "
+                          "plus model sizes such as hidden_size=576 num_hidden_layers=30 in place of the model's config")
+    plan.add_argument("args", nargs="*", metavar="[CONFIG_FILE] key=value")
     compare = sub.add_parser("compare", help="eval results side by side (rows: tasks, columns: runs)",
                              description=compare_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
     compare.add_argument("args", nargs="+", metavar="EVAL_JSON|RUN_DIR")
@@ -71,12 +79,14 @@ def _quiet_libraries() -> None:
 
 def _library_errors() -> tuple:
     from rlvr.compare import EvalFileError
+    from rlvr.lora import LoraError
     from rlvr.models import ModelError
     from rlvr.rewards import RewardError
     from rlvr.rewards.check import CaseError
+    from rlvr.rollout.vllm import VLLMError
     from rlvr.tasks.dataset import DatasetError
 
-    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError)
+    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError)
 
 
 def split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -124,7 +134,8 @@ def cmd_train(args: list[str]) -> int:
     from rlvr.run import AlertStop, train
 
     cfg = resolve_config(args, default_file=None if args else "demo")
-    print(yaml.safe_dump({k: v for k, v in cfg.to_dict().items()}, sort_keys=False).rstrip())
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints
+        print(yaml.safe_dump({k: v for k, v in cfg.to_dict().items()}, sort_keys=False).rstrip())
     try:
         train(cfg)
     except AlertStop as e:  # on_alert marked this rule `stop`; the run was saved
@@ -287,6 +298,14 @@ def cmd_check_reward(ns) -> int:
     return 0
 
 
+def cmd_plan(args: list[str]) -> int:
+    from rlvr.plan import format_plan, plan
+
+    size, cfg, est = plan(args)
+    print(format_plan(size, cfg, est))
+    return 0
+
+
 def cmd_report(run_dir: str | None) -> int:
     from rlvr.report import find_run_dir, write_report
 
@@ -304,7 +323,21 @@ def settings_help() -> str:
     return "\n".join(lines)
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample, "compare": cmd_compare, "report": cmd_report}
+def cmd_vllm_serve(args: list[str]) -> int:
+    """model, dtype / bf16, vllm_server_host / vllm_server_port, vllm_gpu_memory_utilization and
+    the length limits come from the same settings as training."""
+    from rlvr.models import resolve_model_path
+    from rlvr.rollout.vllm import import_vllm
+    from rlvr.rollout.vllm_server import serve
+
+    cfg = resolve_config(args)
+    import_vllm()  # a clear message before anything else when vLLM is missing
+    serve(cfg, resolve_model_path(cfg.model))
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample, "compare": cmd_compare, "report": cmd_report,
+            "vllm-serve": cmd_vllm_serve, "plan": cmd_plan}
 
 if __name__ == "__main__":
     sys.exit(main())

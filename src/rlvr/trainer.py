@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr import distributed, fsdp
 from rlvr.advantages import group_advantages, group_reward_std
 from rlvr.alerts import AlertMonitor
 from rlvr.chat import render_prompts, tokenize_prompts
@@ -24,12 +25,14 @@ from rlvr.checkpoint import load_checkpoint, save_checkpoint
 from rlvr.config import Config
 from rlvr.kl import AdaptiveKL, sequence_kl
 from rlvr.llama import LlamaRunner, batch_logprobs, supports
+from rlvr.lora import is_peft, reference_off
 from rlvr.losses import LossNorm, policy_loss, selective_logprobs, truncated_importance_weights
 from rlvr.models import eos_token_ids
 from rlvr.monitor import MetricsLog
 from rlvr.optim import build_optimizer
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engine import make_sampler
+from rlvr.rollout.sampling import GroupGenerators
 from rlvr.tasks import PromptStream, build_rewards
 from rlvr.types import Batch, Example, Rollout, TrainerState
 
@@ -43,6 +46,7 @@ class SampledGroup:
     rewards: list[float]
     per_func: dict[str, list]
     kl: list[float] | None = None  # per completion, summed over tokens (kl_penalty=reward)
+    rank: int = 0  # the process that sampled it, and trains on it (distributed.py)
 
     @property
     def has_signal(self) -> bool:
@@ -72,15 +76,35 @@ class Generation:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, model, tokenizer, train_examples: list[Example], output_dir: Path, total_steps: int, ref_model=None):
+    def __init__(self, cfg: Config, model, tokenizer, train_examples: list[Example], output_dir: Path, total_steps: int, ref_model=None,
+                 world: distributed.World = distributed.SINGLE, full_model=None):
         self.cfg, self.model, self.tokenizer, self.ref_model = cfg, model, tokenizer, ref_model
+        self.world = world  # this process among several (torchrun); only rank 0 writes files
+        # With fsdp, `model` is sharded and `full_model` an unsharded copy that samples and is saved (fsdp.py).
+        self.full_model = full_model if full_model is not None else model
         self.output_dir, self.total_steps = Path(output_dir), total_steps
         self.rewards = build_rewards(cfg)
-        self.sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
+        self.sampler = make_sampler(self.full_model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
         # Completions from another engine (vLLM, rollout workers) get the TIS correction (losses.py).
         self.weight_subscribers: list = []  # objects with update_weights(model), told after each optimizer step
+        if cfg.use_vllm:  # vLLM samples (rollout/vllm.py); it gets the weights now and after every step
+            from rlvr.models import resolve_model_path
+            from rlvr.rollout.vllm import make_vllm_sampler
+
+            self.sampler = make_vllm_sampler(cfg, resolve_model_path(cfg.model), tokenizer, eos_token_ids(model, tokenizer))
+            self.sampler.update_weights(model)
+            self.weight_subscribers.append(self.sampler)
         self.corrects_sampling = cfg.vllm_importance_sampling_correction and (cfg.use_vllm or cfg.rollout_workers > 0)
-        self.fast = supports(model)  # rlvr's own forward (llama.py) for log-probs; else the generic one
+        self.workers = None  # Ray actors that sample and score (rollout/workers.py), when rollout_workers > 0
+        if cfg.rollout_workers > 0:
+            from rlvr.rollout.workers import RolloutWorkers
+
+            self.workers = RolloutWorkers(model, tokenizer, eos_token_ids(model, tokenizer), cfg)
+            self.weight_subscribers.append(self.workers)
+        # rlvr's own forward (llama.py) for log-probs; else the generic one (always with fsdp: see fsdp.py)
+        self.fast = supports(model) and not cfg.fsdp
+        if cfg.fsdp:
+            self.weight_subscribers.append(fsdp.FullCopy(self.full_model))
         self._runners: dict[int, LlamaRunner] = {}
         self.sampling = SamplingParams(
             n=cfg.num_generations,
@@ -96,7 +120,7 @@ class Trainer:
         self.beta = cfg.beta  # moved by the adaptive KL controller when kl_target is set
         self.kl_control = AdaptiveKL(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target else None
         self.log = MetricsLog(self.output_dir, cfg.logging_steps)
-        self.alerts = AlertMonitor(cfg, self.output_dir / "alerts.jsonl")
+        self.alerts = AlertMonitor(cfg, self.output_dir / "alerts.jsonl" if world.is_main else None)
         self.last_samples: list[dict] = []
         self.step = 0
         self.pending: Generation | None = None
@@ -120,6 +144,7 @@ class Trainer:
         advantages, zero_std = group_advantages(rewards, size, cfg.scale_rewards)  # 3. advantage
         rollouts = [r for g in chosen for r in g.rollouts]
         keep = (~zero_std).repeat_interleave(size)  # groups without signal are left out
+        keep &= torch.tensor([g.rank == self.world.rank for g in chosen], dtype=torch.bool).repeat_interleave(size)
         batch = Batch.from_rollouts(rollouts, advantages, keep, self.sampler.pad_id, cfg.mask_truncated_completions, size)
         if len(batch):
             self._fill_reference_logprobs(batch)
@@ -138,14 +163,21 @@ class Trainer:
         """One round: prompts_per_step prompts, G completions each, scored; with kl_penalty=reward
         the reward is lowered by beta x the completion's KL to the reference."""
         cfg, t0 = self.cfg, time.perf_counter()
-        examples = self.prompts.take(cfg.prompts_per_step)
+        examples = self.prompts.take(cfg.prompts_per_step)  # the same on every rank
+        generator = self._round_generator(len(examples))
+        mine = distributed.shard(len(examples), self.world)  # every group, with one process
+        examples = examples[mine.start : mine.stop]
         texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt)
         prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
-        sampled = self.sampler.generate(prompt_ids, self.sampling, self.generator)
-        t1 = time.perf_counter()
         state = TrainerState(global_step=self.step, max_steps=self.total_steps)
-        scores = self.rewards.score_groups(examples, sampled, texts, state, cfg.max_completion_length)
-        t2 = time.perf_counter()
+        if self.workers is not None:  # rollout and reward on the Ray actors; timing/rollout then includes reward
+            sampled, scores = self.workers.generate_and_score(examples, texts, prompt_ids, self.sampling, generator.seeds, state)
+            t1 = t2 = time.perf_counter()
+        else:
+            sampled = self.sampler.generate(prompt_ids, self.sampling, generator)
+            t1 = time.perf_counter()
+            scores = self.rewards.score_groups(examples, sampled, texts, state, cfg.max_completion_length)
+            t2 = time.perf_counter()
         totals, kls = list(scores.total), None
         if self.beta > 0 and cfg.kl_penalty == "reward":
             kls = self._sequence_kl([r for group in sampled for r in group])
@@ -154,8 +186,26 @@ class Trainer:
         for i, (ex, group) in enumerate(zip(examples, sampled)):
             idx = range(i * cfg.num_generations, (i + 1) * cfg.num_generations)
             groups.append(SampledGroup(ex, group, [totals[j] for j in idx], {n: [v[j] for j in idx] for n, v in scores.per_func.items()},
-                                       None if kls is None else [kls[j] for j in idx]))
-        return Round(groups, scores.counters, t1 - t0, t2 - t1)
+                                       None if kls is None else [kls[j] for j in idx], self.world.rank))
+        if not self.world.enabled:
+            return Round(groups, scores.counters, t1 - t0, t2 - t1)
+        parts = distributed.gather((groups, scores.counters, t1 - t0, t2 - t1), self.world)  # every rank sees every group
+        counters: dict = {}
+        for _, part, _, _ in parts:
+            for name, counts in part.items():
+                for k, v in counts.items():
+                    counters.setdefault(name, {})[k] = counters.get(name, {}).get(k, 0) + v
+        return Round([g for p in parts for g in p[0]], counters, max(p[2] for p in parts), max(p[3] for p in parts))
+
+    def _round_generator(self, num_groups: int):
+        """With the in-process sampler, one stream per group seeded from this trainer's generator
+        (the same on every rank), so that the completions do not depend on how the groups are
+        split among processes; other samplers take the generator itself."""
+        if not getattr(self.sampler, "seeds_per_group", False):
+            return self.generator
+        base = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        mine = distributed.shard(num_groups, self.world)
+        return GroupGenerators([base + i for i in mine])
 
     @torch.no_grad()
     def _sequence_kl(self, rollouts: list[Rollout]) -> list[float]:
@@ -163,7 +213,7 @@ class Trainer:
         (the sampler's log-probs) and the reference model."""
         batch = Batch.from_rollouts(rollouts, torch.zeros(len(rollouts)), torch.ones(len(rollouts), dtype=torch.bool),
                                     self.sampler.pad_id, False, self.cfg.num_generations)
-        ref = self._logprobs_in_chunks(self.ref_model, batch)
+        ref = self._ref_logprobs(batch)
         logp = torch.zeros_like(ref)
         for i, r in enumerate(rollouts):
             logp[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
@@ -204,9 +254,18 @@ class Trainer:
     def _fill_reference_logprobs(self, batch: Batch) -> None:
         """old_logprobs (only needed when a batch is trained on more than once) and ref_logprobs."""
         if self.cfg.num_iterations > 1:
-            batch.old_logprobs = self._logprobs_in_chunks(self.model, batch)
+            batch.old_logprobs = self._logprobs_in_chunks(self.full_model, batch)  # the same weights, unsharded
         if self.beta > 0 and self.cfg.kl_penalty == "loss":
-            batch.ref_logprobs = self._logprobs_in_chunks(self.ref_model, batch)
+            batch.ref_logprobs = self._ref_logprobs(batch)
+
+    def _ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        """Under the reference: the frozen copy, or with LoRA the policy with its adapter disabled."""
+        if self.ref_model is not None:
+            return self._logprobs_in_chunks(self.ref_model, batch)
+        if not is_peft(self.model):
+            raise ValueError("beta > 0 needs a reference model: pass make_reference(model, beta) to Trainer")
+        with reference_off(self.model):
+            return self._logprobs_in_chunks(self.model, batch)
 
     def _logprobs_in_chunks(self, model, batch: Batch) -> torch.Tensor:
         out = torch.zeros(batch.completion_ids.shape)
@@ -222,18 +281,28 @@ class Trainer:
     def update(self, batch: Batch) -> dict:
         cfg, t0 = self.cfg, time.perf_counter()
         lr = self.scheduler.get_last_lr()[0]
-        if len(batch) == 0:  # every group had equal rewards: nothing to learn from
+        # Totals over every rank's batch, so each rank's loss is its share of the whole batch's loss.
+        size = cfg.per_device_train_batch_size
+        rows, num_tokens, micro = distributed.sum_counts([len(batch), batch.num_tokens, math.ceil(len(batch) / size)], self.world)
+        if rows == 0:  # every group had equal rewards: nothing to learn from
             with warnings.catch_warnings():  # stepping the schedule without an optimizer step is intended
                 warnings.simplefilter("ignore", UserWarning)
                 self.scheduler.step()
             return {"learning_rate": lr, "skipped_update": 1.0, "timing/update": 0.0}
-        sums = self.accumulate_gradients(batch)
+        # With fsdp every rank runs as many micro-batches as the busiest one, and FSDP sums the gradients.
+        lockstep = distributed.max_count(math.ceil(len(batch) / size), self.world) if cfg.fsdp else 0
+        sums = self.accumulate_gradients(batch, LossNorm(rows, num_tokens, cfg.max_completion_length, micro), lockstep)
+        if not cfg.fsdp:
+            distributed.sum_gradients(self.model.parameters(), self.world)  # before clipping: the global norm
+        if self.world.enabled:
+            sums = distributed.merge_sums(distributed.gather(sums, self.world))
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
         self.optimizer.step()
         self.scheduler.step()
         self.publish_weights()
-        tokens = max(batch.num_tokens, 1)
+        tokens = max(num_tokens, 1)
         metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm, "learning_rate": lr,
                    "update_tokens": sums["update_tokens"], "update_flops": sums["update_flops"]}
         for k in ("low", "high", "region"):
@@ -252,19 +321,20 @@ class Trainer:
         for subscriber in self.weight_subscribers:
             subscriber.update_weights(self.model)
 
-    def accumulate_gradients(self, batch: Batch) -> dict:
+    def accumulate_gradients(self, batch: Batch, norm: LossNorm | None = None, num_micro_batches: int = 0) -> dict:
         """Backward over micro-batches of per_device_train_batch_size completions; returns metric sums.
 
         The loss of each micro-batch is normalised by totals over the whole batch
-        (LossNorm), so the accumulated gradient does not depend on the split."""
+        (LossNorm; over every rank's batch when several processes train), so the
+        accumulated gradient does not depend on the split."""
         cfg = self.cfg
         self.model.train()
         size = cfg.per_device_train_batch_size
-        norm = LossNorm(len(batch), batch.num_tokens, cfg.max_completion_length, math.ceil(len(batch) / size))
+        norm = norm or LossNorm(len(batch), batch.num_tokens, cfg.max_completion_length, math.ceil(len(batch) / size))
         sums = {"loss": 0.0, "entropy": 0.0, "update_tokens": 0.0, "update_flops": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
-        for lo in range(0, len(batch), size):
-            micro = batch.select(slice(lo, lo + size))
+        for lo in range(0, max(len(batch), num_micro_batches * size), size):
+            micro = batch.select(slice(lo, lo + size)) if lo < len(batch) else self._empty_micro_batch()
             tokens, flops = self._work(micro)
             sums["update_tokens"] += tokens
             sums["update_flops"] += flops
@@ -293,6 +363,13 @@ class Trainer:
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
         return sums
+
+    def _empty_micro_batch(self) -> Batch:
+        """A micro-batch without tokens (zero loss and gradient) for a rank with fewer than the others (fsdp)."""
+        empty = fsdp.empty_micro_batch(self.sampler.pad_id)
+        if self.beta > 0 and self.cfg.kl_penalty == "loss":
+            empty.ref_logprobs = torch.zeros((1, 1))
+        return empty
 
     def _work(self, batch: Batch) -> tuple[int, float]:
         """(tokens through the transformer body, FLOPs of forward + backward) for one micro-batch:
@@ -357,7 +434,7 @@ class Trainer:
         if self.kl_control is not None:  # adaptive KL: the next step's beta
             self.beta = self.kl_control.update(metrics.get("kl"))
         gen.iterations_done += 1
-        if gen.iterations_done == 1 and gen.samples and self.cfg.log_completions:
+        if gen.iterations_done == 1 and gen.samples and self.cfg.log_completions and self.world.is_main:
             self.log.add_completions(self.step + 1, gen.samples)
         self.last_samples = gen.samples
         if gen.iterations_done >= self.cfg.num_iterations:
@@ -368,28 +445,44 @@ class Trainer:
         metrics["tokens_per_second"] = gen.metrics["num_tokens"] / metrics["step_time"]
         return metrics
 
-    def state_dict(self) -> dict:
+    def state_dict(self, collective: bool = True) -> dict:
+        """With several processes, `collective` gathers every rank's pending batch (all ranks must
+        call it); without, the pending batch is left out and regenerated on resume."""
+        pending = self.pending
+        if self.world.enabled:
+            pending = distributed.gather(self.pending, self.world) if collective else None
         return {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": fsdp.full_optimizer_state(self.model, self.optimizer) if self.cfg.fsdp else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "prompts": self.prompts.state_dict(),
             "generator": self.generator.get_state(),
             "log": self.log.state_dict(),
             "alerts": self.alerts.state_dict(),
-            "pending": self.pending,
+            "pending": pending,
             "extra": self.extra_state,
             "beta": self.beta,
             "kl_control": self.kl_control.state_dict() if self.kl_control else None,
         }
 
-    def save(self) -> Path:
-        return save_checkpoint(self.output_dir, self.step, self.model, self.tokenizer, self.state_dict(), self.cfg.save_total_limit)
+    def save(self, collective: bool = True) -> Path | None:
+        """Every rank calls it (see state_dict); rank 0 writes the checkpoint and returns its path.
+        With fsdp the optimizer state is gathered from every rank, so nothing is saved without `collective`."""
+        if self.cfg.fsdp and not collective:
+            return None
+        state = self.state_dict(collective)
+        if not self.world.is_main:
+            return None
+        return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.cfg.save_total_limit)
 
     def resume(self, checkpoint: Path) -> None:
-        state = load_checkpoint(checkpoint, self.model)
+        state = load_checkpoint(checkpoint, self.full_model)
         self.step = state["step"]
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.cfg.fsdp:
+            fsdp.load_full_state_dict(self.model, self.full_model.state_dict())
+            fsdp.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.prompts.load_state_dict(state["prompts"])
         self.generator.set_state(state["generator"])
@@ -397,10 +490,21 @@ class Trainer:
         if "alerts" in state:
             self.alerts.load_state_dict(state["alerts"])
         self.pending = state["pending"]
+        if self.world.enabled:  # one pending batch per rank, or none (then the generation is sampled again)
+            fits = isinstance(self.pending, list) and len(self.pending) == self.world.world_size
+            self.pending = self.pending[self.world.rank] if fits else None
         self.extra_state = state.get("extra", {})
         self.beta = state.get("beta", self.beta)
         if self.kl_control is not None and state.get("kl_control"):
             self.kl_control.load_state_dict(state["kl_control"])
+        self.publish_weights()  # samplers outside this model (rollout workers, vLLM) get the checkpoint's weights
+
+    def close(self) -> None:
+        """Stop what the trainer started outside this process (the rollout workers)."""
+        if self.workers is not None:
+            self.workers.close()
+            self.weight_subscribers.remove(self.workers)
+            self.workers = None
 
 
 def total_steps_for(cfg: Config, num_train_examples: int) -> int:

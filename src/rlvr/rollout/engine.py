@@ -16,12 +16,14 @@ from transformers import DynamicCache
 
 from rlvr.llama import LlamaRunner, supports
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.sampling import sample_next
+from rlvr.rollout.sampling import GroupGenerators, sample_next
 from rlvr.runtime import configure_allocator
 from rlvr.types import Rollout
 
 
 class HFSampler:
+    seeds_per_group = True  # generate() also takes a GroupGenerators (rollout/sampling.py)
+
     def __init__(self, model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False):
         self.model = model
         self.tokenizer = tokenizer
@@ -39,7 +41,9 @@ class HFSampler:
         per_chunk = max(1, self.max_batch_size // params.n)
         out = []
         for lo in range(0, len(prompt_ids), per_chunk):
-            out += self._generate_chunk(prompt_ids[lo : lo + per_chunk], params, generator)
+            # GroupGenerators: one stream per prompt, so the chunk gets the streams of its prompts.
+            chunk_generator = generator.slice(lo, lo + per_chunk) if isinstance(generator, GroupGenerators) else generator
+            out += self._generate_chunk(prompt_ids[lo : lo + per_chunk], params, chunk_generator)
         return out
 
     @torch.inference_mode()
@@ -70,7 +74,8 @@ class HFSampler:
         logps = [[] for _ in range(total)]
         finish: list[str | None] = [None] * total
         for step in range(params.max_tokens):
-            tok, lp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator)
+            u = generator.rand((rows // params.n).tolist()) if isinstance(generator, GroupGenerators) else None
+            tok, lp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator, u)
             for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
                 tokens[r].append(t)
                 logps[r].append(l)

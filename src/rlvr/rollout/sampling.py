@@ -20,6 +20,7 @@ def sample_next(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    u: torch.Tensor | None = None,
 ):
     """logits [B, V] -> (tokens [B], logprobs [B]).
 
@@ -28,7 +29,8 @@ def sample_next(
     the top-k set) reaches top_p; the most likely token is always kept.
     temperature 0 picks the argmax.  The returned log-prob is that of the token
     under the untruncated softmax(logits / temperature) (softmax(logits) when
-    greedy): the same quantity the update recomputes.
+    greedy): the same quantity the update recomputes.  `u` [B, 1], uniform in [0, 1),
+    replaces the draw from `generator` (see GroupGenerators).
     """
     logits = logits.float()
     if temperature == 0:
@@ -38,12 +40,37 @@ def sample_next(
     logprobs_all = torch.log_softmax(logits / temperature, dim=-1)
     vocab = logits.shape[-1]
     k = min(top_k, vocab) if top_k else vocab
-    u = torch.rand(logits.shape[0], 1, generator=generator, device=logits.device)
+    if u is None:
+        u = torch.rand(logits.shape[0], 1, generator=generator, device=logits.device)
+    u = u.to(logits.device)
     if k == vocab and top_p >= 1.0:
         tokens = _inverse_cdf(logprobs_all.exp(), u)
     else:
         tokens = _sample_truncated(logprobs_all, k, top_p, u)
     return tokens, logprobs_all.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class GroupGenerators:
+    """One seeded stream of uniforms per prompt, so that a group's completions depend only on
+    its prompt, its seed and the model: not on which other prompts are decoded beside it.
+    Several processes that each sample a share of the groups then draw exactly what one
+    process sampling all of them draws (distributed.py)."""
+
+    def __init__(self, seeds: list[int]):
+        self.seeds = [int(s) for s in seeds]  # what a remote sampler needs to rebuild the streams (rollout/workers.py)
+        self.generators = [torch.Generator().manual_seed(s) for s in self.seeds]
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def slice(self, lo: int, hi: int) -> "GroupGenerators":
+        part = GroupGenerators([])
+        part.seeds, part.generators = self.seeds[lo:hi], self.generators[lo:hi]
+        return part
+
+    def rand(self, groups: list[int]) -> torch.Tensor:
+        """[len(groups), 1]: the next uniform of each listed group's stream, in order."""
+        return torch.stack([torch.rand(1, generator=self.generators[g]) for g in groups])
 
 
 def _sample_truncated(logprobs: torch.Tensor, k: int, top_p: float, u: torch.Tensor) -> torch.Tensor:

