@@ -32,7 +32,7 @@ class Config:
     use_peft: bool = False  # train a LoRA adapter (peft) instead of every weight
     lora_r: int = 16  # adapter rank
     lora_alpha: int = 32  # adapter scale alpha / r
-    lora_dropout: float = 0.05  # dropout on the adapter's input
+    lora_dropout: float = 0.0  # dropout on the adapter input; 0 like disable_dropout: it makes log-probs noisy and resume inexact
     lora_target_modules: tuple | None = None  # module names to adapt; default: every linear layer of attention and MLP
     lora_save: str = "adapter"  # final save: adapter (peft format) | merged (a plain model)
 
