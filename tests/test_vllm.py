@@ -143,11 +143,19 @@ def check_weight_push(sampler, policy):
             for layer in model.model.layers[-4:]:
                 w = layer.mlp.down_proj.weight
                 w.add_(torch.randn(w.shape, generator=g) * 3 * w.std())
+            # The embedding is tied to the output layer: vLLM must pick up both from this one tensor.
+            e = model.model.embed_tokens.weight
+            e.add_(torch.randn(e.shape, generator=g) * 0.5 * e.std())
         expected = greedy(make_sampler(model, tokenizer, eos), prompt_ids)
         assert expected != before  # the perturbation changes what the model says
         assert greedy(sampler, prompt_ids) == before  # not pushed yet: vLLM still has the old weights
         sampler.update_weights(model)
         assert greedy(sampler, prompt_ids) == expected
+        # Not just the argmax: vLLM's log-probs are the trainer's new ones.
+        params = SamplingParams(n=2, max_tokens=16, temperature=0.8)
+        sampled = [r for g in sampler.generate(prompt_ids, params, torch.Generator().manual_seed(2)) for r in g]
+        diff = torch.cat([(torch.tensor(r.logprobs) - trainer_logprobs(model, r, 0.8)).abs() for r in sampled])
+        assert diff.mean() < 1e-3, diff.mean()
     finally:
         model.load_state_dict(saved)
         sampler.update_weights(model)

@@ -125,16 +125,24 @@ def load_weights(llm, weights: dict[str, torch.Tensor]) -> None:
 
 
 def policy_weights(model) -> dict[str, torch.Tensor]:
-    """The policy's weights under Hugging Face names; a LoRA (peft) model's adapters are merged in."""
+    """The policy's weights under Hugging Face names; a LoRA (peft) model's adapters are merged in.
+
+    A tied output layer is listed under its own name too: named_parameters() shows the shared
+    tensor once (as the embedding), and vLLM keeps the head as a separate tensor that it would
+    otherwise leave at its starting value."""
     if hasattr(model, "merge_adapter"):
         model.merge_adapter()
         try:
             prefix = "base_model.model."
-            return {name.removeprefix(prefix).replace(".base_layer", ""): p.detach().clone()
-                    for name, p in model.named_parameters() if "lora_" not in name}
+            weights = {name.removeprefix(prefix).replace(".base_layer", ""): p.detach().clone()
+                       for name, p in model.named_parameters() if "lora_" not in name}
         finally:
             model.unmerge_adapter()
-    return {name: p.detach() for name, p in model.named_parameters()}  # a tied head appears once
+    else:
+        weights = {name: p.detach() for name, p in model.named_parameters()}
+    if "lm_head.weight" not in weights and getattr(model.config, "tie_word_embeddings", False):
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    return weights
 
 
 def _params_dict(params: SamplingParams, eos_token_ids: list[int]) -> dict:
