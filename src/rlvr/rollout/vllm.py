@@ -141,7 +141,7 @@ def policy_weights(model) -> dict[str, torch.Tensor]:
     else:
         weights = {name: p.detach() for name, p in model.named_parameters()}
     if "lm_head.weight" not in weights and getattr(model.config, "tie_word_embeddings", False):
-        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()  # safetensors refuses shared tensors
     return weights
 
 
