@@ -120,6 +120,41 @@ def format_log_line(line: dict, total_steps: int) -> str:
     return "  ".join(parts)
 
 
+def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
+    """The metrics of one generation, TRL's names, over every group sampled in the step
+    (trainer.SampledGroup and Round: rollouts, rewards after any KL penalty, per-function scores)."""
+    import torch
+
+    from rlvr.advantages import group_reward_std
+
+    rewards = torch.tensor([x for g in groups for x in g.rewards])
+    rollouts = [r for g in groups for r in g.rollouts]
+    lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float)
+    metrics = {
+        "reward": rewards.mean().item(),
+        "reward_std": group_reward_std(rewards, group_size).mean().item(),
+        "frac_reward_zero_std": sum(not g.has_signal for g in groups) / len(groups),
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": sum(r.truncated for r in rollouts) / len(rollouts),
+        "num_tokens": lengths.sum().item(),
+        "timing/rollout": sum(r.rollout_seconds for r in rounds),
+        "timing/reward": sum(r.reward_seconds for r in rounds),
+    }
+    if groups[0].kl is not None:
+        metrics["kl"] = sum(k for g in groups for k in g.kl) / max(lengths.sum().item(), 1.0)
+    for name in groups[0].per_func:
+        vals = torch.tensor([v for g in groups for v in g.per_func[name] if v is not None] or [math.nan])
+        metrics[f"rewards/{name}/mean"] = vals.mean().item()
+        metrics[f"rewards/{name}/std"] = vals.std().item() if len(vals) > 1 else 0.0
+        for counter in ("timeouts", "errors"):
+            count = sum(r.counters.get(name, {}).get(counter, 0) for r in rounds)
+            if count:
+                metrics[f"rewards/{name}/{counter}"] = count
+    return metrics
+
+
 # --- report_to: loggers beside metrics.jsonl -------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from rlvr import distributed, fsdp
-from rlvr.advantages import group_advantages, group_reward_std
+from rlvr.advantages import group_advantages
 from rlvr.alerts import AlertMonitor
 from rlvr.chat import render_prompts, tokenize_prompts
 from rlvr.checkpoint import load_checkpoint, save_checkpoint
@@ -28,7 +28,7 @@ from rlvr.llama import LlamaRunner, batch_logprobs, supports
 from rlvr.lora import is_peft, reference_off
 from rlvr.losses import LossNorm, policy_loss, selective_logprobs, truncated_importance_weights
 from rlvr.models import eos_token_ids
-from rlvr.monitor import MetricsLog
+from rlvr.monitor import MetricsLog, generation_metrics
 from rlvr.optim import build_optimizer
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engine import make_sampler
@@ -148,7 +148,7 @@ class Trainer:
         batch = Batch.from_rollouts(rollouts, advantages, keep, self.sampler.pad_id, cfg.mask_truncated_completions, size)
         if len(batch):
             self._fill_reference_logprobs(batch)
-        metrics = self._generation_metrics(groups, rounds)
+        metrics = generation_metrics(groups, rounds, size)
         if cfg.dynamic_sampling:
             metrics["sampling/rounds"] = len(rounds) - 1
             metrics["sampling/dropped_groups"] = sum(not g.has_signal for g in groups)
@@ -218,37 +218,6 @@ class Trainer:
         for i, r in enumerate(rollouts):
             logp[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
         return sequence_kl(logp, ref, batch.completion_mask, self.cfg.kl_estimator).tolist()
-
-    def _generation_metrics(self, groups: list["SampledGroup"], rounds: list["Round"]) -> dict:
-        """TRL's names, over every group sampled in this step."""
-        size = self.cfg.num_generations
-        rewards = torch.tensor([x for g in groups for x in g.rewards])
-        rollouts = [r for g in groups for r in g.rollouts]
-        lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float)
-        metrics = {
-            "reward": rewards.mean().item(),
-            "reward_std": group_reward_std(rewards, size).mean().item(),
-            "frac_reward_zero_std": sum(not g.has_signal for g in groups) / len(groups),
-            "completions/mean_length": lengths.mean().item(),
-            "completions/min_length": lengths.min().item(),
-            "completions/max_length": lengths.max().item(),
-            "completions/clipped_ratio": sum(r.truncated for r in rollouts) / len(rollouts),
-            "num_tokens": lengths.sum().item(),
-            "timing/rollout": sum(r.rollout_seconds for r in rounds),
-            "timing/reward": sum(r.reward_seconds for r in rounds),
-        }
-        if groups[0].kl is not None:
-            tokens = max(lengths.sum().item(), 1.0)
-            metrics["kl"] = sum(k for g in groups for k in g.kl) / tokens
-        for name in groups[0].per_func:
-            vals = torch.tensor([v for g in groups for v in g.per_func[name] if v is not None] or [math.nan])
-            metrics[f"rewards/{name}/mean"] = vals.mean().item()
-            metrics[f"rewards/{name}/std"] = vals.std().item() if len(vals) > 1 else 0.0
-            for counter in ("timeouts", "errors"):
-                count = sum(r.counters.get(name, {}).get(counter, 0) for r in rounds)
-                if count:
-                    metrics[f"rewards/{name}/{counter}"] = count
-        return metrics
 
     @torch.no_grad()
     def _fill_reference_logprobs(self, batch: Batch) -> None:
