@@ -84,22 +84,24 @@ class Trainer:
         self.full_model = full_model if full_model is not None else model
         self.output_dir, self.total_steps = Path(output_dir), total_steps
         self.rewards = build_rewards(cfg)
-        self.sampler = make_sampler(self.full_model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
-        # Completions from another engine (vLLM, rollout workers) get the TIS correction (losses.py).
+        eos = eos_token_ids(model, tokenizer)
         self.weight_subscribers: list = []  # objects with update_weights(model), told after each optimizer step
         if cfg.use_vllm:  # vLLM samples (rollout/vllm.py); it gets the weights now and after every step
             from rlvr.models import resolve_model_path
             from rlvr.rollout.vllm import make_vllm_sampler
 
-            self.sampler = make_vllm_sampler(cfg, resolve_model_path(cfg.model), tokenizer, eos_token_ids(model, tokenizer))
+            self.sampler = make_vllm_sampler(cfg, resolve_model_path(cfg.model), tokenizer, eos)
             self.sampler.update_weights(model)
             self.weight_subscribers.append(self.sampler)
+        else:
+            self.sampler = make_sampler(self.full_model, tokenizer, eos, bf16=cfg.bf16)
+        # Completions from another engine (vLLM, rollout workers) get the TIS correction (losses.py).
         self.corrects_sampling = cfg.vllm_importance_sampling_correction and (cfg.use_vllm or cfg.rollout_workers > 0)
         self.workers = None  # Ray actors that sample and score (rollout/workers.py), when rollout_workers > 0
         if cfg.rollout_workers > 0:
             from rlvr.rollout.workers import RolloutWorkers
 
-            self.workers = RolloutWorkers(model, tokenizer, eos_token_ids(model, tokenizer), cfg)
+            self.workers = RolloutWorkers(model, tokenizer, eos, cfg)
             self.weight_subscribers.append(self.workers)
         # rlvr's own forward (llama.py) for log-probs; else the generic one (always with fsdp: see fsdp.py)
         self.fast = supports(model) and not cfg.fsdp
@@ -213,18 +215,19 @@ class Trainer:
         (the sampler's log-probs) and the reference model."""
         batch = Batch.from_rollouts(rollouts, torch.zeros(len(rollouts)), torch.ones(len(rollouts), dtype=torch.bool),
                                     self.sampler.pad_id, False, self.cfg.num_generations)
-        ref = self._ref_logprobs(batch)
-        logp = torch.zeros_like(ref)
-        for i, r in enumerate(rollouts):
-            logp[i, : len(r.logprobs)] = torch.tensor(r.logprobs)
-        return sequence_kl(logp, ref, batch.completion_mask, self.cfg.kl_estimator).tolist()
+        return sequence_kl(batch.sampler_logprobs, self._ref_logprobs(batch), batch.completion_mask, self.cfg.kl_estimator).tolist()
+
+    @property
+    def loss_beta(self) -> float:
+        """The KL coefficient in the loss: beta, unless the KL is charged to the reward instead."""
+        return self.beta if self.cfg.kl_penalty == "loss" else 0.0
 
     @torch.no_grad()
     def _fill_reference_logprobs(self, batch: Batch) -> None:
         """old_logprobs (only needed when a batch is trained on more than once) and ref_logprobs."""
         if self.cfg.num_iterations > 1:
             batch.old_logprobs = self._logprobs_in_chunks(self.full_model, batch)  # the same weights, unsharded
-        if self.beta > 0 and self.cfg.kl_penalty == "loss":
+        if self.loss_beta > 0:
             batch.ref_logprobs = self._ref_logprobs(batch)
 
     def _ref_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -323,7 +326,7 @@ class Trainer:
                 logprobs, old, micro.advantages, micro.completion_mask, norm,
                 loss_type=cfg.loss_type, epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
                 importance_sampling_level=cfg.importance_sampling_level, ref_logprobs=micro.ref_logprobs,
-                beta=self.beta if cfg.kl_penalty == "loss" else 0.0, kl_estimator=cfg.kl_estimator,
+                beta=self.loss_beta, kl_estimator=cfg.kl_estimator,
                 importance_weights=weights,
             )
             loss.backward()
@@ -336,7 +339,7 @@ class Trainer:
     def _empty_micro_batch(self) -> Batch:
         """A micro-batch without tokens (zero loss and gradient) for a rank with fewer than the others (fsdp)."""
         empty = fsdp.empty_micro_batch(self.sampler.pad_id)
-        if self.beta > 0 and self.cfg.kl_penalty == "loss":
+        if self.loss_beta > 0:
             empty.ref_logprobs = torch.zeros((1, 1))
         return empty
 

@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.llama import LlamaRunner, supports
-from rlvr.rollout import SamplingParams
+from rlvr.rollout import SamplingParams, pad_token_id
 from rlvr.rollout.sampling import GroupGenerators, sample_next
 from rlvr.runtime import configure_allocator
 from rlvr.types import Rollout
@@ -28,7 +28,7 @@ class HFSampler:
         self.model = model
         self.tokenizer = tokenizer
         self.eos = set(eos_token_ids)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]
+        self.pad_id = pad_token_id(tokenizer, eos_token_ids)
         self.max_batch_size = max_batch_size  # sequences decoded together
         self.bf16 = bf16
         # transformers 5 renamed the forward argument `past_key_values` to `cache`.

@@ -28,7 +28,7 @@ import urllib.request
 
 import torch
 
-from rlvr.rollout import SamplingParams
+from rlvr.rollout import SamplingParams, pad_token_id
 from rlvr.types import Rollout
 
 INSTALL_HINT = (
@@ -160,7 +160,7 @@ class VLLMColocateSampler:
 
     def __init__(self, model_path: str, tokenizer, eos_token_ids: list[int], **engine_args):
         self.eos = list(eos_token_ids)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
+        self.pad_id = pad_token_id(tokenizer, self.eos)
         self.llm = start_llm(model_path, **engine_args)
 
     def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
@@ -182,7 +182,7 @@ class VLLMClient:
         host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # the listening address reached locally
         self.url, self.timeout = f"http://{host}:{port}", timeout
         self.eos = list(eos_token_ids)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos[0]
+        self.pad_id = pad_token_id(tokenizer, self.eos)
         self.info = self.wait_ready()
 
     def wait_ready(self) -> dict:
