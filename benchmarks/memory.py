@@ -37,6 +37,11 @@ def settings(model: str, lora: bool, steps: int, out: str) -> dict:
 
 
 def child(model: str, lora: bool, steps: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="rlvr-mem-") as scratch:  # the run's checkpoints go with it
+        return _measure(model, lora, steps, Path(scratch))
+
+
+def _measure(model: str, lora: bool, steps: int, scratch: Path) -> dict:
     from rlvr.chat import render_prompts, tokenize_prompts
     from rlvr.config import build_config
     from rlvr.models import load_tokenizer, resolve_model_path
@@ -48,11 +53,11 @@ def child(model: str, lora: bool, steps: int) -> dict:
         sys.path.insert(0, str(ROOT / "tests"))
         from conftest import make_tiny_model, make_tokenizer
 
-        model = tempfile.mkdtemp(prefix="tiny-")
+        model = str(scratch / "tiny-llama")
         tok = make_tokenizer()
         make_tiny_model(len(tok)).save_pretrained(model)
         tok.save_pretrained(model)
-    cfg = build_config(settings(model, lora, steps, tempfile.mkdtemp(prefix="mem-") + "/run"))
+    cfg = build_config(settings(model, lora, steps, str(scratch / "run")))
     tokenizer = load_tokenizer(resolve_model_path(cfg.model))
     train_examples, _ = load_splits(cfg)
     texts = render_prompts(tokenizer, [e.prompt for e in train_examples[:200]], cfg.system_prompt)
@@ -63,7 +68,7 @@ def child(model: str, lora: bool, steps: int) -> dict:
     baseline = _rss()
     train(cfg)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"model": "tiny" if "tiny-" in str(model) else model, "lora": lora, "plan_bytes": planned["total"],
+    return {"model": "tiny" if "tiny-llama" in str(model) else model, "lora": lora, "plan_bytes": planned["total"],
             "measured_bytes": peak - baseline, "baseline_bytes": baseline, "longest_prompt": longest}
 
 

@@ -2,6 +2,7 @@
 two training steps with a checkpoint, a resume, the final model reloaded with transformers, an eval."""
 
 import json
+import shutil
 
 import pytest
 
@@ -16,7 +17,8 @@ SMALL = ["max_completion_length=16", "eval_max_examples=8", "save_steps=1", "sav
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e") / "run"
     assert cli.main(["train", "demo", "max_steps=2", f"output_dir={out}", *SMALL]) == 0
-    return out
+    yield out
+    shutil.rmtree(out)  # three checkpoints of the default model with optimizer state: about 2 GB
 
 
 def test_training_writes_the_run(run_dir):
