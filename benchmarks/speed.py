@@ -11,7 +11,9 @@ function.  Each trainer runs in its own process launch; `--warmup` steps are
 run and not timed, then `--steps` are measured.  The reward gives every
 completion a different score (its length in characters / 100), so no group is
 skipped for lack of signal and both trainers do the full update.
-Peak memory is the process's peak resident set (VmHWM).
+Peak memory is the process's peak resident set (VmHWM) on the CPU, and the peak of
+memory allocated by torch on a GPU.  Both trainers run on a CUDA GPU when one is visible
+(`--device cpu` keeps them on the CPU).
 
 Table 2, rollout: tokens per second of the rlvr sampler and of
 `model.generate` at batch 8, 32 and 64 (8 completions per prompt, same sampling
@@ -40,6 +42,14 @@ import time
 from pathlib import Path
 
 PROMPTS_PER_STEP, GROUP, MAX_NEW, TEMPERATURE, TOP_P, SEED = 4, 8, 64, 0.8, 0.9, 42
+DEVICE = "cpu"  # set by main() from --device
+
+
+def synchronize() -> None:
+    import torch
+
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def bench_reward(completions, **kwargs):
@@ -54,6 +64,14 @@ def prompts(n: int) -> list[str]:
     train, _ = ArithmeticTask.splits({"digits": 2, "operands": 2, "operators": "+-", "num_train": n, "num_test": 10,
                                       "template": "boxed"}, SEED)
     return [ex.prompt for ex in train]
+
+
+def peak_memory_mb() -> float:
+    import torch
+
+    if DEVICE.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**20
+    return peak_rss_mb()
 
 
 def peak_rss_mb() -> float:
@@ -85,7 +103,7 @@ def run_rlvr(precision: str, warmup: int, steps: int) -> dict:
         "learning_rate": 1e-6, "beta": 0.0, "num_iterations": 1, "seed": SEED, "bf16": precision == "bf16",
         "task_args": {"num_test": 10},
     })
-    model, tokenizer, _ = load_model(cfg.model)
+    model, tokenizer, _ = load_model(cfg.model, device=DEVICE)
     examples = [Example(p, None) for p in prompts(PROMPTS_PER_STEP * (warmup + steps))]
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(cfg, model, tokenizer, examples, out, total_steps=warmup + steps)
@@ -105,7 +123,7 @@ def run_rlvr(precision: str, warmup: int, steps: int) -> dict:
         "update_seconds": sum(m["timing/update"] for m in rows) / n,
         "update_flops": sum(m["update_flops"] for m in rows) / n,
         "update_tokens_per_step": update_tokens / n,
-        "peak_memory_mb": peak_rss_mb(),
+        "peak_memory_mb": peak_memory_mb(),
     }
 
 
@@ -149,7 +167,7 @@ def run_trl(precision: str, warmup: int, steps: int) -> dict:
             output_dir=out, per_device_train_batch_size=PROMPTS_PER_STEP * GROUP, num_generations=GROUP,
             gradient_accumulation_steps=1, max_completion_length=MAX_NEW, temperature=TEMPERATURE, top_p=TOP_P,
             beta=0.0, num_iterations=1, learning_rate=1e-6, max_steps=warmup + steps, logging_steps=1,
-            report_to="none", save_strategy="no", use_cpu=True, bf16=precision == "bf16", seed=SEED,
+            report_to="none", save_strategy="no", use_cpu=DEVICE == "cpu", bf16=precision == "bf16", seed=SEED,
             gradient_checkpointing=False, shuffle_dataset=False, disable_tqdm=True,
         )
         trainer = GRPOTrainer(model=str(default_model_dir()), reward_funcs=bench_reward, args=args, train_dataset=data,
@@ -160,7 +178,7 @@ def run_trl(precision: str, warmup: int, steps: int) -> dict:
     return {
         "seconds_per_step": sum(measured) / len(measured),
         "completion_tokens_per_step": sum(lengths) / len(lengths) if lengths else float("nan"),
-        "peak_memory_mb": peak_rss_mb(),
+        "peak_memory_mb": peak_memory_mb(),
     }
 
 
@@ -170,11 +188,15 @@ def run_trl(precision: str, warmup: int, steps: int) -> dict:
 def matmul_flops(dtype, n: int = 2048, repeat: int = 5) -> float:
     import torch
 
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    if DEVICE.startswith("cuda"):
+        n, repeat = 8192, 20  # a GPU needs a bigger product to reach its peak
+    a, b = torch.randn(n, n, dtype=dtype, device=DEVICE), torch.randn(n, n, dtype=dtype, device=DEVICE)
     a @ b
+    synchronize()
     start = time.perf_counter()
     for _ in range(repeat):
         a @ b
+    synchronize()
     return 2 * n**3 * repeat / (time.perf_counter() - start)
 
 
@@ -190,7 +212,7 @@ def run_rollout(precisions: list[str], batches: list[int]) -> dict:
     from rlvr.rollout import SamplingParams
     from rlvr.rollout.engine import make_sampler
 
-    model, tokenizer, _ = load_model("default")
+    model, tokenizer, _ = load_model("default", device=DEVICE)
     model.eval()
     params_count = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
     flops_per_token = 2 * params_count
@@ -203,9 +225,9 @@ def run_rollout(precisions: list[str], batches: list[int]) -> dict:
     for precision, batch in cases:
         chunk = ids[: batch // GROUP]
         width = max(len(p) for p in chunk)
-        x = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in chunk])
-        attention = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in chunk])[:, None]).long()
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+        x = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in chunk]).to(DEVICE)
+        attention = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in chunk])[:, None]).long().to(DEVICE)
+        autocast = torch.autocast(DEVICE.split(":")[0], dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
         def generate(new):
             with torch.inference_mode(), autocast:
@@ -214,8 +236,10 @@ def run_rollout(precisions: list[str], batches: list[int]) -> dict:
                                pad_token_id=tokenizer.pad_token_id)
 
         generate(4)
+        synchronize()
         start = time.perf_counter()
         generate(MAX_NEW)
+        synchronize()
         generate_speed[precision, batch] = batch * MAX_NEW / (time.perf_counter() - start)
         print(f"  generate {precision} batch {batch}: {generate_speed[precision, batch]:.0f} tok/s", file=sys.stderr, flush=True)
     for precision, batch in cases:
@@ -241,7 +265,7 @@ def run_rollout(precisions: list[str], batches: list[int]) -> dict:
 def in_subprocess(kind: str, precision: str, warmup: int, steps: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, __file__, "--worker", kind, "--precision", precision, "--warmup", str(warmup),
-               "--steps", str(steps), "--worker-out", f.name]
+               "--steps", str(steps), "--worker-out", f.name, "--device", DEVICE]
         print(f"  running {kind} {precision} ({warmup} warm-up + {steps} measured steps)...", file=sys.stderr, flush=True)
         result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
         if result.returncode != 0:
@@ -257,11 +281,19 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--json", help="also write the numbers as one JSON object to this path")
+    parser.add_argument("--device", default="auto", help="cpu, cuda:0, ... (default: cuda:0 when a GPU is visible, else cpu)")
     parser.add_argument("--worker", choices=["rlvr", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    global DEVICE
+    if args.device == "auto":
+        from rlvr.models import pick_device
+
+        DEVICE = pick_device()
+    else:
+        DEVICE = args.device
 
     if args.worker:
         run = run_rlvr if args.worker == "rlvr" else run_trl
@@ -275,6 +307,7 @@ def main() -> None:
             steps[precision]["trl"] = in_subprocess("trl", precision, args.warmup, args.steps)
     rollout = run_rollout(args.precisions, args.batches)
     report = summarize(steps, rollout)
+    report["device"] = DEVICE
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
@@ -307,7 +340,7 @@ def summarize(steps: dict, rollout: dict) -> dict:
 
 
 def format_report(report: dict) -> str:
-    lines = ["", "GRPO step: 4 prompts x 8 completions, max 64 new tokens, beta 0, one update per step",
+    lines = ["", f"GRPO step on {report.get('device', 'cpu')}: 4 prompts x 8 completions, max 64 new tokens, beta 0, one update per step",
              f"{'':14}{'s/step':>9}{'compl tok/s':>13}{'peak MB':>9}{'rollout s':>11}{'reward s':>10}{'update s':>10}{'vs TRL':>8}"]
     for precision, pair in report["steps"].items():
         for who in ("trl", "rlvr"):

@@ -40,6 +40,7 @@ def _settings(model_dir, plugin, reward: str, output_dir, loss_type: str) -> lis
         "num_generations=4", "per_device_train_batch_size=8", "gradient_accumulation_steps=2", "max_completion_length=4",
         "learning_rate=1e-2", "lr_scheduler_type=constant", "max_steps=3", "logging_steps=1", "save_steps=1000",
         "eval_on_start=false", "eval_on_end=false", "report_steps=0", f"loss_type={loss_type}", f"output_dir={output_dir}",
+        "use_cpu=true",  # gloo between CPU processes, on a machine with GPUs too
     ]
 
 
@@ -142,13 +143,24 @@ def test_fsdp_needs_several_processes():
 
 
 def test_world_from_the_launcher_environment():
-    assert distributed.world_from_env({}) == distributed.SINGLE
-    assert distributed.world_from_env({"WORLD_SIZE": "1", "RANK": "0"}) == distributed.SINGLE
-    world = distributed.world_from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"})
+    assert distributed.world_from_env({}, use_cpu=True) == distributed.SINGLE
+    assert distributed.world_from_env({"WORLD_SIZE": "1", "RANK": "0"}, use_cpu=True) == distributed.SINGLE
+    world = distributed.world_from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}, use_cpu=True)
     assert (world.rank, world.world_size, world.local_rank, world.is_main) == (3, 4, 1, False)
     with pytest.raises(ConfigError, match="RANK is not"):
         distributed.world_from_env({"WORLD_SIZE": "2"})
     assert distributed.backend_for("cpu") == "gloo" and distributed.backend_for("cuda:1") == "nccl"
+
+
+def test_each_process_takes_its_own_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    env = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert distributed.world_from_env(env, use_cpu=False).device == "cuda:1"
+    assert distributed.world_from_env(env, use_cpu=True).device == "cpu"
+    assert distributed.world_from_env({}, use_cpu=False).device == "cuda:0"
+    with pytest.raises(ConfigError, match=r"3 processes on this machine but 2 GPU\(s\).*--nproc-per-node=2.*use_cpu=true"):
+        distributed.world_from_env({**env, "LOCAL_WORLD_SIZE": "3"}, use_cpu=False)
 
 
 def test_groups_are_split_whole_and_contiguous():

@@ -188,3 +188,15 @@ def test_reward_args_reach_the_function(tiny, tmp_path):
                         "reward_args": {"accuracy": {"final_number": True}}})
     scores = build_rewards(cfg).score_groups([Example("q", "12")], [[Rollout([1], [2], [0.0], "stop", "so 12 apples")]])
     assert scores.total == [1.0]  # the last number counts because of reward_args
+
+
+def test_a_batch_moves_whole_to_the_models_device(tiny, tmp_path):
+    trainer = make_trainer(tiny, tmp_path)
+    batch = make_batch(trainer)
+    batch.ref_logprobs = torch.zeros(batch.completion_ids.shape)
+    assert batch.to("cpu") is batch and trainer.device == torch.device("cpu")
+    moved = batch.to("meta")
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "ref_logprobs",
+                 "sampler_logprobs"):
+        assert getattr(moved, name).device.type == "meta", name
+    assert moved.old_logprobs is None and moved.group_ids is None

@@ -62,7 +62,7 @@ def load_checkpoint(path: Path, model) -> dict:
     missing = [k for k in missing if not _is_tied(model, k)]
     if missing or unexpected:
         raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    state = torch.load(path / STATE_FILE, weights_only=False)
+    state = torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
     set_rng_state(state.pop("rng"))
     return state
 

@@ -149,7 +149,7 @@ def cmd_eval(args: list[str]) -> int:
     import torch
 
     from rlvr.evaluate import evaluate, write_results
-    from rlvr.models import eos_token_ids, is_run_dir, load_model
+    from rlvr.models import eos_token_ids, is_run_dir, load_model, pick_device
     from rlvr.monitor import make_console
     from rlvr.rollout.engine import make_sampler
     from rlvr.tasks import build_rewards, load_splits, verifier_name
@@ -163,7 +163,7 @@ def cmd_eval(args: list[str]) -> int:
     for cfg, label, (train, test) in zip(cfgs, labels, splits):
         test = test[: cfg.eval_max_examples or None]
         if (cfg.model, cfg.dtype) not in models:
-            models[cfg.model, cfg.dtype] = load_model(cfg.model, cfg.dtype)
+            models[cfg.model, cfg.dtype] = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu))
         model, tokenizer, path = models[cfg.model, cfg.dtype]
         sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
         how = (f", {cfg.eval_num_samples} samples each" if cfg.eval_num_samples > 1 else "") + (
@@ -236,7 +236,7 @@ def cmd_sample(args: list[str]) -> int:
     import torch
 
     from rlvr.chat import render_prompts, tokenize_prompts
-    from rlvr.models import eos_token_ids, load_model
+    from rlvr.models import eos_token_ids, load_model, pick_device
     from rlvr.rollout import SamplingParams
     from rlvr.rollout.engine import make_sampler
     from rlvr.tasks import build_rewards
@@ -252,7 +252,7 @@ def cmd_sample(args: list[str]) -> int:
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"n must be a positive integer, got {n!r}")
     cfg = build_config(load_yaml(config_file) if config_file else {}, values)
-    model, tokenizer, path = load_model(cfg.model, cfg.dtype)
+    model, tokenizer, path = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu))
     sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
     texts = render_prompts(tokenizer, [prompt], cfg.system_prompt)
     ids = tokenize_prompts(tokenizer, texts, cfg.max_prompt_length)

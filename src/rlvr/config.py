@@ -27,6 +27,7 @@ class Config:
     # --- model ---------------------------------------------------------------
     model: str = "default"  # "default" (embedded SmolLM2-135M-Instruct), a local dir, a run dir, or a hub id
     dtype: str = "float32"  # weights: float32 | bfloat16
+    use_cpu: bool = False  # stay on the CPU even where a CUDA GPU is visible (else cuda:LOCAL_RANK)
 
     # --- lora ----------------------------------------------------------------
     use_peft: bool = False  # train a LoRA adapter (peft) instead of every weight

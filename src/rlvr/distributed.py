@@ -41,27 +41,34 @@ class World:
 SINGLE = World()
 
 
-def world_from_env(env=None) -> World:
-    """The launch that torchrun or accelerate launch describes in WORLD_SIZE / RANK / LOCAL_RANK."""
+def world_from_env(env=None, use_cpu: bool = False) -> World:
+    """The launch that torchrun or accelerate launch describes in WORLD_SIZE / RANK / LOCAL_RANK;
+    each process on cuda:LOCAL_RANK when GPUs are visible and use_cpu is off."""
+    from rlvr.models import pick_device
+
     env = os.environ if env is None else env
     size = int(env.get("WORLD_SIZE", "1"))
     if size <= 1:
-        return SINGLE
+        return World(device=pick_device(use_cpu))
     if "RANK" not in env:
         raise ConfigError("WORLD_SIZE is set but RANK is not: launch with torchrun or accelerate launch")
     rank, local = int(env["RANK"]), int(env.get("LOCAL_RANK", env["RANK"]))
-    # rlvr trains on the CPU (models load there, batches are built there), so the processes
-    # talk over gloo; `backend_for` gives nccl once a process holds its model on cuda:LOCAL_RANK.
-    return World(rank, size, local, "cpu")
+    device = pick_device(use_cpu, local)
+    here, gpus = int(env.get("LOCAL_WORLD_SIZE", size)), torch.cuda.device_count()
+    if device != "cpu" and here > gpus:  # NCCL cannot put two ranks on one GPU
+        raise ConfigError(f"{here} processes on this machine but {gpus} GPU(s): start one process per GPU "
+                          f"(torchrun --nproc-per-node={gpus}), or set use_cpu=true to train on the CPU")
+    return World(rank, size, local, device)
 
 
 def backend_for(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
-def init(env=None) -> World:
-    """Join the process group of a distributed launch (once); SINGLE when there is none."""
-    world = world_from_env(env)
+def init(env=None, use_cpu: bool = False) -> World:
+    """Join the process group of a distributed launch (once): gloo between CPU processes,
+    nccl between GPUs.  A World of one process when there is no launch."""
+    world = world_from_env(env, use_cpu)
     if world.enabled and not torch.distributed.is_initialized():
         if world.device.startswith("cuda"):
             torch.cuda.set_device(world.local_rank)

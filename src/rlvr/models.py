@@ -114,6 +114,14 @@ def resolve_model_path(name: str) -> str:
     return str(path) if path.exists() else name
 
 
+def pick_device(use_cpu: bool = False, local_rank: int = 0) -> str:
+    """Where a process trains and samples: its CUDA GPU (cuda:LOCAL_RANK under torchrun) when
+    one is visible, else the CPU."""
+    if use_cpu or not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{local_rank}"
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
@@ -123,8 +131,8 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_model(name: str, dtype: str = "float32"):
-    """(model, tokenizer, resolved path).  Errors say which model could not be found."""
+def load_model(name: str, dtype: str = "float32", device: str = "cpu"):
+    """(model on `device`, tokenizer, resolved path).  Errors say which model could not be found."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name)
@@ -139,7 +147,7 @@ def load_model(name: str, dtype: str = "float32"):
             f"could not load model {name!r}: it is neither a local directory nor a reachable hub id "
             f"({e.__class__.__name__}: {str(e).splitlines()[0]})"
         ) from None
-    return model, tokenizer, path
+    return model.to(device), tokenizer, path
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:

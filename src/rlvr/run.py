@@ -31,7 +31,7 @@ def train(cfg: Config, console=None) -> dict:
     """Train as configured: before/after evaluation, checkpoints, final model. Returns the summary.
     Under torchrun / accelerate launch, each process trains on its share of the groups
     (distributed.py); only rank 0 prints, evaluates and writes files."""
-    world = distributed.init()
+    world = distributed.init(use_cpu=cfg.use_cpu)
     try:
         return _train(cfg, console, world)
     finally:
@@ -55,8 +55,7 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
     train_examples, test_examples = load_splits(cfg)
     test_examples = test_examples[: cfg.eval_max_examples or None]
     loggers = build_loggers(cfg, output_dir) if world.is_main else []  # a missing logger package fails before the model loads
-    model, tokenizer, model_path = load_model(cfg.model, cfg.dtype)
-    model.to(world.device)
+    model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, world.device)
     if cfg.disable_dropout:
         disable_dropout(model)  # before LoRA: lora_dropout is the adapter's own setting
     if cfg.use_peft:
@@ -76,7 +75,7 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
         console.print(f"resumed from {checkpoint} at step {trainer.step}")
     if world.is_main:
         save_config(cfg, output_dir / "config.yaml")
-    console.print(f"[bold]rlvr train[/] -> {output_dir}  model: {model_path}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
+    console.print(f"[bold]rlvr train[/] -> {output_dir}  model: {model_path} on {world.device}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
 
     verifier = verifier_name(cfg)
     scorer = build_rewards(cfg, with_verifier=True)
@@ -153,6 +152,7 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
         "output_dir": str(output_dir),
         "steps": trainer.step,
         "train_seconds": round(train_seconds, 1),
+        "device": world.device,
         "eval_before": trainer.extra_state.get("eval_before"),
         "eval_after": after,
     }

@@ -82,6 +82,8 @@ class Trainer:
         self.world = world  # this process among several (torchrun); only rank 0 writes files
         # With fsdp, `model` is sharded and `full_model` an unsharded copy that samples and is saved (fsdp.py).
         self.full_model = full_model if full_model is not None else model
+        # Batches are built on the CPU; each micro-batch moves to the model's device (a GPU, or the CPU).
+        self.device = next(self.full_model.parameters()).device
         self.output_dir, self.total_steps = Path(output_dir), total_steps
         self.rewards = build_rewards(cfg)
         eos = eos_token_ids(model, tokenizer)
@@ -243,9 +245,9 @@ class Trainer:
         out = torch.zeros(batch.completion_ids.shape)
         size = self.cfg.per_device_train_batch_size
         for lo in range(0, len(batch), size):
-            sub = batch.select(slice(lo, lo + size))
+            sub = batch.select(slice(lo, lo + size)).to(self.device)
             logprobs, _ = self.completion_logprobs(model, sub)
-            out[lo : lo + size, : logprobs.shape[1]] = logprobs.float()
+            out[lo : lo + size, : logprobs.shape[1]] = logprobs.float().cpu()
         return out
 
     # --- stage 4: one optimizer step ----------------------------------------------------
@@ -306,7 +308,7 @@ class Trainer:
         sums = {"loss": 0.0, "entropy": 0.0, "update_tokens": 0.0, "update_flops": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
         for lo in range(0, max(len(batch), num_micro_batches * size), size):
-            micro = batch.select(slice(lo, lo + size)) if lo < len(batch) else self._empty_micro_batch()
+            micro = (batch.select(slice(lo, lo + size)) if lo < len(batch) else self._empty_micro_batch()).to(self.device)
             tokens, flops = self._work(micro)
             sums["update_tokens"] += tokens
             sums["update_flops"] += flops

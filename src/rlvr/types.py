@@ -11,7 +11,7 @@ stage consumes: padded token tensors plus one advantage per completion.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Union
 
 import torch
@@ -111,6 +111,13 @@ class Batch:
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
+
+    def to(self, device) -> "Batch":
+        """The same batch on `device` (itself when it is there already)."""
+        if self.completion_ids.device == torch.device(device):
+            return self
+        return Batch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                        for f in fields(self)})
 
     @property
     def num_tokens(self) -> int:

@@ -87,7 +87,7 @@ class HFSampler:
             if len(live) < len(rows):
                 keep = torch.tensor(live)
                 state = self._drop(state, keep.to(logits.device))
-                rows, tok = rows[keep], tok[keep]
+                rows, tok = rows[keep], tok[keep.to(tok.device)]
             logits = self._step(tok, state)
         return tokens, logps, finish
 

@@ -40,8 +40,8 @@ def sample_next(
     logprobs_all = torch.log_softmax(logits / temperature, dim=-1)
     vocab = logits.shape[-1]
     k = min(top_k, vocab) if top_k else vocab
-    if u is None:
-        u = torch.rand(logits.shape[0], 1, generator=generator, device=logits.device)
+    if u is None:  # drawn on the CPU, as the generators are: the same stream whatever the device
+        u = torch.rand(logits.shape[0], 1, generator=generator)
     u = u.to(logits.device)
     if k == vocab and top_p >= 1.0:
         tokens = _inverse_cdf(logprobs_all.exp(), u)

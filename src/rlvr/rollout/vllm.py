@@ -209,7 +209,7 @@ class VLLMClient:
     def update_weights(self, model) -> None:
         from safetensors.torch import save
 
-        data = save({k: v.contiguous() for k, v in policy_weights(model).items()})
+        data = save({k: v.cpu().contiguous() for k, v in policy_weights(model).items()})
         self._call("POST", "/update_weights", data, "application/octet-stream")
 
     def _call(self, method: str, path: str, data: bytes | None = None, content_type: str | None = None,
