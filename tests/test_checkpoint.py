@@ -107,3 +107,32 @@ def test_final_model_loads_with_transformers(tiny_model_dir, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert model.config.vocab_size == len(tokenizer)
     assert (out / "config.yaml").is_file() and (out / "completions.jsonl").is_file()
+
+
+def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, informative_rewards):
+    """max_staleness=1: the stop comes while the next batch is being sampled ahead; that batch is
+    dropped and the data and sampler rewound, so the resumed run samples it again, identically."""
+    straight = tmp_path / "straight"
+    train(_cfg(tiny_model_dir, straight, max_staleness=1))
+
+    informative_rewards.manual_seed(0)
+    resumed = tmp_path / "resumed"
+    original_update = Trainer.update
+
+    def stop_in_step_4(self, batch):
+        if self.step == 3:
+            assert self.ahead is not None  # the 3rd batch is being sampled
+            raise KeyboardInterrupt
+        return original_update(self, batch)
+
+    monkeypatch.setattr(Trainer, "update", stop_in_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(tiny_model_dir, resumed, max_staleness=1))
+    assert (resumed / "checkpoint-3").is_dir()
+    monkeypatch.setattr(Trainer, "update", original_update)
+    train(_cfg(tiny_model_dir, resumed, max_staleness=1, resume=True))
+
+    a, b = _weights(straight), _weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _metrics(straight) == _metrics(resumed)
+    assert [m.get("sampling/staleness") for m in _metrics(straight)] == [0, 0, 1, 1]

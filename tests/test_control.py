@@ -128,7 +128,7 @@ def test_kl_in_the_reward_lowers_each_reward_by_beta_times_its_kl(tiny, tmp_path
     # k1 summed over a completion = sum of (logp - ref) of its tokens, by hand for the first completion
     r = rnd.groups[0].rollouts[0]
     batch = trainer._logprobs_in_chunks(trainer.ref_model, __import__("rlvr.types", fromlist=["Batch"]).Batch.from_rollouts(
-        [r], torch.zeros(1), torch.ones(1, dtype=torch.bool), trainer.sampler.pad_id, False))
+        [r], torch.zeros(1), torch.ones(1, dtype=torch.bool), trainer.rollout.pad_id, False))
     by_hand = sum(lp - ref for lp, ref in zip(r.logprobs, batch[0, : len(r.logprobs)].tolist()))
     assert rnd.groups[0].kl[0] == pytest.approx(by_hand, abs=1e-5)
     gen = trainer.generate()

@@ -109,7 +109,7 @@ def reference(tiny_model_dir, reward_file, tmp_path_factory):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_workers_sample_and_score_what_the_in_process_path_does(ray_cluster, tiny_model_dir, reward_file, tmp_path, reference, workers):
     trainer = make_trainer(tiny_model_dir, reward_file, tmp_path, workers)
-    assert trainer.workers in trainer.weight_subscribers
+    assert trainer.rollout.workers in trainer.rollout.subscribers
     got = run(trainer)
     assert_same_rounds(got, reference)  # so 1 and 2 workers give identical rollouts, too
     # The update saw the same completions and rewards: the same loss.  The workers' completions
@@ -127,17 +127,17 @@ def test_workers_sample_and_score_what_the_in_process_path_does(ray_cluster, tin
 def test_killed_workers_are_replaced_and_their_groups_retried_once(ray_cluster, tiny_model_dir, reward_file, tmp_path, reference):
     _, flag = reward_file
     trainer = make_trainer(tiny_model_dir, reward_file, tmp_path, workers=2)
-    first_pids = trainer.workers.pids()
+    first_pids = trainer.rollout.workers.pids()
     flag.unlink()  # the first worker to score a group kills itself: the first round loses half its groups
     killed = {}
 
     def kill_after_update(trainer):
         # A worker preempted after the weights were pushed: its replacement must hold the new weights.
-        killed["first_round"] = trainer.workers.replacements
-        killed["pids"] = trainer.workers.pids()
-        ray.kill(trainer.workers.actors[1], no_restart=True)
+        killed["first_round"] = trainer.rollout.workers.replacements
+        killed["pids"] = trainer.rollout.workers.pids()
+        ray.kill(trainer.rollout.workers.actors[1], no_restart=True)
 
-    workers = trainer.workers
+    workers = trainer.rollout.workers
     got = run(trainer, between=kill_after_update)
     assert flag.exists()
     assert killed["first_round"] == 1 and workers.replacements == 2

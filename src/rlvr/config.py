@@ -68,6 +68,7 @@ class Config:
     vllm_importance_sampling_cap: float = 2.0  # truncate that ratio at this value (TIS)
     rollout_workers: int = 0  # Ray actors that sample and score; 0 = in the training process
     ray_address: str | None = None  # an existing Ray cluster ("auto" or host:port); null = start a local one
+    max_staleness: int = 0  # 1: the next step's rollouts are sampled while this step trains (one step off-policy)
 
     # --- reward --------------------------------------------------------------
     reward_funcs: tuple | None = None  # built-in names or `package.module:function`; default: the task's verifier
@@ -390,6 +391,10 @@ def validate(cfg: Config) -> None:
              "rollout_workers > 0 needs Ray, which is not installed. Install it with: pip install 'rlvr[ray]'  (or: pip install 'ray>=2.9')")
         need(not cfg.use_vllm, "rollout_workers and use_vllm cannot be combined yet: the workers sample with the in-process engine; set one of them")
         need(not cfg.use_peft, "rollout_workers and use_peft cannot be combined yet: the workers hold a plain model; set one of them")
+    need(cfg.max_staleness in (0, 1), f"max_staleness must be 0 (on-policy) or 1 (one step off-policy), got {cfg.max_staleness}")
+    need(not (cfg.max_staleness and cfg.use_peft and cfg.beta > 0 and cfg.kl_penalty == "reward"),
+         "max_staleness=1 with use_peft and kl_penalty=reward is not supported: the reward's KL would need the adapter "
+         "switched off while the update trains it; use kl_penalty=loss")
     need(cfg.eval_num_samples >= 1, "eval_num_samples must be at least 1")
     need(cfg.eval_num_samples == 1 or cfg.eval_temperature > 0,
          f"eval_num_samples={cfg.eval_num_samples} with eval_temperature=0 (greedy) would give identical completions; "

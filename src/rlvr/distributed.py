@@ -169,6 +169,8 @@ def check_supported(cfg, world: World) -> None:
             "use_vllm and rollout_workers are not supported with several training processes yet: "
             "each process samples its share of the groups with the in-process engine"
         )
+    if cfg.max_staleness:
+        raise ConfigError("max_staleness=1 is not supported with several training processes yet (set max_staleness=0)")
 
 
 def max_count(n: int, world: World) -> int:

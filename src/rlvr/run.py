@@ -83,7 +83,7 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
     def held_out(label: str | None = None, out=console) -> EvalResult:
         if label:
             out.print(f"held-out evaluation ({label}, {len(test_examples)} problems)...")
-        result = evaluate(trainer.sampler, tokenizer, test_examples, scorer, verifier, cfg, shot_pool=train_examples)
+        result = evaluate(trainer.rollout.sampler, tokenizer, test_examples, scorer, verifier, cfg, shot_pool=train_examples)
         if label:
             write_result(result, output_dir / f"eval_{label}.json", {"model": str(model_path), "step": trainer.step})
         out.print(f"  {'' if label else f'step {trainer.step}: '}held-out accuracy {result.accuracy:.1%}  "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,20 +21,16 @@ import torch
 from rlvr import distributed, fsdp
 from rlvr.advantages import group_advantages
 from rlvr.alerts import AlertMonitor
-from rlvr.chat import render_prompts, tokenize_prompts
 from rlvr.checkpoint import load_checkpoint, save_checkpoint
 from rlvr.config import Config
 from rlvr.kl import AdaptiveKL, sequence_kl
 from rlvr.llama import LlamaRunner, batch_logprobs, supports
 from rlvr.lora import is_peft, reference_off
 from rlvr.losses import LossNorm, policy_loss, selective_logprobs, truncated_importance_weights
-from rlvr.models import eos_token_ids
 from rlvr.monitor import MetricsLog, generation_metrics
 from rlvr.optim import build_optimizer
-from rlvr.rollout import SamplingParams
-from rlvr.rollout.engine import make_sampler
-from rlvr.rollout.sampling import GroupGenerators
-from rlvr.tasks import PromptStream, build_rewards
+from rlvr.rollout.stage import RolloutStage
+from rlvr.tasks import PromptStream
 from rlvr.types import Batch, Example, Rollout, TrainerState
 
 
@@ -73,6 +70,7 @@ class Generation:
     metrics: dict
     samples: list[dict] = field(default_factory=list)
     iterations_done: int = 0
+    staleness: int = 0  # 1 when sampled ahead, with the weights before the update that precedes its first use
 
 
 class Trainer:
@@ -85,39 +83,16 @@ class Trainer:
         # Batches are built on the CPU; each micro-batch moves to the model's device (a GPU, or the CPU).
         self.device = next(self.full_model.parameters()).device
         self.output_dir, self.total_steps = Path(output_dir), total_steps
-        self.rewards = build_rewards(cfg)
-        eos = eos_token_ids(model, tokenizer)
-        self.weight_subscribers: list = []  # objects with update_weights(model), told after each optimizer step
-        if cfg.use_vllm:  # vLLM samples (rollout/vllm.py); it gets the weights now and after every step
-            from rlvr.models import resolve_model_path
-            from rlvr.rollout.vllm import make_vllm_sampler
-
-            self.sampler = make_vllm_sampler(cfg, resolve_model_path(cfg.model), tokenizer, eos)
-            self.sampler.update_weights(model)
-            self.weight_subscribers.append(self.sampler)
-        else:
-            self.sampler = make_sampler(self.full_model, tokenizer, eos, bf16=cfg.bf16)
-        # Completions from another engine (vLLM, rollout workers) get the TIS correction (losses.py).
-        self.corrects_sampling = cfg.vllm_importance_sampling_correction and (cfg.use_vllm or cfg.rollout_workers > 0)
-        self.workers = None  # Ray actors that sample and score (rollout/workers.py), when rollout_workers > 0
-        if cfg.rollout_workers > 0:
-            from rlvr.rollout.workers import RolloutWorkers
-
-            self.workers = RolloutWorkers(model, tokenizer, eos, cfg)
-            self.weight_subscribers.append(self.workers)
         # rlvr's own forward (llama.py) for log-probs; else the generic one (always with fsdp: see fsdp.py)
         self.fast = supports(model) and not cfg.fsdp
+        self._runners: dict[int, LlamaRunner] = {}
+        self.weight_subscribers: list = []  # objects with update_weights(model), told after each optimizer step
         if cfg.fsdp:
             self.weight_subscribers.append(fsdp.FullCopy(self.full_model))
-        self._runners: dict[int, LlamaRunner] = {}
-        self.sampling = SamplingParams(
-            n=cfg.num_generations,
-            max_tokens=cfg.max_completion_length,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            stop_strings=cfg.stop_strings,
-        )
+        self.rollout = RolloutStage(cfg, model, self.full_model, tokenizer, world)  # stages 1 and 2
+        self.weight_subscribers.append(self.rollout)
+        # Completions from another engine (vLLM, rollout workers) get the TIS correction (losses.py).
+        self.corrects_sampling = cfg.vllm_importance_sampling_correction and self.rollout.off_policy
         self.prompts = PromptStream(train_examples, cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.optimizer, self.scheduler = build_optimizer(model, cfg, total_steps)
@@ -128,6 +103,8 @@ class Trainer:
         self.last_samples: list[dict] = []
         self.step = 0
         self.pending: Generation | None = None
+        self.ahead: Future | None = None  # with max_staleness=1, the next generation, sampled while this step trains
+        self._ahead_thread = ThreadPoolExecutor(1, thread_name_prefix="rlvr-ahead") if cfg.max_staleness else None
         self.extra_state: dict = {}  # e.g. the accuracy before training, kept across resumes
 
     # --- stages 1-3: one generation ----------------------------------------------------
@@ -149,9 +126,7 @@ class Trainer:
         rollouts = [r for g in chosen for r in g.rollouts]
         keep = (~zero_std).repeat_interleave(size)  # groups without signal are left out
         keep &= torch.tensor([g.rank == self.world.rank for g in chosen], dtype=torch.bool).repeat_interleave(size)
-        batch = Batch.from_rollouts(rollouts, advantages, keep, self.sampler.pad_id, cfg.mask_truncated_completions, size)
-        if len(batch):
-            self._fill_reference_logprobs(batch)
+        batch = Batch.from_rollouts(rollouts, advantages, keep, self.rollout.pad_id, cfg.mask_truncated_completions, size)
         metrics = generation_metrics(groups, rounds, size)
         if cfg.dynamic_sampling:
             metrics["sampling/rounds"] = len(rounds) - 1
@@ -166,57 +141,34 @@ class Trainer:
     def _sample_round(self) -> "Round":
         """One round: prompts_per_step prompts, G completions each, scored; with kl_penalty=reward
         the reward is lowered by beta x the completion's KL to the reference."""
-        cfg, t0 = self.cfg, time.perf_counter()
+        cfg = self.cfg
         examples = self.prompts.take(cfg.prompts_per_step)  # the same on every rank
-        generator = self._round_generator(len(examples))
-        mine = distributed.shard(len(examples), self.world)  # every group, with one process
-        examples = examples[mine.start : mine.stop]
-        texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt)
-        prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
-        state = TrainerState(global_step=self.step, max_steps=self.total_steps)
-        if self.workers is not None:  # rollout and reward on the Ray actors; timing/rollout then includes reward
-            sampled, scores = self.workers.generate_and_score(examples, texts, prompt_ids, self.sampling, generator.seeds, state)
-            t1 = t2 = time.perf_counter()
-        else:
-            sampled = self.sampler.generate(prompt_ids, self.sampling, generator)
-            t1 = time.perf_counter()
-            scores = self.rewards.score_groups(examples, sampled, texts, state, cfg.max_completion_length)
-            t2 = time.perf_counter()
-        totals, kls = list(scores.total), None
+        out = self.rollout.sample(examples, self.generator, TrainerState(global_step=self.step, max_steps=self.total_steps))
+        totals, kls = list(out.scores.total), None
         if self.beta > 0 and cfg.kl_penalty == "reward":
-            kls = self._sequence_kl([r for group in sampled for r in group])
+            kls = self._sequence_kl([r for group in out.groups for r in group])
             totals = [t - self.beta * k for t, k in zip(totals, kls)]
         groups = []
-        for i, (ex, group) in enumerate(zip(examples, sampled)):
+        for i, (ex, group) in enumerate(zip(out.examples, out.groups)):
             idx = range(i * cfg.num_generations, (i + 1) * cfg.num_generations)
-            groups.append(SampledGroup(ex, group, [totals[j] for j in idx], {n: [v[j] for j in idx] for n, v in scores.per_func.items()},
+            groups.append(SampledGroup(ex, group, [totals[j] for j in idx], {n: [v[j] for j in idx] for n, v in out.scores.per_func.items()},
                                        None if kls is None else [kls[j] for j in idx], self.world.rank))
         if not self.world.enabled:
-            return Round(groups, scores.counters, t1 - t0, t2 - t1)
-        parts = distributed.gather((groups, scores.counters, t1 - t0, t2 - t1), self.world)  # every rank sees every group
-        counters: dict = {}
+            return Round(groups, out.scores.counters, out.rollout_seconds, out.reward_seconds)
+        parts = distributed.gather((groups, out.scores.counters, out.rollout_seconds, out.reward_seconds), self.world)
+        counters: dict = {}  # every rank sees every group
         for _, part, _, _ in parts:
             for name, counts in part.items():
                 for k, v in counts.items():
                     counters.setdefault(name, {})[k] = counters.get(name, {}).get(k, 0) + v
         return Round([g for p in parts for g in p[0]], counters, max(p[2] for p in parts), max(p[3] for p in parts))
 
-    def _round_generator(self, num_groups: int):
-        """With the in-process sampler, one stream per group seeded from this trainer's generator
-        (the same on every rank), so that the completions do not depend on how the groups are
-        split among processes; other samplers take the generator itself."""
-        if not getattr(self.sampler, "seeds_per_group", False):
-            return self.generator
-        base = int(torch.randint(0, 2**62, (1,), generator=self.generator))
-        mine = distributed.shard(num_groups, self.world)
-        return GroupGenerators([base + i for i in mine])
-
     @torch.no_grad()
     def _sequence_kl(self, rollouts: list[Rollout]) -> list[float]:
         """Per completion: sum over tokens of the KL estimate between the sampling policy
         (the sampler's log-probs) and the reference model."""
         batch = Batch.from_rollouts(rollouts, torch.zeros(len(rollouts)), torch.ones(len(rollouts), dtype=torch.bool),
-                                    self.sampler.pad_id, False, self.cfg.num_generations)
+                                    self.rollout.pad_id, False, self.cfg.num_generations)
         return sequence_kl(batch.sampler_logprobs, self._ref_logprobs(batch), batch.completion_mask, self.cfg.kl_estimator).tolist()
 
     @property
@@ -275,7 +227,8 @@ class Trainer:
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
         self.optimizer.step()
         self.scheduler.step()
-        self.publish_weights()
+        if self.ahead is None:  # else once the generation sampled ahead is done (train_step)
+            self.publish_weights()
         tokens = max(num_tokens, 1)
         metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm, "learning_rate": lr,
                    "update_tokens": sums["update_tokens"], "update_flops": sums["update_flops"]}
@@ -340,7 +293,7 @@ class Trainer:
 
     def _empty_micro_batch(self) -> Batch:
         """A micro-batch without tokens (zero loss and gradient) for a rank with fewer than the others (fsdp)."""
-        empty = fsdp.empty_micro_batch(self.sampler.pad_id)
+        empty = fsdp.empty_micro_batch(self.rollout.pad_id)
         if self.loss_beta > 0:
             empty.ref_logprobs = torch.zeros((1, 1))
         return empty
@@ -391,18 +344,35 @@ class Trainer:
     # --- the loop -------------------------------------------------------------------------
 
     def train_step(self) -> dict:
-        """One optimizer step, generating a new batch when the previous one is used up."""
+        """One optimizer step, generating a new batch when the previous one is used up.
+
+        With max_staleness=1 the batch of the next generation is sampled (in a thread, from the
+        weights before this step's update) while this step trains, and is ready when the step
+        returns; the samplers get the new weights only then."""
         t0 = time.perf_counter()
         if self.pending is None:
-            position, sampler_rng = self.prompts.state_dict(), self.generator.get_state()
-            try:
-                self.pending = self.generate()
-            except BaseException:  # leave data and sampler where they were, so a checkpoint saved now resumes exactly
-                self.prompts.load_state_dict(position)
-                self.generator.set_state(sampler_rng)
-                raise
+            self.pending = self._generate_or_rewind()
         gen = self.pending
-        metrics = {**gen.metrics, **self.update(gen.batch)}
+        if gen.iterations_done == 0 and len(gen.batch):
+            self._fill_reference_logprobs(gen.batch)  # with the weights it is first trained at
+        if self._ahead_thread is not None and gen.iterations_done + 1 >= self.cfg.num_iterations:
+            before = self.prompts.state_dict(), self.generator.get_state()
+            self.ahead = self._ahead_thread.submit(self._generate_ahead)
+        try:
+            metrics = {**gen.metrics, **self.update(gen.batch)}
+        except BaseException:
+            if self.ahead is not None:  # drop what was sampled ahead: a checkpoint saved now resumes exactly
+                wait([self.ahead])
+                self.ahead = None
+                self.prompts.load_state_dict(before[0])
+                self.generator.set_state(before[1])
+            raise
+        following = None  # the next generation, when it was sampled ahead
+        if self.ahead is not None:
+            following, self.ahead = self.ahead.result(), None  # an error in it is raised here
+            self.publish_weights()
+        if self.cfg.max_staleness:
+            metrics["sampling/staleness"] = gen.staleness  # 1: sampled before the update that preceded its first use
         if self.beta > 0:
             metrics["beta"] = self.beta  # the beta this step used
         if self.kl_control is not None:  # adaptive KL: the next step's beta
@@ -412,12 +382,27 @@ class Trainer:
             self.log.add_completions(self.step + 1, gen.samples)
         self.last_samples = gen.samples
         if gen.iterations_done >= self.cfg.num_iterations:
-            self.pending = None
+            self.pending = following
         self.step += 1
         metrics["epoch"] = self.prompts.epochs_done
         metrics["step_time"] = time.perf_counter() - t0
         metrics["tokens_per_second"] = gen.metrics["num_tokens"] / metrics["step_time"]
         return metrics
+
+    def _generate_or_rewind(self) -> Generation:
+        position, sampler_rng = self.prompts.state_dict(), self.generator.get_state()
+        try:
+            return self.generate()
+        except BaseException:  # leave data and sampler where they were, so a checkpoint saved now resumes exactly
+            self.prompts.load_state_dict(position)
+            self.generator.set_state(sampler_rng)
+            raise
+
+    def _generate_ahead(self) -> Generation:
+        with self.rollout.side_stream():
+            gen = self._generate_or_rewind()
+        gen.staleness = 1
+        return gen
 
     def state_dict(self, collective: bool = True) -> dict:
         """With several processes, `collective` gathers every rank's pending batch (all ranks must
@@ -474,11 +459,10 @@ class Trainer:
         self.publish_weights()  # samplers outside this model (rollout workers, vLLM) get the checkpoint's weights
 
     def close(self) -> None:
-        """Stop what the trainer started outside this process (the rollout workers)."""
-        if self.workers is not None:
-            self.workers.close()
-            self.weight_subscribers.remove(self.workers)
-            self.workers = None
+        """Stop what the trainer started outside this process (the rollout workers) or in it."""
+        if self._ahead_thread is not None:
+            self._ahead_thread.shutdown(wait=True)
+        self.rollout.close()
 
 
 def total_steps_for(cfg: Config, num_train_examples: int) -> int:

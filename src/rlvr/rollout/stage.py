@@ -1,0 +1,136 @@
+"""Stages 1 and 2 of a step: G completions for each prompt, scored.
+
+The configuration picks who samples: the in-process engine on the trained model, vLLM (in this
+process or a server) that is sent the weights after every update, or Ray rollout workers that
+also score.  Under torchrun each process samples and scores its own share of the groups, and
+every process gets all of them back (distributed.py), so what follows is the same as with one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+
+from rlvr import distributed
+from rlvr.chat import render_prompts, tokenize_prompts
+from rlvr.models import eos_token_ids
+from rlvr.rewards import Scores
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.engine import make_sampler
+from rlvr.rollout.sampling import GroupGenerators
+from rlvr.tasks import build_rewards
+from rlvr.types import Example, Rollout, TrainerState
+
+
+@dataclass
+class Sampled:
+    """One round's own share of the prompts, their completions and scores, and how long each took."""
+
+    examples: list[Example]
+    groups: list[list[Rollout]]
+    scores: Scores
+    rollout_seconds: float
+    reward_seconds: float
+
+
+class RolloutStage:
+    def __init__(self, cfg, model, sampler_model, tokenizer, world: distributed.World = distributed.SINGLE):
+        """`model` is the policy as trained; `sampler_model` the copy the in-process engine samples
+        from (the same model, except with fsdp)."""
+        self.cfg, self.tokenizer, self.world = cfg, tokenizer, world
+        self.rewards = build_rewards(cfg)
+        eos = eos_token_ids(model, tokenizer)
+        self.subscribers: list = []  # the engines outside this model, sent the weights after each update
+        if cfg.use_vllm:
+            from rlvr.models import resolve_model_path
+            from rlvr.rollout.vllm import make_vllm_sampler
+
+            self.sampler = make_vllm_sampler(cfg, resolve_model_path(cfg.model), tokenizer, eos)
+            self.sampler.update_weights(model)
+            self.subscribers.append(self.sampler)
+        else:
+            if cfg.max_staleness:  # it samples while the policy trains: from a copy, refreshed after each update
+                sampler_model = copy.deepcopy(sampler_model).eval()
+                self.subscribers.append(WeightCopy(sampler_model))
+            self.sampler = make_sampler(sampler_model, tokenizer, eos, bf16=cfg.bf16)
+        self.workers = None  # Ray actors that sample and score (rollout/workers.py), when rollout_workers > 0
+        if cfg.rollout_workers > 0:
+            from rlvr.rollout.workers import RolloutWorkers
+
+            self.workers = RolloutWorkers(model, tokenizer, eos, cfg)
+            self.subscribers.append(self.workers)
+        # Completions from another engine, or from the weights before the last update, get the
+        # importance correction (losses.py).
+        self.off_policy = cfg.use_vllm or cfg.rollout_workers > 0 or cfg.max_staleness > 0
+        self.params = SamplingParams(n=cfg.num_generations, max_tokens=cfg.max_completion_length, temperature=cfg.temperature,
+                                     top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings)
+
+    @property
+    def pad_id(self) -> int:
+        return self.sampler.pad_id
+
+    def sample(self, examples: list[Example], generator: torch.Generator, state: TrainerState) -> Sampled:
+        """Sample and score this process's share of `examples` (all of them with one process)."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        streams = self._streams(len(examples), generator)
+        mine = distributed.shard(len(examples), self.world)
+        examples = examples[mine.start : mine.stop]
+        texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt)
+        prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
+        if self.workers is not None:  # rollout and reward on the Ray actors; the rollout time then includes the reward
+            groups, scores = self.workers.generate_and_score(examples, texts, prompt_ids, self.params, streams.seeds, state)
+            t1 = t2 = time.perf_counter()
+        else:
+            groups = self.sampler.generate(prompt_ids, self.params, streams)
+            t1 = time.perf_counter()
+            scores = self.rewards.score_groups(examples, groups, texts, state, cfg.max_completion_length)
+            t2 = time.perf_counter()
+        return Sampled(examples, groups, scores, t1 - t0, t2 - t1)
+
+    def _streams(self, num_groups: int, generator: torch.Generator):
+        """With the in-process engine or the workers, one stream per group seeded from the trainer's
+        generator (the same on every rank), so that the completions do not depend on how the groups
+        are split among processes or workers; vLLM takes the generator itself."""
+        if not getattr(self.sampler, "seeds_per_group", False):
+            return generator
+        base = int(torch.randint(0, 2**62, (1,), generator=generator))
+        mine = distributed.shard(num_groups, self.world)
+        return GroupGenerators([base + i for i in mine])
+
+    def update_weights(self, model) -> None:
+        for subscriber in self.subscribers:
+            subscriber.update_weights(model)
+
+    def side_stream(self):
+        """Where sampling ahead runs on a GPU: a CUDA stream of its own, so its kernels can overlap
+        the update's; a no-op context on the CPU."""
+        device = next(self.sampler.model.parameters()).device if hasattr(self.sampler, "model") else None
+        if device is None or device.type != "cuda":
+            return contextlib.nullcontext()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))  # the weights copied in by the last update
+        return torch.cuda.stream(stream)
+
+    def close(self) -> None:
+        """Stop the rollout workers, if any."""
+        if self.workers is not None:
+            self.workers.close()
+            self.subscribers.remove(self.workers)
+            self.workers = None
+
+
+class WeightCopy:
+    """A weight subscriber: a separate model that takes the policy's values after each update."""
+
+    def __init__(self, model):
+        self.model = model
+
+    @torch.no_grad()
+    def update_weights(self, policy) -> None:
+        own = self.model.state_dict()
+        for name, value in policy.state_dict().items():
+            own[name].copy_(value)
