@@ -109,13 +109,20 @@ def test_final_model_loads_with_transformers(tiny_model_dir, tmp_path):
     assert (out / "config.yaml").is_file() and (out / "completions.jsonl").is_file()
 
 
-def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, informative_rewards):
+def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch):
     """max_staleness=1: the stop comes while the next batch is being sampled ahead; that batch is
-    dropped and the data and sampler rewound, so the resumed run samples it again, identically."""
-    straight = tmp_path / "straight"
-    train(_cfg(tiny_model_dir, straight, max_staleness=1))
+    dropped and the data and sampler rewound, so the resumed run samples it again, identically.
+    (The reward is a function of the text alone: the dropped batch was scored, and a reward with
+    its own random stream would have moved on.)"""
+    import zlib
 
-    informative_rewards.manual_seed(0)
+    import rlvr.rewards as rewards
+
+    monkeypatch.setitem(rewards.REWARDS, "boxed_format",
+                        lambda completions, **kw: [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions])
+    straight = tmp_path / "straight"
+    train(_cfg(tiny_model_dir, straight, max_staleness=1, max_steps=6))
+
     resumed = tmp_path / "resumed"
     original_update = Trainer.update
 
@@ -127,12 +134,12 @@ def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_model_dir, tmp_p
 
     monkeypatch.setattr(Trainer, "update", stop_in_step_4)
     with pytest.raises(KeyboardInterrupt):
-        train(_cfg(tiny_model_dir, resumed, max_staleness=1))
+        train(_cfg(tiny_model_dir, resumed, max_staleness=1, max_steps=6))
     assert (resumed / "checkpoint-3").is_dir()
     monkeypatch.setattr(Trainer, "update", original_update)
-    train(_cfg(tiny_model_dir, resumed, max_staleness=1, resume=True))
+    train(_cfg(tiny_model_dir, resumed, max_staleness=1, max_steps=6, resume=True))
 
     a, b = _weights(straight), _weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _metrics(straight) == _metrics(resumed)
-    assert [m.get("sampling/staleness") for m in _metrics(straight)] == [0, 0, 1, 1]
+    assert [m.get("sampling/staleness") for m in _metrics(straight)] == [0, 0, 1, 1, 1, 1]

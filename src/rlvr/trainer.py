@@ -355,7 +355,8 @@ class Trainer:
         gen = self.pending
         if gen.iterations_done == 0 and len(gen.batch):
             self._fill_reference_logprobs(gen.batch)  # with the weights it is first trained at
-        if self._ahead_thread is not None and gen.iterations_done + 1 >= self.cfg.num_iterations:
+        last_use, last_step = gen.iterations_done + 1 >= self.cfg.num_iterations, self.step + 1 >= self.total_steps
+        if self._ahead_thread is not None and last_use and not last_step:
             before = self.prompts.state_dict(), self.generator.get_state()
             self.ahead = self._ahead_thread.submit(self._generate_ahead)
         try:

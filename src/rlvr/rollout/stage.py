@@ -66,6 +66,7 @@ class RolloutStage:
         # Completions from another engine, or from the weights before the last update, get the
         # importance correction (losses.py).
         self.off_policy = cfg.use_vllm or cfg.rollout_workers > 0 or cfg.max_staleness > 0
+        self._stream = None  # see side_stream
         self.params = SamplingParams(n=cfg.num_generations, max_tokens=cfg.max_completion_length, temperature=cfg.temperature,
                                      top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings)
 
@@ -111,9 +112,10 @@ class RolloutStage:
         device = next(self.sampler.model.parameters()).device if hasattr(self.sampler, "model") else None
         if device is None or device.type != "cuda":
             return contextlib.nullcontext()
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))  # the weights copied in by the last update
-        return torch.cuda.stream(stream)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        self._stream.wait_stream(torch.cuda.current_stream(device))  # the weights copied in by the last update
+        return torch.cuda.stream(self._stream)
 
     def close(self) -> None:
         """Stop the rollout workers, if any."""
