@@ -91,7 +91,7 @@ class Trainer:
             self.weight_subscribers.append(fsdp.FullCopy(self.full_model))
         self.rollout = RolloutStage(cfg, model, self.full_model, tokenizer, world)  # stages 1 and 2
         self.weight_subscribers.append(self.rollout)
-        # Completions from another engine (vLLM, rollout workers) get the TIS correction (losses.py).
+        # Completions from another engine (vLLM, rollout workers) or sampled ahead get the TIS correction (losses.py).
         self.corrects_sampling = cfg.vllm_importance_sampling_correction and self.rollout.off_policy
         self.prompts = PromptStream(train_examples, cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
