@@ -40,6 +40,15 @@ def test_full_fine_tuning_by_hand():
     assert est["total"] == 81408 * 3 + 162816 + 80768 + 159104 + 10560 == 657472
 
 
+def test_sampling_ahead_adds_a_weight_copy_and_overlaps_the_phases():
+    est = estimate(ModelSize.from_config(TINY), _cfg(max_staleness=1))
+    assert est["sampler copy"] == 20352 * 4
+    # resident as above plus the copy, then rollout (KV 32768 + logits 3520) and update (159104 + 10560) at once
+    assert est["total"] == 81408 * 4 + 162816 + 80768 + 32768 + 3520 + 159104 + 10560
+    with_vllm = estimate(ModelSize.from_config(TINY), _cfg(max_staleness=1, use_vllm=True))
+    assert with_vllm["sampler copy"] == 0 and with_vllm["total"] == 657472  # vLLM samples elsewhere
+
+
 def test_lora_has_no_reference_and_a_small_optimizer():
     est = estimate(ModelSize.from_config(TINY), _cfg(use_peft=True, lora_r=4, bf16=True))
     assert est["reference"] == 0  # the adapter disabled is the reference

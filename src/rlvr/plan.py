@@ -31,9 +31,13 @@ Trainable parameters T = P, or with LoRA r (in + out) summed over every adapted 
     logits chunk       2 x 512 x V x 4 (the chunked log-softmax's two buffers)
     bf16 casts         with bf16=true and fp32 weights: the bf16 copy of each weight
                        autocast keeps during a forward, P x 2
+    sampler copy       with max_staleness=1 and the in-process sampler: the weights it
+                       samples from while the policy trains, P w
 
-    total = policy + reference + gradients + optimizer + rollout weights
+    total = policy + reference + gradients + optimizer + rollout weights + sampler copy
             + max(KV cache + rollout logits, activations + logits chunk + bf16 casts)
+    (with max_staleness=1 and the in-process sampler, rollout and update overlap in time:
+    the sum of the two instead of the max)
 
 Not counted: the Python / torch / transformers process itself (about 0.5-0.7 GB of RSS
 on CPU), allocator slack and fragmentation, the reward workers.  benchmarks/memory.py
@@ -127,6 +131,7 @@ def estimate(size: ModelSize, cfg) -> dict[str, float]:
     else:
         T, tw = P, w
     rows = G * min(cfg.prompts_per_step, max(1, SAMPLER_ROWS // G))
+    overlap = cfg.max_staleness > 0 and not cfg.use_vllm and cfg.rollout_workers == 0  # sampling in this process, during the update
     prompts = math.ceil(B / G)
     tokens = B * lc + prompts * lp
     per_token = 4 * d + 3 * H * D + 3 * K * D + 4 * I
@@ -145,10 +150,12 @@ def estimate(size: ModelSize, cfg) -> dict[str, float]:
         "activations, checkpointed": L * tokens * d * 4 + one_layer,
         "logits chunk": 2 * min(CHUNK, B * lc) * V * 4,
         "bf16 casts": P * 2 if cfg.bf16 and w == 4 else 0,
+        "sampler copy": P * w if overlap else 0,
     }
     act = out["activations"]  # Llama-family models train on the fast path, which never checkpoints
-    resident = sum(out[k] for k in ("policy", "reference", "gradients", "optimizer", "rollout weights"))
-    out["total"] = resident + max(out["KV cache"] + out["rollout logits"], act + out["logits chunk"] + out["bf16 casts"])
+    resident = sum(out[k] for k in ("policy", "reference", "gradients", "optimizer", "rollout weights", "sampler copy"))
+    rollout, update = out["KV cache"] + out["rollout logits"], act + out["logits chunk"] + out["bf16 casts"]
+    out["total"] = resident + (rollout + update if overlap else max(rollout, update))
     out["trainable parameters"], out["parameters"] = T, P
     return out
 
@@ -162,7 +169,7 @@ def format_plan(size: ModelSize, cfg, est: dict[str, float]) -> str:
              f"prompt <= {cfg.max_prompt_length}, completion <= {cfg.max_completion_length}, beta={cfg.beta}, "
              f"dtype={cfg.dtype}, bf16={cfg.bf16}, AdamW", ""]
     for key in ("policy", "reference", "gradients", "optimizer", "rollout weights", "KV cache", "rollout logits",
-                "activations", "activations, checkpointed", "logits chunk", "bf16 casts", "total"):
+                "activations", "activations, checkpointed", "logits chunk", "bf16 casts", "sampler copy", "total"):
         note = "  (generic path only)" if key == "activations, checkpointed" else ""
         lines.append(f"  {key:<26} {est[key] / gib:9.3f} GiB{note}")
     lines.append("\n(estimates; add about 0.5-0.7 GiB for the Python process itself)")
