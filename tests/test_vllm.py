@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -208,22 +209,31 @@ def test_client_times_out_on_a_server_that_never_answers(tiny):
 
 @needs_vllm
 @pytest.mark.slow
-def test_rlvr_train_with_vllm_colocate(tmp_path):
-    """Two steps from the command line: vLLM samples, the update sees its log-probs (TIS metrics)."""
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_rlvr_train_with_vllm_colocate(tmp_path, max_staleness):
+    """Two steps from the command line: vLLM samples, the update sees its log-probs (TIS metrics).
+    With max_staleness=1, vLLM samples step 2's batch in a thread during step 1, before the update."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "rlvr.cli", "train", "use_vllm=true", "vllm_mode=colocate", "max_steps=2",
            f"vllm_kv_cache_gb={KV_GB}", "num_generations=4", "per_device_train_batch_size=8",
            "gradient_accumulation_steps=1", "max_completion_length=32", "learning_rate=1e-5", "eval_on_start=false",
-           "eval_on_end=false", "report_steps=0", "logging_steps=1", f"output_dir={out}"]
+           "eval_on_end=false", "report_steps=0", "logging_steps=1", f"output_dir={out}", f"max_staleness={max_staleness}",
+           f"reward_funcs=[{Path(__file__).parents[1] / 'benchmarks' / 'speed.py'}:bench_reward]"]  # every group has signal
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [x["step"] for x in lines if "reward" in x] == [1, 2]
-    updated = [x for x in lines if "reward" in x and not x.get("skipped_update")]  # a step whose groups all tie skips
-    steps = [x for x in updated if "sampling/importance_sampling_ratio/mean" in x]
-    assert steps and len(steps) == len(updated)
+    if max_staleness:
+        assert [x["sampling/staleness"] for x in lines if "reward" in x] == [0, 1]
+    steps = [x for x in lines if "sampling/importance_sampling_ratio/mean" in x]
+    assert [x["step"] for x in steps] == [1, 2]  # both steps updated, with the correction
     for x in steps:
         print(f"\nstep {x.get('step')}: logp difference {x['sampling/sampling_logp_difference/mean']:.2e}, "
               f"IS ratio mean {x['sampling/importance_sampling_ratio/mean']:.4f} max {x['sampling/importance_sampling_ratio/max']:.4f}")
-        assert x["sampling/sampling_logp_difference/mean"] < 1e-2  # vLLM sampled from the policy being trained
-        assert abs(x["sampling/importance_sampling_ratio/mean"] - 1) < 1e-2
+        # vLLM sampled from the policy being trained (with max_staleness=1, at step 2: from it one small update ago)
+        stale = max_staleness and x["step"] == 2
+        tolerance = 0.1 if stale else 1e-2
+        assert x["sampling/sampling_logp_difference/mean"] < tolerance
+        if stale:  # measured: 4e-2 sampled ahead, against 1e-5 on-policy
+            assert x["sampling/sampling_logp_difference/mean"] > 1e-3
+        assert abs(x["sampling/importance_sampling_ratio/mean"] - 1) < tolerance
