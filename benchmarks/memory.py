@@ -2,6 +2,7 @@
 
     python benchmarks/memory.py                      # tiny and default model, full and LoRA
     python benchmarks/memory.py --model default --lora --steps 2
+    python benchmarks/memory.py --model default --steps 3 --max-staleness 1
 
 Each configuration runs in its own process (peak RSS is per process).  The measured number
 is the peak resident set (ru_maxrss) minus the RSS just before the model loads, i.e. what
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANDOM_REWARD = "import random\ndef noisy(completions, **kw):\n    return [random.random() for _ in completions]\n"
 
 
-def settings(model: str, lora: bool, steps: int, out: str) -> dict:
+def settings(model: str, lora: bool, steps: int, out: str, staleness: int = 0) -> dict:
     # Random rewards: every group carries signal, so every step really updates (gradients, AdamW state).
     plugin = Path(out).parent / "noisy.py"
     plugin.parent.mkdir(parents=True, exist_ok=True)
@@ -33,15 +34,15 @@ def settings(model: str, lora: bool, steps: int, out: str) -> dict:
     return {"model": model, "use_peft": lora, "reward_funcs": [f"{plugin}:noisy"], "num_generations": 4, "per_device_train_batch_size": 8,
             "gradient_accumulation_steps": 1, "max_completion_length": 32, "max_steps": steps, "beta": 0.04,
             "save_steps": 1000, "logging_steps": 1, "eval_on_start": False, "eval_on_end": False,
-            "report_steps": 0, "output_dir": out}
+            "report_steps": 0, "output_dir": out, "max_staleness": staleness}
 
 
-def child(model: str, lora: bool, steps: int) -> dict:
+def child(model: str, lora: bool, steps: int, staleness: int = 0) -> dict:
     with tempfile.TemporaryDirectory(prefix="rlvr-mem-") as scratch:  # the run's checkpoints go with it
-        return _measure(model, lora, steps, Path(scratch))
+        return _measure(model, lora, steps, Path(scratch), staleness)
 
 
-def _measure(model: str, lora: bool, steps: int, scratch: Path) -> dict:
+def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int) -> dict:
     from rlvr.chat import render_prompts, tokenize_prompts
     from rlvr.config import build_config
     from rlvr.models import load_tokenizer, resolve_model_path
@@ -57,7 +58,7 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path) -> dict:
         tok = make_tokenizer()
         make_tiny_model(len(tok)).save_pretrained(model)
         tok.save_pretrained(model)
-    cfg = build_config(settings(model, lora, steps, str(scratch / "run")))
+    cfg = build_config(settings(model, lora, steps, str(scratch / "run"), staleness))
     tokenizer = load_tokenizer(resolve_model_path(cfg.model))
     train_examples, _ = load_splits(cfg)
     texts = render_prompts(tokenizer, [e.prompt for e in train_examples[:200]], cfg.system_prompt)
@@ -84,16 +85,18 @@ def main() -> None:
     ap.add_argument("--model", choices=["tiny", "default", "both"], default="both")
     ap.add_argument("--lora", action="store_true", help="only LoRA (default: full and LoRA)")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--max-staleness", type=int, default=0, choices=[0, 1], help="sample the next batch during the update")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.child:
-        print("RESULT " + json.dumps(child(ns.model, ns.lora, ns.steps)), flush=True)
+        print("RESULT " + json.dumps(child(ns.model, ns.lora, ns.steps, ns.max_staleness)), flush=True)
         return
     models = ["tiny", "default"] if ns.model == "both" else [ns.model]
     print(f"{'model':<8} {'mode':<5} {'plan MiB':>9} {'measured MiB':>13} {'measured/plan':>14}")
     for model in models:
         for lora in ([True] if ns.lora else [False, True]):
-            cmd = [sys.executable, __file__, "--child", "--model", model, "--steps", str(ns.steps)] + (["--lora"] if lora else [])
+            cmd = [sys.executable, __file__, "--child", "--model", model, "--steps", str(ns.steps),
+                   "--max-staleness", str(ns.max_staleness)] + (["--lora"] if lora else [])
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             r = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[7:])
             mib = 2**20
