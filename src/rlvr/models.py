@@ -175,6 +175,22 @@ def make_reference(model, beta: float):
     return ref
 
 
+class WeightCopy:
+    """A weight subscriber: a separate model that takes the policy's values after each update."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def update_weights(self, policy) -> None:
+        self.load(policy.state_dict())
+
+    @torch.no_grad()
+    def load(self, state: dict) -> None:
+        own = self.model.state_dict()
+        for name, value in state.items():
+            own[name].copy_(value)
+
+
 def disable_dropout(model) -> None:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):

@@ -357,7 +357,7 @@ class Trainer:
             self._fill_reference_logprobs(gen.batch)  # with the weights it is first trained at
         last_use, last_step = gen.iterations_done + 1 >= self.cfg.num_iterations, self.step + 1 >= self.total_steps
         if self._ahead_thread is not None and last_use and not last_step:
-            before = self.prompts.state_dict(), self.generator.get_state()
+            before = self._sampling_position()
             self.ahead = self._ahead_thread.submit(self._generate_ahead)
         try:
             metrics = {**gen.metrics, **self.update(gen.batch)}
@@ -365,8 +365,7 @@ class Trainer:
             if self.ahead is not None:  # drop what was sampled ahead: a checkpoint saved now resumes exactly
                 wait([self.ahead])
                 self.ahead = None
-                self.prompts.load_state_dict(before[0])
-                self.generator.set_state(before[1])
+                self._rewind(before)
             raise
         following = None  # the next generation, when it was sampled ahead
         if self.ahead is not None:
@@ -391,13 +390,20 @@ class Trainer:
         return metrics
 
     def _generate_or_rewind(self) -> Generation:
-        position, sampler_rng = self.prompts.state_dict(), self.generator.get_state()
+        before = self._sampling_position()
         try:
             return self.generate()
         except BaseException:  # leave data and sampler where they were, so a checkpoint saved now resumes exactly
-            self.prompts.load_state_dict(position)
-            self.generator.set_state(sampler_rng)
+            self._rewind(before)
             raise
+
+    def _sampling_position(self) -> tuple:
+        """Where the prompt stream and the sampler's generator are: what a generation moves on."""
+        return self.prompts.state_dict(), self.generator.get_state()
+
+    def _rewind(self, position: tuple) -> None:
+        self.prompts.load_state_dict(position[0])
+        self.generator.set_state(position[1])
 
     def _generate_ahead(self) -> Generation:
         with self.rollout.side_stream():

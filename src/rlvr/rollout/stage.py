@@ -17,7 +17,7 @@ import torch
 
 from rlvr import distributed
 from rlvr.chat import render_prompts, tokenize_prompts
-from rlvr.models import eos_token_ids
+from rlvr.models import WeightCopy, eos_token_ids
 from rlvr.rewards import Scores
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engine import make_sampler
@@ -123,16 +123,3 @@ class RolloutStage:
             self.workers.close()
             self.subscribers.remove(self.workers)
             self.workers = None
-
-
-class WeightCopy:
-    """A weight subscriber: a separate model that takes the policy's values after each update."""
-
-    def __init__(self, model):
-        self.model = model
-
-    @torch.no_grad()
-    def update_weights(self, policy) -> None:
-        own = self.model.state_dict()
-        for name, value in policy.state_dict().items():
-            own[name].copy_(value)
