@@ -33,7 +33,9 @@ def train(cfg: Config, console=None) -> dict:
     (distributed.py); only rank 0 prints, evaluates and writes files."""
     world = distributed.init(use_cpu=cfg.use_cpu)
     try:
-        return _train(cfg, console, world)
+        summary = _train(cfg, console, world)
+        distributed.wait_for_all(world)  # rank 0 is still writing the final model when the others finish
+        return summary
     finally:
         distributed.shutdown(world)
 
