@@ -54,7 +54,7 @@ def main() -> None:
     print(f"{args.n} completions, symbolic timeout {args.timeout} s")
     print(f"{'workers':>8} {'seconds':>9} {'graded/s':>10} {'symbolic':>9} {'timeouts':>9} {'mean reward':>12}")
     for workers in args.workers:
-        pool = WorkerPool(workers=workers, preload=("rlvr.rewards.math",)).warm()
+        pool = WorkerPool(workers=workers, preload=("rlvr.rewards.equivalence",)).warm()
         grading.shared_pool = lambda pool=pool: pool  # grade with this pool
         start = time.perf_counter()
         scores = grading.accuracy(completions, answer=refs, timeout=args.timeout)

@@ -1,0 +1,377 @@
+r"""Whether an extracted answer equals the reference: the rules, cheapest first.
+
+Both sides are first written the same way (`canonical`): math delimiters, ``\left``/``\right``,
+LaTeX spacing, ``\dfrac``/``\tfrac``, ``\frac12`` -> ``\frac{1}{2}``, currency signs (``\$``, €, £)
+and ``\text{...}`` / ``\mathrm{...}`` wrappers go (their content stays: ``\mathrm{e}`` is the
+constant e, ``\text{ cm}`` a unit), degree marks become the unit °, thousands separators
+(``32,349``, ``32{,}349``, ``32,\!349``) are removed.  A comma followed by a space is a list
+separator, never a thousands separator; ``and`` / ``or`` between answers separate them too.
+
+1. string: equal once spaces are removed (words of three letters or more in any case; ``x = 3``
+   against ``3`` drops ``x =``; ``(C)`` is ``C``);
+2. number: when both sides are a number with an optional unit, or lists of such numbers (compared
+   as multisets), this verdict is final:
+   - integers and other terminating decimals compare exactly (``1000000001`` is not
+     ``1000000000``, ``0.5000001`` is not ``0.5``);
+   - a decimal against a value whose decimal expansion does not terminate (``0.333333`` against
+     ``1/3``) is equal within a relative 1e-6;
+   - a percentage p also matches p/100 (``50\%`` is ``0.5`` and ``50``);
+   - ``1,22`` against a number with a decimal point reads as the decimal comma 1.22 (a comma
+     before exactly three digits is a thousands separator);
+   - units: when both sides carry one they must be the same unit (``cm`` = ``centimeters``,
+     ``m^2`` = ``square meters``; no conversions), a missing unit is no error;
+3. symbolic: math-verify compares the rest (sets, intervals, tuples, equations, matrices,
+   radicals, constants, complex numbers), after a unit carried by both sides is compared and
+   removed.  It runs in worker processes with a hard time bound (rewards/pool.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+from math_verify import parse, verify
+
+MAX_NUMBER_CHARS = 200  # longer answers are not read as numbers
+MAX_SYMBOLIC_CHARS = 1_000  # longer answers are not given to math_verify
+MAX_ANSWER_CHARS = 20_000  # longer answers are compared as exact strings
+REL_TOL = Fraction(1, 10**6)
+
+# math_verify warns on every call that its own timeout is off; our pool bounds it instead.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+# --- writing both sides the same way ------------------------------------------------------------
+
+_UNICODE = {"−": "-", "–": "-", "×": r"\times ", "·": r"\cdot ", "≤": r"\leq ", "≥": r"\geq ", "≠": r"\neq ",
+            "π": r"\pi ", "∞": r"\infty ", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "，": ", "}
+_WRAPPER = re.compile(r"\\(?:text|textrm|textbf|textit|textnormal|textsf|texttt|mathrm|mathit|mathbf|mathsf|mathnormal|mbox|hbox)\s*\{([^{}]*)\}")
+_SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg|bigl|bigr|Bigl|Bigr|displaystyle|textstyle)(?![A-Za-z])")
+_SPACING = re.compile(r"(?<!\\)\\(?:quad|qquad|enspace|thinspace|medspace|thickspace|[,;: ])|\\hspace\*?\{[^{}]*\}|~")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\degree(?![A-Za-z])|°")
+_FRAC_DIGITS = re.compile(r"\\frac\s*(\d)\s*(\d)")
+_FRAC_HALF = [re.compile(r"\\frac\s*(\d)\s*\{"), re.compile(r"\\frac\s*(\{[^{}]*\})\s*(\d)")]
+_SQRT_DIGIT = re.compile(r"\\sqrt\s*(\d)")
+_THOUSANDS = re.compile(r"(?<![\d.,])([1-9]\d{0,2})((?:,\d{3})+)(?![\d]|,\d)")
+_CONNECTOR = re.compile(r"\s*,?\s*(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])\s*")
+
+
+def canonical(answer: str) -> str:
+    """The answer written the standard way (see the module docstring); cheap, regexes only."""
+    s = answer.strip()
+    for char, replacement in _UNICODE.items():
+        s = s.replace(char, replacement)
+    s = s.replace(r"\$", " ").replace("€", " ").replace("£", " ").replace("¥", " ")
+    s = re.sub(r"(?<!\\)\\[()\[\]]|\$", " ", s)
+    s = _SIZING.sub("", s)
+    s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
+    s = s.replace(r"\!", "").replace("{,}", ",")
+    s = _SPACING.sub(" ", s)
+    for _ in range(3):  # nested wrappers: \text{\textbf{x}}
+        s = _WRAPPER.sub(r" \1 ", s)
+    s = _DEGREES.sub(" ° ", s)
+    s = s.replace(r"\%", "%")
+    s = _FRAC_DIGITS.sub(r"\\frac{\1}{\2}", s)
+    s = _FRAC_HALF[0].sub(r"\\frac{\1}{", s)
+    s = _FRAC_HALF[1].sub(r"\\frac\1{\2}", s)
+    s = _SQRT_DIGIT.sub(r"\\sqrt{\1}", s)
+    s = _THOUSANDS.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), s)
+    s = _CONNECTOR.sub(", ", s)
+    s = re.sub(r"(?:\s*,)+\s+", ", ", s)
+    s = " ".join(s.split())
+    s = re.sub(r"\s+(?=[\^_}])|(?<=[{^_])\s+", "", s)
+    s = s.replace(r"\varnothing", r"\emptyset")
+    s = s.strip(" .;:,")
+    return s.lstrip("=").strip() if s.startswith("=") else s
+
+
+def _key(answer: str) -> str:
+    """What the string step compares: no spaces; words of three letters or more in lower case."""
+    key = "".join(answer.split())
+    if re.fullmatch(r"[A-Za-z]{3,}", key):
+        return key.lower()
+    choice = re.fullmatch(r"\(([A-Z])\)", key)
+    return choice.group(1) if choice else key
+
+
+_LHS = r"(?:[A-Za-z](?:_\{?\w+\}?)?(?:\([A-Za-z, ]*\))?|\|[A-Z]{2}\||[A-Z]{2,3})"
+_ASSIGNMENT = re.compile(rf"{_LHS}\s*(?:=|\\approx)\s*([^=]+)")
+
+
+def drop_variable(answer: str, other: str) -> str:
+    """``x = 3`` -> ``3`` (also ``f(x) = ...``, ``a_{1} = ...``, ``AB = ...``) when the other side has no ``=``."""
+    match = _ASSIGNMENT.fullmatch(answer)
+    return match.group(1).strip() if match and "=" not in other else answer
+
+
+def split_list(answer: str) -> list[str]:
+    """The top-level parts of a list answer (commas outside brackets, ``and``, ``or``); one part if none."""
+    parts, depth, current = [], 0, []
+    for char in answer:
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current).strip())
+    return [p for p in parts if p]
+
+
+# --- numbers with units ---------------------------------------------------------------------------
+
+_DIGITS = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_DECIMAL = rf"(?:{_DIGITS}(?:[eE][+-]?\d{{1,3}})?|\d+,\d+|\d{{1,3}}(?: \d{{3}})+(?:\.\d+)?)"
+_QUANTITY = re.compile(
+    rf"(?P<sign>[+-]?)\s*(?:\\frac\{{(?P<fnum>[+-]?{_DIGITS})\}}\{{(?P<fden>[+-]?{_DIGITS})\}}"
+    rf"|(?P<num>{_DECIMAL})(?:\s*/\s*(?P<den>{_DIGITS}))?)"
+    r"(?:\s*(?:\\times|\\cdot|\*)\s*10\^(?:\{(?P<exp>[+-]?\d{1,3})\}|(?P<exp1>[+-]?\d)))?"
+    r"\s*(?P<percent>%|percent(?:age)?|pct)?"
+    r"(?:\s*(?P<unit>°|[A-Za-z]+(?:\^\{?[23]\}?)?(?:\s*(?:/|per)?\s*[A-Za-z]+(?:\^\{?[23]\}?)?){0,3}))?"
+)
+_UNIT_ALIASES = {
+    "cm": ("cm", "centimeter", "centimetre"), "m": ("m", "meter", "metre"), "km": ("km", "kilometer", "kilometre"),
+    "mm": ("mm", "millimeter", "millimetre"), "in": ("in", "inch", "inche"), "ft": ("ft", "foot", "feet"),
+    "yd": ("yd", "yard"), "mi": ("mi", "mile"), "g": ("g", "gram", "gramme"), "kg": ("kg", "kilogram", "kilo"),
+    "mg": ("mg", "milligram"), "lb": ("lb", "lbs", "pound"), "oz": ("oz", "ounce"), "t": ("ton", "tonne"),
+    "s": ("s", "sec", "second"), "min": ("min", "minute"), "h": ("h", "hr", "hour"), "day": ("day",),
+    "week": ("wk", "week"), "month": ("month",), "year": ("yr", "year"), "l": ("l", "liter", "litre"),
+    "ml": ("ml", "milliliter", "millilitre"), "dollar": ("dollar", "usd", "buck"), "cent": ("cent", "¢"),
+    "°": ("°", "deg", "degree"), "rad": ("rad", "radian"), "mph": ("mph",), "km/h": ("kph", "kmh"),
+    "unit": ("unit",), "euro": ("eur", "euro"), "yuan": ("yuan", "rmb"),
+}
+_UNITS = {alias: unit for unit, aliases in _UNIT_ALIASES.items() for alias in aliases}
+_NOT_UNITS = {"and", "or", "pi", "sin", "cos", "tan", "sec", "csc", "cot", "log", "ln", "exp", "lim", "sqrt", "mod",
+              "gcd", "lcm", "max", "min", "inf", "sup", "det", "arg", "i", "e", "x", "y", "z", "n", "k", "a", "b", "c"}
+_UNIT_WORD = re.compile(r"([A-Za-z]+)(?:\^\{?([23])\}?)?")
+
+
+@dataclass(frozen=True)
+class Quantity:
+    value: Fraction
+    percent: bool
+    unit: str | None  # canonical name, or None
+    decimal: bool  # written with a decimal point / comma or an exponent: an approximation of what it may stand for
+
+
+def quantity(answer: str, other: str = "") -> Quantity | None:
+    """A number with an optional unit, or None.  `other` (the answer on the other side) decides
+    whether ``1,22`` is the decimal 1.22: only when `other` is written with a decimal point."""
+    if len(answer) > MAX_NUMBER_CHARS:
+        return None
+    match = _QUANTITY.fullmatch(answer)
+    if match is None:
+        return None
+    num, den = match["num"] or match["fnum"], match["den"] or match["fden"] or "1"
+    if "," in num and "." not in other:
+        return None  # `1,22` against a list or an integer: not a decimal comma
+    unit = _unit(match["unit"]) if match["unit"] else None
+    if match["unit"] and unit is None:
+        return None
+    try:
+        value = Fraction(num.replace(",", ".").replace(" ", "")) / Fraction(den)
+    except (ValueError, ZeroDivisionError):  # a zero denominator, or > 4300 digits
+        return None
+    exp = match["exp"] or match["exp1"]
+    if exp is not None:
+        value *= Fraction(10) ** int(exp)
+    decimal = bool(re.search(r"[.,eE]", num)) or exp is not None
+    return Quantity(-value if match["sign"] == "-" else value, bool(match["percent"]), unit, decimal)
+
+
+def _unit(text: str) -> str | None:
+    """A unit's canonical spelling (``square centimeters`` -> ``cm^2``); None if `text` is not a unit."""
+    words = re.findall(r"[A-Za-z]+(?:\^\{?[23]\}?)?|°|/", text.replace(" per ", " / "))
+    power, out = "", []
+    for word in words:
+        if word == "/":
+            out.append("/")
+            continue
+        if word.lower() in ("square", "sq", "cubic", "cu"):
+            power = "^2" if word.lower() in ("square", "sq") else "^3"
+            continue
+        match = _UNIT_WORD.fullmatch(word)
+        name = word if match is None else match.group(1)
+        known = _UNITS.get(name) or _UNITS.get(name.lower()) or _UNITS.get(_singular(name.lower()))
+        if known is None and (len(name) < 3 or name.lower() in _NOT_UNITS):
+            return None
+        exponent = f"^{match.group(2)}" if match and match.group(2) else power
+        out.append((known or _singular(name.lower())) + exponent)
+        power = ""
+    return "".join(out) or None
+
+
+def _singular(word: str) -> str:
+    if len(word) > 3 and word.endswith("ies"):
+        return word[:-3] + "y"
+    if len(word) > 3 and word.endswith(("ches", "shes", "xes")):
+        return word[:-2]
+    if len(word) > 2 and word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+def _terminates(value: Fraction) -> bool:
+    den = value.denominator
+    for p in (2, 5):
+        while den % p == 0:
+            den //= p
+    return den == 1
+
+
+def numbers_equal(a: Quantity, b: Quantity) -> bool:
+    """The number step's verdict for two quantities (see the module docstring)."""
+    if a.unit and b.unit and a.unit != b.unit:
+        return False
+    pairs = [(a.value, b.value)]
+    if a.percent:
+        pairs.append((a.value / 100, b.value))
+    if b.percent:
+        pairs.append((a.value, b.value / 100))
+    return any(_values_equal(x, y, a.decimal, b.decimal) for x, y in pairs)
+
+
+def _values_equal(x: Fraction, y: Fraction, x_decimal: bool, y_decimal: bool) -> bool:
+    if x == y:
+        return True
+    # A decimal may stand for a value it cannot write exactly (0.333333 for 1/3); never for a terminating one.
+    if (x_decimal and not _terminates(y)) or (y_decimal and not _terminates(x)):
+        return abs(x - y) <= REL_TOL * max(abs(x), abs(y))
+    return False
+
+
+def quantities(answer: str, other: str) -> list[Quantity] | None:
+    """The answer as one quantity, else each part of a list answer; None if any part is something else."""
+    whole = quantity(answer, other)
+    if whole is not None:
+        return [whole]
+    parts = split_list(answer)
+    out = [quantity(p, other) for p in parts]
+    return None if any(q is None for q in out) else out
+
+
+def _multiset_equal(a: list[Quantity], b: list[Quantity]) -> bool:
+    if len(a) != len(b):
+        return False
+    left = list(b)
+    for qa in a:
+        match = next((i for i, qb in enumerate(left) if numbers_equal(qa, qb)), None)
+        if match is None:
+            return False
+        left.pop(match)
+    return True
+
+
+# --- the verdict ----------------------------------------------------------------------------------
+
+def cheap_verdict(pred: str, ref: str, numeric_only: bool = False) -> bool | None:
+    """The string and number steps on canonical answers; None when only the symbolic step can decide."""
+    if max(len(pred), len(ref)) > MAX_ANSWER_CHARS:
+        return pred.strip() == ref.strip()
+    pred, ref = canonical(pred), canonical(ref)
+    pred, ref = drop_variable(pred, ref), drop_variable(ref, pred)
+    if not numeric_only and _key(pred) == _key(ref):
+        return True
+    a, b = quantities(pred, ref), quantities(ref, pred)
+    if numeric_only:
+        return a is not None and b is not None and len(a) == len(b) == 1 and numbers_equal(a[0], b[0])
+    if a is not None and b is not None:
+        return _multiset_equal(a, b)
+    if max(len(pred), len(ref)) > MAX_SYMBOLIC_CHARS:
+        return False
+    return None
+
+
+def symbolic_input(pred: str, ref: str) -> tuple[str, str] | None:
+    """The two answers as math_verify gets them: canonical, with a shared trailing unit removed.
+    None (not equal) when they carry different units, or when either holds what math_verify would
+    read as something else: a LaTeX command outside `SYMBOLIC_COMMANDS` (it drops ``\\foo``,
+    ``\\overline{3}``, ``\\div``), a dangling operator (``\\le 5`` reads as 5, ``3 +`` as 3), or a
+    number in another base (``204_5`` reads as 204)."""
+    pred, ref = canonical(pred), canonical(ref)
+    pred, ref = drop_variable(pred, ref), drop_variable(ref, pred)
+    pred, pred_unit = _split_unit(pred)
+    ref, ref_unit = _split_unit(ref)
+    if pred_unit and ref_unit and pred_unit != ref_unit:
+        return None
+    if not (_readable(pred) and _readable(ref)):
+        return None
+    return pred, ref
+
+
+SYMBOLIC_COMMANDS = frozenset(
+    "frac sqrt pi infty cdot times pm mp sin cos tan sec csc cot arcsin arccos arctan sinh cosh tanh log ln exp "
+    "le ge leq geq lt gt neq ne in cup cap setminus emptyset begin end binom lfloor rfloor lceil rceil mathbb "
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma tau "
+    "upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split()
+)
+_ENVIRONMENTS = {"pmatrix", "bmatrix", "matrix", "array", "vmatrix", "Bmatrix", "cases"}
+_COMMAND = re.compile(r"\\([A-Za-z]+)")
+_DANGLING_START = re.compile(r"(?:\\(?:le|ge|leq|geq|lt|gt|neq|ne|div|times|cdot|in|cup|cap|setminus)(?![A-Za-z])|[<>=*/^:,;!])")
+_DANGLING_END = re.compile(r"(?:[+\-*/^=<>,:;(\[{_]|\\(?:le|ge|leq|geq|lt|gt|neq|ne|div|times|cdot|pm|mp|in|cup|cap|frac|sqrt))$")
+_BASE = re.compile(r"\d_\{?\d")
+
+
+def _readable(answer: str) -> bool:
+    """Whether math_verify can read all of `answer` (see `symbolic_input`)."""
+    if not answer or _DANGLING_START.match(answer) or _DANGLING_END.search(answer) or _BASE.search(answer):
+        return False
+    for name in _COMMAND.findall(answer):
+        if name not in SYMBOLIC_COMMANDS:
+            return False
+    envs = re.findall(r"\\(?:begin|end)\{([A-Za-z*]+)\}", answer)
+    return all(env in _ENVIRONMENTS for env in envs)
+
+
+_TRAILING_UNIT = re.compile(r"(?P<body>.*?[\d}a-zA-Z)])\s+(?P<unit>°|[A-Za-z]+(?:\^\{?[23]\}?)?(?:\s+[A-Za-z]+(?:\^\{?[23]\}?)?){0,2})")
+
+
+def _split_unit(answer: str) -> tuple[str, str | None]:
+    match = _TRAILING_UNIT.fullmatch(answer)
+    if match is None or "\\" in match["unit"]:
+        return answer.replace("°", "").strip(), None
+    unit = _unit(match["unit"])
+    if unit is None:
+        return answer.replace("°", "").strip(), None
+    return match["body"].replace("°", "").strip(), unit
+
+
+def symbolic_equal(pred: str, ref: str) -> bool:
+    """math_verify's verdict, with its own SIGALRM timeouts off: callers bound it with the worker pool."""
+    gold = parse(_as_latex(ref), parsing_timeout=None)
+    target = parse(_as_latex(pred), parsing_timeout=None)
+    if not _whole(gold, ref) or not _whole(target, pred):
+        return False
+    return bool(verify(gold, target, timeout_seconds=None))
+
+
+def _whole(parsed: list, answer: str) -> bool:
+    """Whether math_verify read all of the answer: it returns [value, the text it read], and
+    reads the longest part it can (``1-\\frac{1}{`` of a broken fraction), which must not pass."""
+    if len(parsed) != 2 or not isinstance(parsed[1], str):
+        return False
+    squash = re.compile(r"[\s{}$]")
+    return squash.sub("", parsed[1]) == squash.sub("", answer)
+
+
+def _as_latex(answer: str) -> str:
+    """math_verify reads LaTeX between `$` delimiters; bare strings often fail to parse."""
+    return f"${answer}$"
+
+
+def answer_key(answer: str) -> str:
+    r"""A key under which equal-looking answers vote together (majority voting, maj@k).
+
+    A plain number becomes its exact value (``0.5``, ``\frac{1}{2}`` and ``1/2`` share a key; a
+    percentage keeps its own); anything else its canonical string (``x = 3`` counts as ``3``).
+    Cheap, and no symbolic step: ``\sqrt{4}`` and ``2`` vote apart.
+    """
+    answer = drop_variable(canonical(answer), "")
+    number = quantity(answer, ".")
+    if number is not None:
+        return f"{number.value}{'%' if number.percent else ''}"
+    return _key(answer)
