@@ -30,13 +30,17 @@ DEFAULT_SOURCES = ("boxed", "answer_tag", "stated")
 MAX_CONNECTIVE_CHARS = 60
 MAX_CONNECTIVE_WORDS = 6
 MAX_GROUP_BOXES = 20  # boxes looked at, back from the last one
+CONNECTIVE_WORDS = frozenset(
+    "and or as well also for part parts case cases respectively then with is are the answer answers solution solutions "
+    "value values of either both maybe perhaps possibly".split()
+)
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 _BOX_TOKEN = re.compile(r"[^\s${}]+")  # the argument of `\boxed 5`
 _PHRASES = ("the answer is", "final answer is", "final answer:", "answer:", "####")
 _GSM8K = re.compile(r"####\s*(.+?)\s*$")
 # Connective text between two boxes of one answer, once LaTeX spacing, delimiters and wrappers are gone.
-_CONNECTIVE_NOISE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox)\s*\{([^{}]*)\}|\\(?:quad|qquad|[,;:! ]|\(|\)|\[|\])|[$*_~,;:.&]|\\\\")
+_CONNECTIVE_NOISE = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox)\s*\{([^{}]*)\}|\\(?:quad|qquad|[,;:! ]|\(|\)|\[|\])|_\{?\w+\}?|[$*_~,;:.&=]|\\\\")
 _NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
 _RELATION_BEFORE = re.compile(r"(?:<|>|≤|≥|≠|\\(?:geq?|leq?|neq?|ne|lt|gt|pm|mp|in|subset|subseteq))\s*$")
 
@@ -66,9 +70,42 @@ def extract_answer(text: str, final_number: bool = False, sources=DEFAULT_SOURCE
         sources += ("last_number",)
     for source in sources:
         answer = _FINDERS[source](text)
+        if answer and source == "boxed" and "stated" in sources:
+            answer = _final_statement_after_boxes(text) or answer
         if answer:
-            return answer
+            return _math_of(answer)
     return None
+
+
+_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+
+
+def _math_of(answer: str) -> str:
+    """An answer written as prose around math (``Therefore $x \\geq 5$ is the solution.``): its last
+    math span; any other answer as it is."""
+    spans = list(_MATH_SPAN.finditer(answer))
+    prose = _MATH_SPAN.sub(" ", answer)
+    if not re.search(r"[A-Za-z]{4,}", re.sub(r"\\[A-Za-z]+(?:\{[^{}]*\})?", "", prose)):
+        return answer
+    opener = max(prose.rfind("$"), prose.rfind("\\("), prose.rfind("\\["))
+    if opener >= 0:  # an unclosed span at the end: `Here is the matrix: $ \\begin{pmatrix}...`
+        inline = not prose.startswith(("\\[", "$$"), opener if prose[opener] == "\\" else max(opener - 1, 0))
+        rest = prose[opener:].lstrip("$\\([")
+        if rest.strip() and not (inline and "\n" in rest.strip(" ")) and not re.search(r"[A-Za-z]{4,}", re.sub(r"\\[A-Za-z]+(?:\{[^{}]*\})?", "", rest)):
+            return rest.strip()
+    if not spans:
+        return answer
+    return next(g for g in spans[-1].groups() if g is not None).strip() or answer
+
+
+def _final_statement_after_boxes(text: str) -> str | None:
+    """A "final answer is" / "Final Answer:" / "####" statement made after the last box (the
+    boxes were intermediate results): its answer."""
+    lower = text.lower()
+    at = max(lower.rfind(p) for p in ("final answer is", "final answer:", "####"))
+    if at < 0 or at < max(m.start() for m in _BOX.finditer(text)) or _BOX.search(text, at):
+        return None
+    return stated_answer(text[at:])
 
 
 def _box_at(text: str, at: int) -> tuple[int, int, str] | None:
@@ -114,9 +151,13 @@ def final_boxes(text: str) -> str | None:
 
 
 def _connective(between: str) -> bool:
-    """Whether the text between two boxes only links them (and, or, for part (b), spacing)."""
-    words = _CONNECTIVE_NOISE.sub(lambda m: f" {m.group(1) or ''} ", between).split()
-    return len(between) <= MAX_CONNECTIVE_CHARS and len(words) <= MAX_CONNECTIVE_WORDS and not re.search(r"\d", " ".join(words))
+    """Whether the text between two boxes only links them: at most 6 words, each a linking word
+    (`CONNECTIVE_WORDS`) or a name such as ``y`` or ``(b)``, and no digit outside subscripts."""
+    if len(between) > MAX_CONNECTIVE_CHARS:
+        return False
+    words = _CONNECTIVE_NOISE.sub(lambda m: f" {m.group(1) or ''} ", between).lower().split()
+    words = [w.strip("()") for w in words]
+    return len(words) <= MAX_CONNECTIVE_WORDS and all(w in CONNECTIVE_WORDS or re.fullmatch(r"[a-z]|[ivx]+|", w) for w in words)
 
 
 def answer_block(text: str) -> str | None:
@@ -139,9 +180,18 @@ def stated_answer(text: str) -> str | None:
         return None
     rest = text[at:at + MAX_PHRASE_CHARS].lstrip(" \t:*")
     rest = rest.lstrip('"“')
-    answer = _sentence(rest)
-    answer = answer.strip().strip('*"”').strip()
-    return answer.rstrip(".").strip() or None
+    answer = _sentence(rest).strip().strip('*"”').strip().rstrip(".").strip()
+    return _after_verb(answer) or None
+
+
+def _after_verb(sentence: str) -> str:
+    """``The volume of $ABCD$ is 120`` -> ``120``: what follows the last "is" / "are" / "equals"
+    outside math, when a sentence states the answer."""
+    outside = re.sub(r"\$[^$]*\$", lambda m: "#" * len(m.group()), sentence)
+    said = None
+    for said in re.finditer(r"\s(?:is|are|equals)\s+", outside):
+        pass
+    return sentence[said.end():].strip() if said else sentence
 
 
 def _sentence(text: str) -> str:
@@ -208,20 +258,22 @@ def last_number(text: str) -> str | None:
 def reference_answer(ref) -> str | None:
     r"""A dataset's reference answer as a string to grade against.
 
-    A MATH-style solution gives the content of its last ``\boxed{}``; a
-    GSM8K-style solution the number after its final ``#### `` (commas
-    dropped); anything else is the stripped string (numbers through str()).
-    None for None/empty.
+    A MATH-style solution gives its final boxes (as a completion's, see `final_boxes`); a
+    GSM8K-style solution the number after its final ``#### `` (commas dropped); a worked
+    solution without either, what its last "the (final) answer is" states; anything else is the
+    stripped string (numbers through str()).  None for None/empty.
     """
     if ref is None:
         return None
     text = ref if isinstance(ref, str) else str(ref)
-    boxed = extract_boxed(text)
+    boxed = final_boxes(text) if _BOX.search(text) else None
     if boxed is not None:
         text = boxed
     elif "####" in text:
         match = _GSM8K.search(text[text.rfind("####"):])
         text = match.group(1).replace(",", "") if match else ""
+    elif re.search(r"(?:the|final) answer is", text, re.IGNORECASE):
+        text = stated_answer(text) or text
     return text.strip() or None
 
 

@@ -66,7 +66,7 @@ def canonical(answer: str) -> str:
     s = re.sub(r"(?<!\\)\\[()\[\]]|\$", " ", s)
     s = _SIZING.sub("", s)
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
-    s = s.replace(r"\!", "").replace("{,}", ",")
+    s = re.sub(r",\\!\s*", ",", s).replace(r"\!", "").replace("{,}", ",")
     s = _SPACING.sub(" ", s)
     for _ in range(3):  # nested wrappers: \text{\textbf{x}}
         s = _WRAPPER.sub(r" \1 ", s)
@@ -76,14 +76,51 @@ def canonical(answer: str) -> str:
     s = _FRAC_HALF[0].sub(r"\\frac{\1}{", s)
     s = _FRAC_HALF[1].sub(r"\\frac\1{\2}", s)
     s = _SQRT_DIGIT.sub(r"\\sqrt{\1}", s)
-    s = _THOUSANDS.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), s)
+    s = _join_thousands(s)
     s = _CONNECTOR.sub(", ", s)
     s = re.sub(r"(?:\s*,)+\s+", ", ", s)
     s = " ".join(s.split())
     s = re.sub(r"\s+(?=[\^_}])|(?<=[{^_])\s+", "", s)
     s = s.replace(r"\varnothing", r"\emptyset")
-    s = s.strip(" .;:,")
-    return s.lstrip("=").strip() if s.startswith("=") else s
+    s = s.rstrip(" .;:,").lstrip(" ;:,")
+    s = s.lstrip("=").strip() if s.startswith("=") else s
+    if "=" in s and "\\approx" in s[s.rfind("="):]:  # `x = \\frac{70}{9} \\approx 7.78`: the exact value
+        s = _APPROX.sub("", s)
+    return _unwrap(s)
+
+
+def _unwrap(s: str) -> str:
+    """``(\\frac{1}{3})`` -> ``\\frac{1}{3}``: parentheses around the whole answer that hold no comma."""
+    while len(s) > 2 and s[0] == "(" and s[-1] == ")":
+        depth = 0
+        for i, char in enumerate(s):
+            depth += char in "([{"
+            depth -= char in ")]}"
+            if depth == 0 and i < len(s) - 1 or (depth == 1 and char == ","):
+                return s  # the first parenthesis closes early, or a tuple / interval
+        s = s[1:-1].strip()
+    return s
+
+
+def _join_thousands(s: str) -> str:
+    """``32,349`` -> ``32349`` outside brackets (inside, ``(12,102)`` is an interval)."""
+    if not _THOUSANDS.search(s):
+        return s
+    out, depth, start = [], 0, 0
+    for i, char in enumerate(s + "("):
+        if char in "([{" or i == len(s):
+            if depth == 0:
+                out.append(_THOUSANDS.sub(lambda m: m.group(1) + m.group(2).replace(",", ""), s[start:i]))
+                start = i
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0:
+                out.append(s[start:i + 1])
+                start = i + 1
+    if start < len(s):
+        out.append(s[start:])
+    return "".join(out)
 
 
 def _key(answer: str) -> str:
@@ -91,18 +128,28 @@ def _key(answer: str) -> str:
     key = "".join(answer.split())
     if re.fullmatch(r"[A-Za-z]{3,}", key):
         return key.lower()
-    choice = re.fullmatch(r"\(([A-Z])\)", key)
-    return choice.group(1) if choice else key
+    return key
 
 
 _LHS = r"(?:[A-Za-z](?:_\{?\w+\}?)?(?:\([A-Za-z, ]*\))?|\|[A-Z]{2}\||[A-Z]{2,3})"
 _ASSIGNMENT = re.compile(rf"{_LHS}\s*(?:=|\\approx)\s*([^=]+)")
+_APPROX = re.compile(r"\s*(?:\\approx|≈)[^=]*$")
 
 
 def drop_variable(answer: str, other: str) -> str:
-    """``x = 3`` -> ``3`` (also ``f(x) = ...``, ``a_{1} = ...``, ``AB = ...``) when the other side has no ``=``."""
+    """``x = 3`` -> ``3`` (also ``f(x) = ...``, ``a_{1} = ...``, ``AB = ...``) when the other side has
+    no ``=``; a chain ``x = 5 + 1 = 6 \\approx 6.0`` gives its last exact value, ``6``."""
+    if "=" in other or len(split_list(answer)) > 1:
+        return answer
+    if "\\approx" in answer and "=" in answer:
+        answer = _APPROX.sub("", answer)
+    if answer.count("=") > 1:
+        head, _, last = answer.rpartition("=")
+        first = head.split("=", 1)[0]
+        if re.fullmatch(rf"\s*{_LHS}\s*", first):
+            return last.strip()
     match = _ASSIGNMENT.fullmatch(answer)
-    return match.group(1).strip() if match and "=" not in other else answer
+    return match.group(1).strip() if match else answer
 
 
 def split_list(answer: str) -> list[str]:
@@ -305,7 +352,7 @@ def symbolic_input(pred: str, ref: str) -> tuple[str, str] | None:
 
 SYMBOLIC_COMMANDS = frozenset(
     "frac sqrt pi infty cdot times pm mp sin cos tan sec csc cot arcsin arccos arctan sinh cosh tanh log ln exp "
-    "le ge leq geq lt gt neq ne in cup cap setminus emptyset begin end binom lfloor rfloor lceil rceil mathbb "
+    "le ge leq geq lt gt neq ne in cup cap setminus emptyset begin end binom lfloor rfloor lceil rceil mathbb sum prod "
     "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho sigma tau "
     "upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Phi Psi Omega".split()
 )
@@ -346,7 +393,7 @@ def symbolic_equal(pred: str, ref: str) -> bool:
     target = parse(_as_latex(pred), parsing_timeout=None)
     if not _whole(gold, ref) or not _whole(target, pred):
         return False
-    return bool(verify(gold, target, timeout_seconds=None))
+    return bool(verify(gold, target, timeout_seconds=None, allow_set_relation_comp=True))
 
 
 def _whole(parsed: list, answer: str) -> bool:
