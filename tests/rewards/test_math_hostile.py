@@ -111,7 +111,7 @@ def test_timeouts_are_counted_per_batch():
         ("<answer>" * 200_000, "1", -1.0),
         ("the answer is " * 50_000, "1", -1.0),  # the phrase with nothing after it
         ("\\" * 200_000 + r"\boxed{3}", "3", 1.0),  # a wall of backslashes
-        (r"\boxed{" + "(" * 5_000 + "1" + ")" * 5_000 + "}", "1", -0.5),  # too long for the symbolic step
+        (r"\boxed{" + "(" * 5_000 + "1" + ")" * 5_000 + "}", "1", 1.0),  # parentheses around the whole answer go
         ("1" * 100_000, "1", -1.0),  # digits but no stated answer
     ],
 )

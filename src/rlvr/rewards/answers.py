@@ -180,18 +180,23 @@ def stated_answer(text: str) -> str | None:
         return None
     rest = text[at:at + MAX_PHRASE_CHARS].lstrip(" \t:*")
     rest = rest.lstrip('"“')
-    answer = _sentence(rest).strip().strip('*"”').strip().rstrip(".").strip()
-    return _after_verb(answer) or None
+    answer = _after_verb(_sentence(rest).strip())
+    return answer.strip('*"” ').rstrip(".").strip() or None
 
 
 def _after_verb(sentence: str) -> str:
     """``The volume of $ABCD$ is 120`` -> ``120``: what follows the last "is" / "are" / "equals"
-    outside math, when a sentence states the answer."""
+    outside math, up to a clause that follows (``7 but I did not box it`` -> ``7``)."""
     outside = re.sub(r"\$[^$]*\$", lambda m: "#" * len(m.group()), sentence)
     said = None
-    for said in re.finditer(r"\s(?:is|are|equals)\s+", outside):
-        pass
-    return sentence[said.end():].strip() if said else sentence
+    if re.match(r"[A-Za-z]{2,}", outside):  # prose first: the answer is what it says something is
+        for said in re.finditer(r"\s(?:is|are|equals)\s+", outside):
+            pass
+    start = said.end() if said else 0
+    clause = re.search(r",?\s+(?:but|because|since|which|so|although|though|where|when|if|as|I|we|it|this|that)\s",
+                       outside[start:])
+    end = start + clause.start() if clause else len(sentence)
+    return sentence[start:end].strip()
 
 
 def _sentence(text: str) -> str:
@@ -216,7 +221,7 @@ def _sentence(text: str) -> str:
             out.append(two)
             i += 2
             continue
-        if char == "$":
+        if char == "$" and (depth_dollar or "$" in text[i + 1:].split("\n", 1)[0]):  # else a currency sign
             depth_dollar = not depth_dollar
         elif not depth_dollar and not closers:
             if char == "\n" or (char == "." and (i + 1 == len(text) or text[i + 1].isspace())):

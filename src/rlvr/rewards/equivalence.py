@@ -91,15 +91,18 @@ def canonical(answer: str) -> str:
 
 def _unwrap(s: str) -> str:
     """``(\\frac{1}{3})`` -> ``\\frac{1}{3}``: parentheses around the whole answer that hold no comma."""
-    while len(s) > 2 and s[0] == "(" and s[-1] == ")":
-        depth = 0
-        for i, char in enumerate(s):
-            depth += char in "([{"
-            depth -= char in ")]}"
-            if depth == 0 and i < len(s) - 1 or (depth == 1 and char == ","):
-                return s  # the first parenthesis closes early, or a tuple / interval
-        s = s[1:-1].strip()
-    return s
+    partner, stack, commas = {}, [], set()
+    for i, char in enumerate(s):
+        if char in "([{":
+            stack.append(i)
+        elif char in ")]}" and stack:
+            partner[stack.pop()] = i
+        elif char == "," and stack:
+            commas.add(stack[-1])  # a comma directly inside the bracket opened at stack[-1]
+    k = 0
+    while k < len(s) - 1 - k and s[k] == "(" and partner.get(k) == len(s) - 1 - k and k not in commas:
+        k += 1
+    return s[k:len(s) - k].strip() if k else s
 
 
 def _join_thousands(s: str) -> str:
