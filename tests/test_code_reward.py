@@ -130,6 +130,7 @@ def test_prepare_tests():
     source, num_tests, names = prepare_tests(CHECK, "add", PROMPT)
     assert num_tests == 4 and names == ("add",) and source.rstrip().endswith("check(add)")
     assert prepare_tests("x = f(1)\nprint(x)", None, None)[1:] == (1, ("f",))  # no assert: the whole is one test
+    assert prepare_tests("assert True\nimport os", None, None) == ("", 0, ())  # nothing tested
     with pytest.raises(ValueError, match="does not parse"):
         prepare_tests("assert (", None, None)
     with pytest.raises(ValueError, match="must be a list of"):
@@ -156,6 +157,38 @@ def test_exiting_inside_the_function_fails_the_tests():
     scores = score(["    if a < 0:\n        raise SystemExit(0)\n    if a == 10:\n        raise KeyboardInterrupt\n    return a + b\n",
                     "    if a == 10:\n        import os\n        os._exit(0)\n    return a + b\n"])
     assert scores == [0.5, 0.5]  # tests 1 and 4 pass; after os._exit the remaining calls fail
+
+
+GENERATOR_CHECK = """
+def check(candidate):
+    inputs = [(1, 2), (-1, 1), (10, 5)]
+    expected = [3, 0, 15]
+    assert all(candidate(*x) == y for x, y in zip(inputs, expected))
+    assert all(x == y for x, y in zip(map(lambda args: candidate(*args), inputs), expected))
+"""
+
+
+@pytest.mark.parametrize("exception", ["StopIteration", "StopAsyncIteration", "GeneratorExit"])
+def test_control_flow_exceptions_cannot_end_a_tests_generator(exception):
+    """A StopIteration raised by the program would end the generator inside `all(...)` early, and
+    `all` of nothing is True; it reaches the tests as an ordinary error, so both asserts fail."""
+    forged = f"def add(a, b):\n    raise {exception}\n"
+    honest = "def add(a, b):\n    return a + b\n"
+    scores = code_tests([forged, honest], test=[GENERATOR_CHECK] * 2, entry_point=["add"] * 2)
+    assert scores == [0.0, 1.0]
+
+
+def test_tests_that_test_nothing_score_none():
+    """`assert True` is no test: a check made only of it gives no score, not a syntax error and 0."""
+    program = "def add(a, b):\n    return a + b\n"
+    trivial = ["def check(candidate):\n    assert True\n", 'def check(candidate):\n    """doc"""\n    assert True\n    pass\n',
+               "assert True\n", "import math\nassert True\n"]
+    scores = code_tests([program] * 4, test=trivial, entry_point=["add", "add", None, None])
+    assert scores == [None, None, None, None] and (scores.timeouts, scores.errors) == (0, 0)
+    assert prepare_tests(trivial[0], "add", None)[1] == 0
+    # with stdin/stdout cases beside them, the cases are the tests
+    both = code_tests(["print(sum(map(int, input().split())))"], test=["assert True"], test_cases=[TEST_CASES])
+    assert both == [1.0]
 
 
 def test_always_equal_objects_score_zero():

@@ -219,12 +219,19 @@ def _missing(name: str):
     return call
 
 
+# Exceptions that steer control flow rather than report an error: raised inside a test's
+# generator or iterator (`all(f(x) == y for ...)`, `map(candidate, ...)`), StopIteration ends the
+# iteration early and the test sees nothing false.  The program's ones arrive as RuntimeError.
+_CONTROL_FLOW = {"StopIteration", "StopAsyncIteration", "GeneratorExit"}
+
+
 def _exception(reply: dict) -> Exception:
-    """The program's exception as a built-in exception of the same type where there is one."""
+    """The program's exception as a built-in exception of the same type where there is one, except
+    the control-flow ones, which become a RuntimeError naming them."""
     error = reply.get("error")
     kind, text = (error if type(error) is list and len(error) == 2 else ["Exception", "?"])
     cls = getattr(builtins, str(kind), None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
+    if isinstance(cls, type) and issubclass(cls, Exception) and str(kind) not in _CONTROL_FLOW:
         try:
             return cls(str(text))
         except Exception:

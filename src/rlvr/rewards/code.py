@@ -13,8 +13,9 @@ Tests, from the dataset columns (lists aligned with the completions):
   test         assertions: HumanEval's `def check(candidate): ...` with `entry_point`, or plain
                top-level `assert f(1) == 2` lines.  Each top-level statement of the check body (or
                of the module) that contains an assert is one test; the other statements are setup
-               and keep their order; `assert True` is no test.  A setup statement that fails ends
-               the run: the tests after it fail.
+               and keep their order; `assert True` is no test, and a row whose tests are only
+               that scores None (no test).  A setup statement that fails ends the run: the tests
+               after it fail.
   test_cases   [{"input": str, "output": str}, ...]: the program runs as a script once per case;
                stdout, stripped, with trailing whitespace on each line ignored, must equal output.
 A row with neither scores None.  The assert tests share one process running the program: after a
@@ -35,7 +36,9 @@ with arguments and results carried as JSON that decodes only into exact built-in
 printing "PASS" lines, sys.exit(0) / os._exit(0) before the tests, raising SystemExit or
 KeyboardInterrupt, monkey-patching builtins, print, sys.exit, AssertionError or the harness,
 returning an object whose __eq__ is always True, crashing the interpreter with ctypes, and writing
-to or closing file descriptors all act on the worker only, and can only make tests fail.  The judge
+to or closing file descriptors all act on the worker only, and can only make tests fail.  An
+exception that steers control flow (StopIteration and its kin, which would end a test's generator
+early and leave `all(...)` nothing false to see) reaches the tests as a RuntimeError.  The judge
 is non-dumpable (no ptrace, no /proc/<pid>/mem or /fd by the same uid), ignores catchable
 signals, and signs its one verdict line with a random nonce that exists only in this process and
 in the judge, sent before any of the program's processes exist; a missing, duplicated or
@@ -92,6 +95,8 @@ def code_tests(completions, test=None, test_cases=None, entry_point=None, prompt
             continue
         source, num_tests, names = prepare_tests(tests[i], entry_points[i], prompts[i]) if tests[i] else (None, 0, ())
         row_cases = _check_cases(cases[i], i)
+        if not num_tests and not row_cases:
+            continue  # tests that test nothing (`assert True`): no score
         text = completion_text(completion)
         if len(text) > MAX_COMPLETION_CHARS:
             scores[i] = 0.0
@@ -149,16 +154,28 @@ def prepare_tests(test: str, entry_point: str | None = None, prompt_code: str | 
     check = next((s for s in module.body if isinstance(s, ast.FunctionDef) and s.name == "check"), None)
     if check is not None and entry_point:
         check.body, num_tests = _wrap_tests(check.body)
+        if not num_tests and not _does_something(check.body):
+            return "", 0, ()  # `assert True` alone: no test
+        check.body = check.body or [ast.Pass()]
         call = ast.parse(f"check({entry_point})").body
         module.body += call if num_tests else [_wrapped(call, 0)]
     else:
         module.body, num_tests = _wrap_tests(module.body)
+        if not num_tests and not _does_something(module.body):
+            return "", 0, ()
         if not num_tests:
             module.body = [_wrapped(module.body, 0)]
     names = _free_names(ast.parse(test)) - _bound_names(prompt_code)
     if entry_point:
         names.add(entry_point)
     return ast.unparse(ast.fix_missing_locations(module)), max(num_tests, 1), tuple(sorted(names))
+
+
+def _does_something(body: list[ast.stmt]) -> bool:
+    """Whether statements do anything beyond `pass`, docstrings and imports (a test with no assert
+    that runs code checks that it runs without an error; one that runs nothing tests nothing)."""
+    return any(not isinstance(s, (ast.Pass, ast.Import, ast.ImportFrom)) and
+               not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) for s in body)
 
 
 def _wrap_tests(body: list[ast.stmt]) -> tuple[list[ast.stmt], int]:
