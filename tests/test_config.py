@@ -115,3 +115,19 @@ def test_bad_yaml_file(tmp_path):
     path.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_config(str(path), [])
+
+
+@pytest.mark.parametrize(
+    "reward_args, message",
+    [
+        ({"accuracy": {"source": ["boxed"]}}, "reward_args.accuracy: unknown setting 'source'; did you mean 'sources'?"),
+        ({"accuracy": {"sources": ["box"]}}, "sources must be a non-empty list of boxed, answer_tag, stated, last_number"),
+        ({"accuracy": {"compare": "plain"}}, "set sources: \\[boxed\\]"),
+        ({"code_tests": {"mode": "any"}}, "mode must be one of"),
+    ],
+)
+def test_knobs_of_built_in_rewards_are_checked_before_training(reward_args, message):
+    names = list(reward_args)
+    with pytest.raises(ConfigError, match=message):
+        build_config({"reward_funcs": names, "reward_args": reward_args})
+    build_config({"reward_funcs": ["accuracy"], "reward_args": {"accuracy": {"sources": ["boxed"], "compare": "plain"}}})

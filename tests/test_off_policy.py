@@ -76,3 +76,60 @@ def test_settings_it_cannot_run_with_are_refused():
     with pytest.raises(ConfigError, match="max_staleness=1 is not supported with several training processes"):
         distributed.check_supported(build_config({"max_staleness": 1, "num_generations": 4, "per_device_train_batch_size": 8}),
                                     distributed.World(0, 2))
+
+
+SIGNAL_REWARDS = '''
+import signal
+
+from math_verify import parse, verify
+
+
+def guide_accuracy(completions, answer, **kwargs):
+    """The guide's pattern: math-verify with its default (SIGALRM) timeouts inside try/except."""
+    rewards = []
+    for completion, ref in zip(completions, answer):
+        try:
+            rewards.append(1.0 if verify(parse(f"${ref}$"), parse(f"${ref}$")) else -0.5)
+        except Exception:
+            rewards.append(-1.0)
+    return rewards
+
+
+def alarm_length(completions, **kwargs):
+    """A per-completion time limit through signal.alarm, as many reward functions have."""
+    rewards = []
+    for completion in completions:
+        try:
+            previous = signal.signal(signal.SIGALRM, signal.default_int_handler)
+            signal.alarm(5)
+            rewards.append(len(completion) / 10)
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        except ValueError:  # "signal only works in main thread of the main interpreter"
+            rewards.append(-1.0)
+    return rewards
+'''
+
+
+def test_reward_functions_that_use_signals_score_the_same_sampled_ahead(tiny_model_dir, tmp_path):
+    """With max_staleness=1 the next batch is sampled in a thread; its rewards are still computed on
+    the main thread, so signal-based timeouts work as on-policy.  The learning rate is so small that
+    the weights do not move, so both runs sample the same completions and must score them the same."""
+    plugin = tmp_path / "signal_rewards.py"
+    plugin.write_text(SIGNAL_REWARDS)
+    runs = {}
+    for staleness in (0, 1):
+        out = tmp_path / f"run{staleness}"
+        train(build_config({
+            "model": str(tiny_model_dir), "task_args": {"num_train": 50, "num_test": 10},
+            "reward_funcs": [f"{plugin}:guide_accuracy", f"{plugin}:alarm_length"], "num_generations": 4,
+            "per_device_train_batch_size": 8, "max_completion_length": 6, "learning_rate": 1e-20, "max_steps": 4,
+            "logging_steps": 1, "save_steps": 1000, "eval_on_start": False, "eval_on_end": False,
+            "max_staleness": staleness, "output_dir": str(out),
+        }))
+        runs[staleness] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for name in ("rewards/guide_accuracy/mean", "rewards/alarm_length/mean"):
+        assert [r[name] for r in runs[0]] == [r[name] for r in runs[1]], name
+    assert all(r["rewards/guide_accuracy/mean"] == 1.0 for r in runs[1])  # never the -1 of a failed signal
+    assert all(r["rewards/alarm_length/mean"] > 0 for r in runs[1])
+    assert [r["sampling/staleness"] for r in runs[1]] == [0, 1, 1, 1]

@@ -376,6 +376,7 @@ def validate(cfg: Config) -> None:
         need(name in REPORT_TO, f"report_to: unknown logger {name!r}; choose from {', '.join(REPORT_TO)}")
     need(cfg.report_steps >= 0, "report_steps must be >= 0 (0 = the report is written at the end only)")
     problems += _check_alerts(cfg)
+    problems += _check_reward_args(cfg)
     need(cfg.eval_steps is None or cfg.eval_steps >= 1, "eval_steps must be at least 1 (or null for logging_steps)")
     need(cfg.lora_r >= 1 and cfg.lora_alpha > 0, "lora_r must be at least 1 and lora_alpha > 0")
     need(0 <= cfg.lora_dropout < 1, "lora_dropout must be in [0, 1)")
@@ -407,6 +408,16 @@ def validate(cfg: Config) -> None:
 
 
 REPORT_TO = ("jsonl", "tensorboard", "wandb", "trackio", "none")
+
+
+def _check_reward_args(cfg: Config) -> list[str]:
+    """Knobs of built-in rewards: known names and valid values (rewards.check_reward_args)."""
+    builtin = [(name, args) for name, args in cfg.reward_args.items() if ":" not in name and isinstance(args, dict) and args]
+    if not builtin:
+        return []
+    from rlvr.rewards import check_reward_args
+
+    return [problem for name, args in builtin for problem in check_reward_args(name, args)]
 
 
 def _check_alerts(cfg: Config) -> list[str]:

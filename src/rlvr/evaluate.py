@@ -27,7 +27,8 @@ from pathlib import Path
 from rlvr.chat import render_prompts, tokenize_prompts
 from rlvr.passk import ks_to_report, maj_at_k, pass_at_k
 from rlvr.rewards import RewardSet
-from rlvr.rewards.math import accuracy, answer_key, extract_answer, numeric_accuracy, signed_accuracy
+from rlvr.rewards.answers import DEFAULT_SOURCES
+from rlvr.rewards.math import accuracy, answer_key, extract_answer, numeric_accuracy, plain_last_box, signed_accuracy
 from rlvr.rollout import SamplingParams
 from rlvr.tasks.fewshot import pick_shots, with_shots
 from rlvr.types import Example
@@ -133,10 +134,15 @@ def _vote_key(rewards: RewardSet, verifier: str):
     fn = rewards.fns[rewards.names.index(verifier)]
     if getattr(fn, "func", fn) not in _VOTING_VERIFIERS:
         return None
-    final_number = bool(getattr(fn, "keywords", {}).get("final_number", False))
+    knobs = getattr(fn, "keywords", {})
+    final_number = bool(knobs.get("final_number", False))
+    sources = knobs.get("sources", DEFAULT_SOURCES)
 
     def key(text: str):
-        answer = extract_answer(text, final_number=final_number)
+        if knobs.get("compare") == "plain":  # the textbook's rule: the last box, spaces removed
+            answer = plain_last_box(text)
+            return None if answer is None else answer.replace(" ", "")
+        answer = extract_answer(text, final_number=final_number, sources=sources)
         return None if answer is None else answer_key(answer)
 
     return key

@@ -29,6 +29,7 @@ from rlvr.lora import is_peft, reference_off
 from rlvr.losses import LossNorm, policy_loss, selective_logprobs, truncated_importance_weights
 from rlvr.monitor import MetricsLog, generation_metrics
 from rlvr.optim import build_optimizer
+from rlvr.rollout.home import HomeThread
 from rlvr.rollout.stage import RolloutStage
 from rlvr.tasks import PromptStream
 from rlvr.types import Batch, Example, Rollout, TrainerState
@@ -89,7 +90,9 @@ class Trainer:
         self.weight_subscribers: list = []  # objects with update_weights(model), told after each optimizer step
         if cfg.fsdp:
             self.weight_subscribers.append(fsdp.FullCopy(self.full_model))
-        self.rollout = RolloutStage(cfg, model, self.full_model, tokenizer, world)  # stages 1 and 2
+        # Reward functions run on the thread of the training loop, also for a batch sampled ahead (rollout/home.py).
+        self.home = HomeThread()
+        self.rollout = RolloutStage(cfg, model, self.full_model, tokenizer, world, self.home)  # stages 1 and 2
         self.weight_subscribers.append(self.rollout)
         # Completions from another engine (vLLM, rollout workers) or sampled ahead get the TIS correction (losses.py).
         self.corrects_sampling = cfg.vllm_importance_sampling_correction and self.rollout.off_policy
@@ -285,6 +288,7 @@ class Trainer:
                 importance_weights=weights,
             )
             loss.backward()
+            self.home.serve()  # reward calls of a batch sampled ahead, between micro-batches
             sums["loss"] += loss.item()
             sums["entropy"] += torch.where(micro.completion_mask, entropy, 0.0).sum().item()
             for k, v in m.items():
@@ -350,6 +354,7 @@ class Trainer:
         weights before this step's update) while this step trains, and is ready when the step
         returns; the samplers get the new weights only then."""
         t0 = time.perf_counter()
+        self.home.bind()
         if self.pending is None:
             self.pending = self._generate_or_rewind()
         gen = self.pending
@@ -363,12 +368,15 @@ class Trainer:
             metrics = {**gen.metrics, **self.update(gen.batch)}
         except BaseException:
             if self.ahead is not None:  # drop what was sampled ahead: a checkpoint saved now resumes exactly
+                self.home.refuse()  # its reward calls fail, so it ends
                 wait([self.ahead])
+                self.home.accept()
                 self.ahead = None
                 self._rewind(before)
             raise
         following = None  # the next generation, when it was sampled ahead
         if self.ahead is not None:
+            self.home.serve_until(self.ahead)  # its reward calls run here
             following, self.ahead = self.ahead.result(), None  # an error in it is raised here
             self.publish_weights()
         if self.cfg.max_staleness:
@@ -468,6 +476,7 @@ class Trainer:
     def close(self) -> None:
         """Stop what the trainer started outside this process (the rollout workers) or in it."""
         if self._ahead_thread is not None:
+            self.home.refuse()
             self._ahead_thread.shutdown(wait=True)
         self.rollout.close()
 

@@ -20,9 +20,11 @@ Names are the built-ins below, or `package.module:function`, or
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.util
+import inspect
 from math import isfinite, nan
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +76,38 @@ def _load_file(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# What the trainer passes to every reward function, and the dataset columns built-ins read: not knobs.
+CONTEXT = {"completions", "prompts", "prompt_texts", "completion_ids", "trainer_state", "max_completion_length", "answer",
+           "test", "test_cases", "entry_point", "prompt_code"}
+
+
+def knobs(fn: RewardFn) -> list[str]:
+    """The keyword arguments of a built-in reward that `reward_args` may set."""
+    params = inspect.signature(fn).parameters.values()
+    return [p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in CONTEXT]
+
+
+def check_reward_args(name: str, args: dict) -> list[str]:
+    """Problems with `reward_args.<name>` of a built-in reward: unknown knobs, or values it refuses
+    (found by calling it on no completions).  Your own functions' arguments are yours to check."""
+    fn = REWARDS.get(name)
+    if fn is None:
+        return []
+    allowed = knobs(fn)
+    problems = []
+    for key in args:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.append(f"reward_args.{name}: unknown setting {key!r}; {hint}{name} takes {', '.join(allowed) or 'none'}")
+    if not problems:
+        try:
+            fn(completions=[], **args)
+        except (ValueError, TypeError) as e:
+            problems.append(f"reward_args.{name}: {e}")
+    return problems
 
 
 def reward_name(name: str) -> str:

@@ -21,6 +21,7 @@ from rlvr.models import WeightCopy, eos_token_ids
 from rlvr.rewards import Scores
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engine import make_sampler
+from rlvr.rollout.home import HomeThread
 from rlvr.rollout.sampling import GroupGenerators
 from rlvr.tasks import build_rewards
 from rlvr.types import Example, Rollout, TrainerState
@@ -38,10 +39,12 @@ class Sampled:
 
 
 class RolloutStage:
-    def __init__(self, cfg, model, sampler_model, tokenizer, world: distributed.World = distributed.SINGLE):
+    def __init__(self, cfg, model, sampler_model, tokenizer, world: distributed.World = distributed.SINGLE,
+                 home: HomeThread | None = None):
         """`model` is the policy as trained; `sampler_model` the copy the in-process engine samples
-        from (the same model, except with fsdp)."""
-        self.cfg, self.tokenizer, self.world = cfg, tokenizer, world
+        from (the same model, except with fsdp).  `home`: where reward functions run when a batch
+        is sampled from another thread (rollout/home.py); without it, in the sampling thread."""
+        self.cfg, self.tokenizer, self.world, self.home = cfg, tokenizer, world, home
         self.rewards = build_rewards(cfg)
         eos = eos_token_ids(model, tokenizer)
         self.subscribers: list = []  # the engines outside this model, sent the weights after each update
@@ -88,9 +91,14 @@ class RolloutStage:
         else:
             groups = self.sampler.generate(prompt_ids, self.params, streams)
             t1 = time.perf_counter()
-            scores = self.rewards.score_groups(examples, groups, texts, state, cfg.max_completion_length)
-            t2 = time.perf_counter()
+            score = (examples, groups, texts, state, cfg.max_completion_length)
+            scores, reward_seconds = self.home.call(self._score, *score) if self.home else self._score(*score)
+            t2 = t1 + reward_seconds
         return Sampled(examples, groups, scores, t1 - t0, t2 - t1)
+
+    def _score(self, *args) -> tuple[Scores, float]:
+        t0 = time.perf_counter()
+        return self.rewards.score_groups(*args), time.perf_counter() - t0
 
     def _streams(self, num_groups: int, generator: torch.Generator):
         """With the in-process engine or the workers, one stream per group seeded from the trainer's
