@@ -15,6 +15,7 @@ import random
 import time
 
 from rlvr.rewards import math as grading
+from rlvr.rewards.equivalence import cheap_verdict
 from rlvr.rewards.pool import WorkerPool
 
 
@@ -59,7 +60,7 @@ def main() -> None:
         start = time.perf_counter()
         scores = grading.accuracy(completions, answer=refs, timeout=args.timeout)
         seconds = time.perf_counter() - start
-        symbolic = sum(1 for p, r in zip(completions, refs) if grading._cheap_verdict(grading.extract_answer(p) or "x", r, False) is None)
+        symbolic = sum(1 for p, r in zip(completions, refs) if cheap_verdict(grading.extract_answer(p) or "x", r) is None)
         print(f"{workers:>8} {seconds:>9.2f} {args.n / seconds:>10.0f} {symbolic:>9} {scores.timeouts:>9} {sum(scores) / len(scores):>12.3f}")
         pool.close()
 

@@ -78,21 +78,27 @@ def extract_answer(text: str, final_number: bool = False, sources=DEFAULT_SOURCE
 
 
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_COMMANDS = re.compile(r"\\[A-Za-z]+(?:\{[^{}]*\})?")
+
+
+def _has_prose(text: str) -> bool:
+    return re.search(r"[A-Za-z]{4,}", _COMMANDS.sub("", text)) is not None
 
 
 def _math_of(answer: str) -> str:
     """An answer written as prose around math (``Therefore $x \\geq 5$ is the solution.``): its last
-    math span; any other answer as it is."""
-    spans = list(_MATH_SPAN.finditer(answer))
+    math span, or the math after an opening delimiter that never closes; any other answer as it is."""
     prose = _MATH_SPAN.sub(" ", answer)
-    if not re.search(r"[A-Za-z]{4,}", re.sub(r"\\[A-Za-z]+(?:\{[^{}]*\})?", "", prose)):
+    if not _has_prose(prose):
         return answer
-    opener = max(prose.rfind("$"), prose.rfind("\\("), prose.rfind("\\["))
-    if opener >= 0:  # an unclosed span at the end: `Here is the matrix: $ \\begin{pmatrix}...`
-        inline = not prose.startswith(("\\[", "$$"), opener if prose[opener] == "\\" else max(opener - 1, 0))
-        rest = prose[opener:].lstrip("$\\([")
-        if rest.strip() and not (inline and "\n" in rest.strip(" ")) and not re.search(r"[A-Za-z]{4,}", re.sub(r"\\[A-Za-z]+(?:\{[^{}]*\})?", "", rest)):
+    at = max(prose.rfind("$"), prose.rfind("\\("), prose.rfind("\\["))
+    if at >= 0:  # `Here is the matrix: $ \\begin{pmatrix}...`
+        display = prose.startswith("\\[", at) or prose.startswith("$$", max(at - 1, 0))
+        rest = prose[at:].lstrip("$\\([")
+        inline_across_lines = not display and "\n" in rest.rstrip()  # inline math stays on its line
+        if rest.strip() and not inline_across_lines and not _has_prose(rest):
             return rest.strip()
+    spans = list(_MATH_SPAN.finditer(answer))
     if not spans:
         return answer
     return next(g for g in spans[-1].groups() if g is not None).strip() or answer
