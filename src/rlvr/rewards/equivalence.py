@@ -46,12 +46,15 @@ _FRAC_DIGITS = re.compile(r"\\frac\s*(\d)\s*(\d)")
 _FRAC_HALF = [re.compile(r"\\frac\s*(\d)\s*\{"), re.compile(r"\\frac\s*(\{[^{}]*\})\s*(\d)")]
 _SQRT_DIGIT = re.compile(r"\\sqrt\s*(\d)")
 _THOUSANDS = re.compile(r"(?<![\d.,])([1-9]\d{0,2})((?:,\d{3})+)(?![\d]|,\d)")
+# An escaped-twice command (`\\\\frac`, from JSON written twice): a row break never precedes these names.
+_DOUBLED = re.compile(r"\\\\(?=(?:left|right|frac|dfrac|tfrac|sqrt|text|mathrm|boxed|le|ge|leq|geq|neq|pi|infty|cdot|times|pm|"
+                      r"in|cup|cap|sin|cos|tan|log|ln)(?![A-Za-z]))")
 _CONNECTOR = re.compile(r"\s*,?\s*(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])\s*")
 
 
 def canonical(answer: str) -> str:
     """The answer written the standard way (see the module docstring); cheap, regexes only."""
-    s = answer.strip()
+    s = _DOUBLED.sub(r"\\", answer.strip())
     for char, replacement in _UNICODE.items():
         s = s.replace(char, replacement)
     s = s.replace(r"\$", " ").replace("€", " ").replace("£", " ").replace("¥", " ")
