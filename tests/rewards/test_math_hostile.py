@@ -121,6 +121,29 @@ def test_huge_and_deep_inputs(completion, ref, expected):
     assert time.perf_counter() - start < SLOW
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        r"\(" * 9_000 + " x",  # opening delimiters that never close
+        r"\approx " * 2_000 + "= 1",
+        "a and " * 3_000,
+        " " * 19_000 + "x",
+        "1, " * 6_000,
+        "$a " * 6_000,
+        r"word \[" * 2_000,
+    ],
+)
+def test_inputs_that_make_patterns_backtrack_are_graded_quickly(answer):
+    """Each of these once took tens of seconds in one regular expression (a run of spaces before
+    `and`/`or`, a `[^=]*$` after every `\\approx`); canonical form and extraction are now linear."""
+    from rlvr.rewards.pool import shared_pool
+
+    shared_pool().warm()
+    start = time.perf_counter()
+    assert signed_accuracy([rf"\boxed{{{answer}}}"], answer=["1"], timeout=1.0, final_number=True) == [-0.5]
+    assert time.perf_counter() - start < FAST
+
+
 def test_final_number_fallback_is_the_tasks_choice():
     completion = "She has 3 bags of 4 apples, so 12 apples."
     assert accuracy([completion], answer=["12"]) == [0.0]  # off: no stated answer

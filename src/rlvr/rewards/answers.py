@@ -82,19 +82,21 @@ _COMMANDS = re.compile(r"\\[A-Za-z]+(?:\{[^{}]*\})?")
 
 
 def _has_prose(text: str) -> bool:
-    return re.search(r"[A-Za-z]{4,}", _COMMANDS.sub("", text)) is not None
+    return re.search(r"[A-Za-z]{3,}", _COMMANDS.sub("", text)) is not None
 
 
 def _math_of(answer: str) -> str:
     """An answer written as prose around math (``Therefore $x \\geq 5$ is the solution.``): its last
     math span, or the math after an opening delimiter that never closes; any other answer as it is."""
+    if len(answer) > MAX_PHRASE_CHARS:
+        return answer  # not a sentence; and the patterns below would take quadratic time
     prose = _MATH_SPAN.sub(" ", answer)
     if not _has_prose(prose):
         return answer
     at = max(prose.rfind("$"), prose.rfind("\\("), prose.rfind("\\["))
     if at >= 0:  # `Here is the matrix: $ \\begin{pmatrix}...`
         display = prose.startswith("\\[", at) or prose.startswith("$$", max(at - 1, 0))
-        rest = prose[at:].lstrip("$\\([")
+        rest = prose[at + (1 if prose[at] == "$" else 2):]
         inline_across_lines = not display and "\n" in rest.rstrip()  # inline math stays on its line
         if rest.strip() and not inline_across_lines and not _has_prose(rest):
             return rest.strip()

@@ -37,7 +37,7 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 # --- writing both sides the same way ------------------------------------------------------------
 
 _UNICODE = {"−": "-", "–": "-", "×": r"\times ", "·": r"\cdot ", "≤": r"\leq ", "≥": r"\geq ", "≠": r"\neq ",
-            "π": r"\pi ", "∞": r"\infty ", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "，": ", "}
+            "π": r"\pi ", "∞": r"\infty ", "≈": r"\approx ", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "，": ", "}
 _WRAPPER = re.compile(r"\\(?:text|textrm|textbf|textit|textnormal|textsf|texttt|mathrm|mathit|mathbf|mathsf|mathnormal|mbox|hbox)\s*\{([^{}]*)\}")
 _SIZING = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg|bigl|bigr|Bigl|Bigr|displaystyle|textstyle)(?![A-Za-z])")
 _SPACING = re.compile(r"(?<!\\)\\(?:quad|qquad|enspace|thinspace|medspace|thickspace|[,;: ])|\\hspace\*?\{[^{}]*\}|~")
@@ -49,7 +49,7 @@ _THOUSANDS = re.compile(r"(?<![\d.,])([1-9]\d{0,2})((?:,\d{3})+)(?![\d]|,\d)")
 # An escaped-twice command (`\\\\frac`, from JSON written twice): a row break never precedes these names.
 _DOUBLED = re.compile(r"\\\\(?=(?:left|right|frac|dfrac|tfrac|sqrt|text|mathrm|boxed|le|ge|leq|geq|neq|pi|infty|cdot|times|pm|"
                       r"in|cup|cap|sin|cos|tan|log|ln)(?![A-Za-z]))")
-_CONNECTOR = re.compile(r"\s*,?\s*(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])\s*")
+_CONNECTOR = re.compile(r" ?,? ?(?<![A-Za-z\\])(?:and|or)(?![A-Za-z]) ?")
 
 
 def canonical(answer: str) -> str:
@@ -71,17 +71,22 @@ def canonical(answer: str) -> str:
     s = _FRAC_HALF[0].sub(r"\\frac{\1}{", s)
     s = _FRAC_HALF[1].sub(r"\\frac\1{\2}", s)
     s = _SQRT_DIGIT.sub(r"\\sqrt{\1}", s)
+    s = " ".join(s.split())  # single spaces from here: the patterns below cannot backtrack far
     s = _join_thousands(s)
     s = _CONNECTOR.sub(", ", s)
-    s = re.sub(r"(?:\s*,)+\s+", ", ", s)
-    s = " ".join(s.split())
-    s = re.sub(r"\s+(?=[\^_}])|(?<=[{^_])\s+", "", s)
+    s = re.sub(r"(?: ?,)+ ", ", ", s)
+    s = re.sub(r" (?=[\^_}])|(?<=[{^_]) ", "", s)
     s = s.replace(r"\varnothing", r"\emptyset")
     s = s.rstrip(" .;:,").lstrip(" ;:,")
     s = s.lstrip("=").strip() if s.startswith("=") else s
-    if "=" in s and "\\approx" in s[s.rfind("="):]:  # `x = \\frac{70}{9} \\approx 7.78`: the exact value
-        s = _APPROX.sub("", s)
-    return _unwrap(s)
+    return _unwrap(_exact_part(s))
+
+
+def _exact_part(s: str) -> str:
+    """``x = \\frac{70}{9} \\approx 7.78`` -> ``x = \\frac{70}{9}``: a chain's exact value."""
+    equals = s.rfind("=")
+    approx = s.find("\\approx", equals) if equals >= 0 else -1
+    return s[:approx].rstrip() if approx >= 0 else s
 
 
 def _unwrap(s: str) -> str:
@@ -131,7 +136,6 @@ def _key(answer: str) -> str:
 
 _LHS = r"(?:[A-Za-z](?:_\{?\w+\}?)?(?:\([A-Za-z, ]*\))?|\|[A-Z]{2}\||[A-Z]{2,3})"
 _ASSIGNMENT = re.compile(rf"{_LHS}\s*(?:=|\\approx)\s*([^=]+)")
-_APPROX = re.compile(r"\s*(?:\\approx|≈)[^=]*$")
 
 
 def drop_variable(answer: str, other: str) -> str:
@@ -139,8 +143,6 @@ def drop_variable(answer: str, other: str) -> str:
     no ``=``; a chain ``x = 5 + 1 = 6 \\approx 6.0`` gives its last exact value, ``6``."""
     if "=" in other or len(split_list(answer)) > 1:
         return answer
-    if "\\approx" in answer and "=" in answer:
-        answer = _APPROX.sub("", answer)
     if answer.count("=") > 1:
         head, _, last = answer.rpartition("=")
         first = head.split("=", 1)[0]
