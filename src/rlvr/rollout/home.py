@@ -73,13 +73,8 @@ class HomeThread:
 
     def serve(self) -> None:
         """Run the calls posted so far (on the home thread)."""
-        while True:
-            try:
-                call = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            if call is not None:
-                call.run()
+        for call in self._posted():
+            call.run()
 
     def serve_until(self, future: Future) -> None:
         """Run posted calls until `future` is done."""
@@ -94,13 +89,18 @@ class HomeThread:
         """Fail every posted call, and every call posted until `accept`."""
         with self._lock:
             self._refusing = True
-            while True:
-                try:
-                    call = self._calls.get_nowait()
-                except queue.Empty:
-                    break
-                if call is not None:
-                    call.fail(CallRefused("the training loop stopped"))
+            for call in self._posted():
+                call.fail(CallRefused("the training loop stopped"))
 
     def accept(self) -> None:
         self._refusing = False
+
+    def _posted(self):
+        """The calls posted so far, each taken off the queue (the wake-ups of serve_until skipped)."""
+        while True:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if call is not None:
+                yield call

@@ -87,16 +87,15 @@ class RolloutStage:
         prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
         if self.workers is not None:  # rollout and reward on the Ray actors; the rollout time then includes the reward
             groups, scores = self.workers.generate_and_score(examples, texts, prompt_ids, self.params, streams.seeds, state)
-            t1 = t2 = time.perf_counter()
-        else:
-            groups = self.sampler.generate(prompt_ids, self.params, streams)
-            t1 = time.perf_counter()
-            score = (examples, groups, texts, state, cfg.max_completion_length)
-            scores, reward_seconds = self.home.call(self._score, *score) if self.home else self._score(*score)
-            t2 = t1 + reward_seconds
-        return Sampled(examples, groups, scores, t1 - t0, t2 - t1)
+            return Sampled(examples, groups, scores, time.perf_counter() - t0, 0.0)
+        groups = self.sampler.generate(prompt_ids, self.params, streams)
+        rollout_seconds = time.perf_counter() - t0
+        score = (examples, groups, texts, state, cfg.max_completion_length)
+        scores, reward_seconds = self.home.call(self._score, *score) if self.home else self._score(*score)
+        return Sampled(examples, groups, scores, rollout_seconds, reward_seconds)
 
     def _score(self, *args) -> tuple[Scores, float]:
+        """(scores, seconds spent scoring): timed where it runs, not counting a wait for the home thread."""
         t0 = time.perf_counter()
         return self.rewards.score_groups(*args), time.perf_counter() - t0
 
