@@ -64,10 +64,10 @@ def test_interrupted_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, 
     resumed = tmp_path / "resumed"
     original_step = Trainer.train_step
 
-    def stop_before_step_4(self):
+    def stop_before_step_4(self, **kwargs):
         if self.step == 3:  # mid-generation: step 3 used the 2nd batch once, step 4 reuses it
             raise KeyboardInterrupt
-        return original_step(self)
+        return original_step(self, **kwargs)
 
     monkeypatch.setattr(Trainer, "train_step", stop_before_step_4)
     with pytest.raises(KeyboardInterrupt):

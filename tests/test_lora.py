@@ -218,10 +218,10 @@ def test_interrupted_lora_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypa
     resumed = tmp_path / "resumed"
     original_step = Trainer.train_step
 
-    def stop_before_step_4(self):
+    def stop_before_step_4(self, **kwargs):
         if self.step == 3:
             raise KeyboardInterrupt
-        return original_step(self)
+        return original_step(self, **kwargs)
 
     monkeypatch.setattr(Trainer, "train_step", stop_before_step_4)
     with pytest.raises(KeyboardInterrupt):

@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from rlvr import distributed, fsdp, lora
+from rlvr import distributed, fsdp, interrupts, lora
 from rlvr.alerts import AlertEvent
 from rlvr.config import Config, save_config
 from rlvr.evaluate import EvalResult, evaluate, write_result
@@ -103,17 +103,21 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
         trainer.extra_state["train_seconds"] = seconds_before + time.perf_counter() - started
         return trainer.save(collective)
 
+    say = lambda text: console.print(f"[yellow]{text}[/]")  # noqa: E731
     try:
-        with make_progress(console) as progress:
+        with interrupts.handling(say), make_progress(console) as progress:
             bar = progress.add_task("train", total=total, completed=trainer.step, reward="-")
-            while trainer.step < total:
-                metrics = trainer.train_step()
+            events: list = []
+
+            def record(metrics: dict) -> None:  # the step's evaluation, alerts and metrics row, with the step itself
                 if cfg.eval_strategy == "steps" and trainer.step % eval_every == 0 and test_examples and world.is_main:
                     result = held_out(out=progress.console)
                     metrics.update({f"eval/{k}": v for k, v in result.metrics().items()})
                 if world.enabled:  # rank 0's metrics (with its evaluation), so every rank's alerts agree
-                    metrics = distributed.broadcast(metrics, world)
-                events = trainer.alerts.update(trainer.step, metrics, trainer.last_samples)
+                    main_metrics = distributed.broadcast(metrics, world)
+                    metrics.clear()
+                    metrics.update(main_metrics)
+                events[:] = trainer.alerts.update(trainer.step, metrics, trainer.last_samples)
                 line = trainer.log.add(trainer.step, metrics, force=trainer.step == total) if world.is_main else None
                 progress.update(bar, completed=trainer.step, reward=f"{metrics['reward']:.3f}")
                 if line:
@@ -122,10 +126,14 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
                         logger.log(line)
                 for event in events:
                     progress.console.print(f"[{'red' if event.event == 'start' else 'green'}]{event.format()}[/]")
+
+            while trainer.step < total:
+                trainer.train_step(on_step=record)
                 # Also after the last step, so that resume=true with a larger max_steps can continue.
                 if trainer.step % cfg.save_steps == 0 or trainer.step == total:
-                    save()
-                    saved_step = trainer.step
+                    with interrupts.deferred(f"checkpoint-{trainer.step} is being written"):
+                        save()
+                        saved_step = trainer.step
                 if cfg.report_steps and trainer.step % cfg.report_steps == 0 and world.is_main:
                     report.refresh()
                 fatal = [e for e in events if e.event == "start" and e.severity == "stop"]
@@ -133,8 +141,10 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
                     raise AlertStop(fatal[0])
     except BaseException as e:
         if trainer.step > saved_step:
-            path = save(collective=False)  # the other ranks may not be here: no collective
-            console.print(f"[red]stopped at step {trainer.step}[/]; saved {path}. Continue with: rlvr train resume=true output_dir={output_dir}")
+            with interrupts.handling(say), interrupts.deferred(f"checkpoint-{trainer.step} is being written"):
+                path = save(collective=False)  # the other ranks may not be here: no collective
+            how = "SIGTERM" if isinstance(e, interrupts.Terminated) else "stopped"
+            console.print(f"[red]{how} at step {trainer.step}[/]; saved {path}. Continue with: rlvr train resume=true output_dir={output_dir}")
         elif isinstance(e, AlertStop):
             console.print(f"[red]stopped at step {trainer.step}[/]: checkpoint {latest_checkpoint(output_dir)}")
         if world.is_main:

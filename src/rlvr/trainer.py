@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr import distributed, fsdp
+from rlvr import distributed, fsdp, interrupts
 from rlvr.advantages import group_advantages
 from rlvr.alerts import AlertMonitor
 from rlvr.checkpoint import load_checkpoint, save_checkpoint
@@ -347,17 +347,25 @@ class Trainer:
 
     # --- the loop -------------------------------------------------------------------------
 
-    def train_step(self) -> dict:
+    def train_step(self, on_step=None) -> dict:
         """One optimizer step, generating a new batch when the previous one is used up.
 
         With max_staleness=1 the batch of the next generation is sampled (in a thread, from the
         weights before this step's update) while this step trains, and is ready when the step
-        returns; the samplers get the new weights only then."""
+        returns; the samplers get the new weights only then.  `on_step(metrics)` records the step
+        (run.py: evaluation, alerts, the metrics row); from the update to its end no Ctrl-C or
+        SIGTERM cuts in (interrupts.py), so weights, step and records always agree."""
         t0 = time.perf_counter()
         self.home.bind()
         if self.pending is None:
             self.pending = self._generate_or_rewind()
-        gen = self.pending
+        with interrupts.deferred(f"step {self.step + 1} (its update and its record)"):
+            metrics = self._train_on(self.pending, t0)
+            if on_step is not None:
+                on_step(metrics)
+        return metrics
+
+    def _train_on(self, gen: "Generation", t0: float) -> dict:
         if gen.iterations_done == 0 and len(gen.batch):
             self._fill_reference_logprobs(gen.batch)  # with the weights it is first trained at
         last_use, last_step = gen.iterations_done + 1 >= self.cfg.num_iterations, self.step + 1 >= self.total_steps
