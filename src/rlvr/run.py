@@ -114,7 +114,7 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
                     result = held_out(out=progress.console)
                     metrics.update({f"eval/{k}": v for k, v in result.metrics().items()})
                 if world.enabled:  # rank 0's metrics (with its evaluation), so every rank's alerts agree
-                    main_metrics = distributed.broadcast(metrics, world)
+                    main_metrics = dict(distributed.broadcast(metrics, world))  # rank 0 gets its own dict back
                     metrics.clear()
                     metrics.update(main_metrics)
                 events[:] = trainer.alerts.update(trainer.step, metrics, trainer.last_samples)
