@@ -1,16 +1,24 @@
-"""Atomic checkpoints and exact resume.
+"""Atomic, self-checking checkpoints and exact resume.
 
 A checkpoint directory `checkpoint-<step>` holds the model (with LoRA only the
 adapter, in peft format) and tokenizer in Hugging Face format plus
 `trainer_state.pt`: optimizer, scheduler, step, data position, every RNG
 state, the metrics window, and the generated batch still
 being trained on when num_iterations > 1.  It is written to a temporary
-directory and renamed into place, so a crash mid-save never leaves a broken
-checkpoint that resume would pick.
+directory, `manifest.json` (every file's size and SHA-256) last, then renamed
+into place, so a crash mid-save never leaves a broken checkpoint that resume
+would pick.  Resume checks the manifest of the newest checkpoint and falls back
+to older ones, saying which it skipped and why (a flipped byte, a missing or
+truncated file); leftovers of interrupted saves are removed.  A full disk is
+one clear error, and the partial directory is removed; the previous
+checkpoint stays.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
 import random
 import shutil
@@ -19,24 +27,160 @@ from pathlib import Path
 import torch
 
 from rlvr.lora import is_peft
-from rlvr.models import latest_checkpoint
 
 STATE_FILE = "trainer_state.pt"
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+class DiskFull(CheckpointError):
+    pass
 
 
 def save_checkpoint(output_dir: Path, step: int, model, tokenizer, state: dict, save_total_limit: int | None) -> Path:
-    final = Path(output_dir) / f"checkpoint-{step}"
-    tmp = Path(output_dir) / f".checkpoint-{step}.tmp"
+    output_dir = Path(output_dir)
+    final = output_dir / f"checkpoint-{step}"
+    tmp = output_dir / f".checkpoint-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save({**state, "rng": rng_state()}, tmp / STATE_FILE)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _rotate(Path(output_dir), save_total_limit)
+    try:
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save({**state, "rng": rng_state()}, tmp / STATE_FILE)
+        write_manifest(tmp)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(e):
+            raise DiskFull(_disk_full_message(final, output_dir)) from None
+        raise
+    replace_dir(tmp, final)
+    _rotate(output_dir, save_total_limit)
     return final
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Put `tmp` in the place of `final`; a crash in between leaves one of them whole."""
+    old = final.with_name(f".{final.name}.old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_manifest(directory: Path) -> None:
+    """manifest.json: every file's size and SHA-256, written (and synced) after them."""
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        _fsync_file(path)
+        files[str(path.relative_to(directory))] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = directory / MANIFEST
+    manifest.write_text(json.dumps({"files": files}, indent=1) + "\n")
+    _fsync_file(manifest)
+
+
+def verify(directory: Path) -> str | None:
+    """None if the checkpoint is whole, else what is wrong with it (one line)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return "not a directory"
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        if not any(directory.iterdir()):
+            return "empty"
+        if (directory / STATE_FILE).is_file() and list(directory.glob("*.safetensors")):
+            return None  # written before checkpoints had manifests: complete as far as can be told
+        return f"incomplete: no {MANIFEST}"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return f"{MANIFEST} is unreadable"
+    for name, want in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != want.get("bytes"):
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {want.get('bytes')}"
+        if _sha256(path) != want.get("sha256"):
+            return f"{name} does not match its SHA-256 in the manifest (corrupted)"
+    if STATE_FILE not in files:
+        return f"incomplete: no {STATE_FILE}"
+    return None
+
+
+def checkpoints(output_dir: Path) -> list[Path]:
+    """checkpoint-<step> directories, newest first."""
+    found = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[-1]), reverse=True)
+
+
+def clean_leftovers(output_dir: Path) -> list[str]:
+    """Remove what interrupted saves left (`.checkpoint-*.tmp`, `.*.old`, empty checkpoint dirs); their names."""
+    removed = []
+    for path in sorted(Path(output_dir).glob(".checkpoint-*")) + [p for p in checkpoints(output_dir) if not any(p.iterdir())]:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path.name)
+    return removed
+
+
+def resumable(output_dir: Path, say=print) -> Path | None:
+    """The newest checkpoint that verifies; each one skipped is reported with its reason."""
+    for path in checkpoints(output_dir):
+        problem = verify(path)
+        if problem is None:
+            return path
+        say(f"skipping {path.name}: {problem}")
+    return None
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """ENOSPC / EDQUOT, also as torch's zip writer reports it (a RuntimeError naming the failed write)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(error, RuntimeError) and ("unexpected pos" in str(error) or "No space left" in str(error)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _disk_full_message(final: Path, output_dir: Path) -> str:
+    free = shutil.disk_usage(output_dir).free
+    previous = next((p for p in checkpoints(output_dir) if p != final), None)
+    need = sum(f.stat().st_size for f in previous.rglob("*") if f.is_file()) if previous else None
+    needed = f"about {_gb(need)} needed (the size of {previous.name}), " if need else ""
+    kept = f"; {previous.name} stays" if previous else ""
+    return (f"disk full: could not write {final} ({needed}{_gb(free)} free in {output_dir}); the partial checkpoint "
+            f"was removed{kept}. Free some space, then continue with resume=true")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_checkpoint(path: Path, model) -> dict:
@@ -67,13 +211,6 @@ def load_checkpoint(path: Path, model) -> dict:
     return state
 
 
-def find_resume_checkpoint(output_dir: Path) -> Path:
-    ckpt = latest_checkpoint(Path(output_dir))
-    if ckpt is None:
-        raise FileNotFoundError(f"resume=true but {output_dir} has no checkpoint-* directory to resume from")
-    return ckpt
-
-
 def _is_tied(model, key: str) -> bool:
     return key.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)
 
@@ -81,11 +218,7 @@ def _is_tied(model, key: str) -> bool:
 def _rotate(output_dir: Path, limit: int | None) -> None:
     if not limit:
         return
-    ckpts = sorted(
-        (p for p in output_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
-        key=lambda p: int(p.name.split("-")[-1]),
-    )
-    for old in ckpts[:-limit]:
+    for old in checkpoints(output_dir)[limit:]:
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -61,9 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     except USAGE_ERRORS + _library_errors() as e:
         print(f"rlvr {ns.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"rlvr {ns.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        from rlvr.interrupts import Terminated
+
+        print(f"rlvr {ns.command}: {'terminated (SIGTERM)' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
 
 
 def _quiet_libraries() -> None:
@@ -78,6 +80,7 @@ def _quiet_libraries() -> None:
 
 
 def _library_errors() -> tuple:
+    from rlvr.checkpoint import CheckpointError
     from rlvr.compare import EvalFileError
     from rlvr.lora import LoraError
     from rlvr.models import ModelError
@@ -86,7 +89,7 @@ def _library_errors() -> tuple:
     from rlvr.rollout.vllm import VLLMError
     from rlvr.tasks.dataset import DatasetError
 
-    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError)
+    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError, CheckpointError)
 
 
 def split_args(args: list[str]) -> tuple[str | None, list[str]]:

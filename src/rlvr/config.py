@@ -115,7 +115,9 @@ class Config:
 
     # --- run -----------------------------------------------------------------
     output_dir: str | None = None  # default: runs/<task>-<date>-<time>
-    resume: bool = False  # continue from the latest checkpoint in output_dir
+    resume: bool = False  # continue from the newest checkpoint in output_dir that verifies (or start over there if it has none)
+    resume_checkpoint: str | None = None  # continue from this checkpoint directory (TRL: resume_from_checkpoint=<path>)
+    on_save_error: str = "stop"  # a checkpoint that cannot be written (disk full): stop the run, or continue without it
     logging_steps: int = 10  # one metrics.jsonl line per this many steps (their average)
     save_steps: int = 500  # a checkpoint every this many steps
     save_total_limit: int | None = None  # keep only the newest checkpoints; null = all
@@ -190,6 +192,7 @@ _CHOICES = {
     "eval_strategy": ("no", "steps"),
     "lora_save": ("adapter", "merged"),
     "vllm_mode": ("server", "colocate"),
+    "on_save_error": ("stop", "continue"),
 }
 
 
@@ -240,6 +243,8 @@ def build_config(*sources: dict[str, Any]) -> Config:
         values["scale_rewards"] = "none"
     if values.get("top_k") is None and "top_k" in values:
         values["top_k"] = 0
+    if isinstance(values.get("resume"), str):  # TRL's resume_from_checkpoint=<path>
+        values["resume_checkpoint"], values["resume"] = values["resume"], True
     _check_types(values)
     cfg = Config(**values)
     validate(cfg)
@@ -467,8 +472,10 @@ def _check_paths(cfg: Config) -> list[str]:
         problems.append(f"model directory not found: {cfg.model}")
     if cfg.dataset and _looks_local(cfg.dataset) and not Path(cfg.dataset).expanduser().exists():
         problems.append(f"dataset file not found: {cfg.dataset}")
-    if cfg.resume and cfg.output_dir and not Path(cfg.output_dir).is_dir():
+    if cfg.resume and cfg.output_dir and not cfg.resume_checkpoint and not Path(cfg.output_dir).is_dir():
         problems.append(f"resume=true but output_dir {cfg.output_dir} does not exist")
+    if cfg.resume_checkpoint and not Path(cfg.resume_checkpoint).is_dir():
+        problems.append(f"resume_from_checkpoint: {cfg.resume_checkpoint} is not a directory")
     return problems
 
 

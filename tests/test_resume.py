@@ -1,0 +1,190 @@
+"""Checkpoints that prove themselves, and resume from whatever a crash left: corrupted or partial
+checkpoints, rows logged past the last checkpoint, torn lines, no checkpoint at all, a full disk."""
+
+from __future__ import annotations
+
+import errno
+import json
+import zlib
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr import cli
+from rlvr.checkpoint import MANIFEST, verify
+from rlvr.config import build_config
+from rlvr.run import train
+
+
+def _text_reward(completions, **kwargs):
+    return [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions]
+
+
+@pytest.fixture(autouse=True)
+def text_rewards(monkeypatch):
+    import rlvr.rewards as rewards
+
+    monkeypatch.setitem(rewards.REWARDS, "boxed_format", _text_reward)
+
+
+def _cfg(tiny_model_dir, out, **kw):
+    return build_config({
+        "model": str(tiny_model_dir), "task_args": {"digits": 2, "num_train": 50, "num_test": 8},
+        "reward_funcs": ["boxed_format"], "num_generations": 4, "per_device_train_batch_size": 8,
+        "max_completion_length": 6, "learning_rate": 1e-3, "max_steps": 4, "save_steps": 2, "logging_steps": 1,
+        "eval_on_start": False, "eval_on_end": False, "output_dir": str(out), **kw,
+    })
+
+
+def _rows(out, name="metrics.jsonl"):
+    rows = [json.loads(line) for line in (out / name).read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith("timing/") and k not in ("step_time", "tokens_per_second")}
+            for r in rows]
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_model_dir, tmp_path_factory):
+    import rlvr.rewards as rewards
+
+    out = tmp_path_factory.mktemp("straight")
+    saved, rewards.REWARDS["boxed_format"] = rewards.REWARDS["boxed_format"], _text_reward
+    try:
+        train(_cfg(tiny_model_dir, out))
+    finally:
+        rewards.REWARDS["boxed_format"] = saved
+    return out
+
+
+def _same_run(out, straight):
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(straight / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _rows(out) == _rows(straight)
+    assert _rows(out, "completions.jsonl") == _rows(straight, "completions.jsonl")
+
+
+def _flip_byte(path, at=-100):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+CORRUPTIONS = {
+    "flipped byte in the weights": (lambda c: _flip_byte(c / "model.safetensors"), "model.safetensors does not match its SHA-256"),
+    "flipped byte in the trainer state": (lambda c: _flip_byte(c / "trainer_state.pt", at=200), "trainer_state.pt does not match"),
+    "truncated trainer state": (lambda c: (c / "trainer_state.pt").write_bytes((c / "trainer_state.pt").read_bytes()[:100]),
+                                "trainer_state.pt has 100 bytes"),
+    "missing weights": (lambda c: (c / "model.safetensors").unlink(), "model.safetensors is missing"),
+    "unreadable manifest": (lambda c: (c / MANIFEST).write_text("{not json"), "manifest.json is unreadable"),
+}
+
+
+@pytest.mark.parametrize("kind", list(CORRUPTIONS))
+def test_a_broken_checkpoint_is_skipped_for_the_one_before(kind, tiny_model_dir, tmp_path, straight, capsys):
+    out = tmp_path / "run"
+    train(_cfg(tiny_model_dir, out))
+    break_it, reason = CORRUPTIONS[kind]
+    break_it(out / "checkpoint-4")
+    assert reason in verify(out / "checkpoint-4")
+    (out / "checkpoint-99").mkdir()  # an empty directory (it once blocked resume)
+    train(_cfg(tiny_model_dir, out, resume=True))
+    printed = capsys.readouterr().out
+    assert f"skipping checkpoint-4: {reason}" in printed and "removed checkpoint-99" in printed
+    assert not (out / "checkpoint-99").exists()
+    _same_run(out, straight)  # steps 3 and 4 replayed from checkpoint-2: the same run
+
+
+def test_rows_logged_after_the_last_checkpoint_are_written_once(tiny_model_dir, tmp_path, straight, capsys):
+    """What kill -9 leaves: rows of steps 3-4 logged, checkpoint-4 never written, a torn last line."""
+    out = tmp_path / "run"
+    train(_cfg(tiny_model_dir, out))
+    import shutil
+
+    shutil.rmtree(out / "checkpoint-4")
+    (out / ".checkpoint-4.tmp").mkdir()  # a save cut short
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "rew')
+    train(_cfg(tiny_model_dir, out, resume=True))
+    assert "metrics.jsonl: kept the rows up to step 2, dropped 2 of later steps, 1 torn line" in capsys.readouterr().out
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4]
+    assert not list(out.glob(".checkpoint-*"))
+    _same_run(out, straight)
+
+
+def test_resume_from_checkpoint_takes_a_path(tiny_model_dir, tmp_path, straight):
+    out = tmp_path / "run"
+    train(_cfg(tiny_model_dir, out))
+    cfg = build_config({**_cfg(tiny_model_dir, out).to_dict(), "resume_from_checkpoint": str(out / "checkpoint-2")})
+    assert cfg.resume and cfg.resume_checkpoint == str(out / "checkpoint-2")
+    train(cfg)
+    _same_run(out, straight)
+    _flip_byte(out / "checkpoint-2" / "model.safetensors")
+    assert cli.main(["train", f"model={tiny_model_dir}", f"resume_from_checkpoint={out / 'checkpoint-2'}"]) == 2
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over(tiny_model_dir, tmp_path, straight, capsys):
+    """kill -9 before the first save leaves rows and a config but no checkpoint: a fresh start is
+    refused (the directory holds a run), and resume=true starts it over, with nothing to delete."""
+    import shutil
+
+    out = tmp_path / "run"
+    train(_cfg(tiny_model_dir, out, max_steps=2, save_steps=1000))
+    for path in [*out.glob("checkpoint-*"), out / "model.safetensors", out / "config.json"]:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    with pytest.raises(FileExistsError, match="continue it with resume=true"):
+        train(_cfg(tiny_model_dir, out))
+    train(_cfg(tiny_model_dir, out, resume=True))
+    printed = capsys.readouterr().out
+    assert "has no checkpoint yet: the run starts over there" in printed
+    assert "metrics.jsonl: kept the rows up to step 0, dropped 2 of later steps" in printed
+    _same_run(out, straight)
+
+
+def _disk_full_on_save(monkeypatch, at: int):
+    import rlvr.checkpoint as checkpoint
+
+    original, calls = checkpoint.torch.save, {"n": 0}
+
+    def save(obj, path, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == at:
+            with open(path, "wb") as f:
+                f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+
+
+def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    _disk_full_on_save(monkeypatch, at=2)  # checkpoint-4
+    args = ["train", f"model={tiny_model_dir}", "task_args.num_train=50", "task_args.num_test=8", "reward_funcs=[boxed_format]",
+            "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=6", "max_steps=6", "save_steps=2",
+            "eval_on_start=false", "eval_on_end=false", f"output_dir={out}"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rlvr train: error: disk full: could not write {out / 'checkpoint-4'}")
+    assert "checkpoint-2 stays" in err[0] and "resume=true" in err[0]
+    assert verify(out / "checkpoint-2") is None and not (out / "checkpoint-4").exists() and not list(out.glob(".checkpoint-*"))
+
+
+def test_on_save_error_continue_trains_on_without_that_checkpoint(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    _disk_full_on_save(monkeypatch, at=1)  # checkpoint-2
+    train(_cfg(tiny_model_dir, out, on_save_error="continue"))
+    assert "training goes on without it (on_save_error=continue)" in capsys.readouterr().out
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"] and (out / "config.json").is_file()
+
+
+def test_the_final_model_is_moved_in_with_its_config_last(tiny_model_dir, tmp_path, monkeypatch):
+    import rlvr.run as run
+
+    moved = []
+    real_replace = run.os.replace
+    monkeypatch.setattr(run.os, "replace", lambda a, b: (moved.append((str(a), str(b))), real_replace(a, b)))
+    out = tmp_path / "run"
+    train(_cfg(tiny_model_dir, out, max_steps=1))
+    final = [b for a, b in moved if ".final.tmp" in a]
+    assert final[-1].endswith("config.json") and any(m.endswith("model.safetensors") for m in final)
+    assert not (out / ".final.tmp").exists()
