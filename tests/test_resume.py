@@ -178,7 +178,7 @@ def test_on_save_error_continue_trains_on_without_that_checkpoint(tiny_model_dir
 
 
 def test_the_final_model_is_moved_in_with_its_config_last(tiny_model_dir, tmp_path, monkeypatch):
-    import rlvr.run as run
+    import rlvr.rundir as run
 
     moved = []
     real_replace = run.os.replace
@@ -188,3 +188,29 @@ def test_the_final_model_is_moved_in_with_its_config_last(tiny_model_dir, tmp_pa
     final = [b for a, b in moved if ".final.tmp" in a]
     assert final[-1].endswith("config.json") and any(m.endswith("model.safetensors") for m in final)
     assert not (out / ".final.tmp").exists()
+
+
+def test_one_run_per_directory(tiny_model_dir, tmp_path, capsys):
+    """A second writer is refused with the first one's PID; a lock left by a dead process is taken over."""
+    import os
+    import subprocess
+    import sys
+
+    from rlvr.rundir import LOCK, RunLock, RunLocked
+
+    out = tmp_path / "run"
+    holder = RunLock(out)  # a run in progress
+    with pytest.raises(RunLocked, match=f"in use by another rlvr run \\(pid {os.getpid()} on "):
+        train(_cfg(tiny_model_dir, out))
+    with pytest.raises(RunLocked, match="in use by another rlvr run"):
+        train(_cfg(tiny_model_dir, out, resume=True))
+    assert cli.main(["train", f"model={tiny_model_dir}", f"output_dir={out}", "resume=true"]) == 2
+    assert "is in use by another rlvr run (pid" in capsys.readouterr().err
+    holder.close()
+    # a process that took the lock and was killed: the kernel released its lock, its note stays
+    code = f"import os, sys; sys.path.insert(0, {str(os.getcwd() + '/src')!r}); from rlvr.rundir import RunLock; RunLock(__import__('pathlib').Path({str(out)!r})); os._exit(0)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert (out / LOCK).read_text().startswith("pid ")
+    train(_cfg(tiny_model_dir, out, max_steps=1))
+    assert "the lock of an earlier run (pid" in capsys.readouterr().out
+    assert (out / LOCK).read_text() == ""  # released at the end

@@ -82,6 +82,7 @@ def _quiet_libraries() -> None:
 def _library_errors() -> tuple:
     from rlvr.checkpoint import CheckpointError
     from rlvr.compare import EvalFileError
+    from rlvr.rundir import RunLocked
     from rlvr.lora import LoraError
     from rlvr.models import ModelError
     from rlvr.rewards import RewardError
@@ -89,7 +90,7 @@ def _library_errors() -> tuple:
     from rlvr.rollout.vllm import VLLMError
     from rlvr.tasks.dataset import DatasetError
 
-    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError, CheckpointError)
+    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError, CheckpointError, RunLocked)
 
 
 def split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -122,7 +123,7 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
     if run_base and isinstance(model, str) and (Path(model) / "config.yaml").is_file():
         base = {k: v for k, v in load_yaml(Path(model) / "config.yaml").items() if k not in ("output_dir", "resume")}
     if merged.get("resume") or merged.get("resume_from_checkpoint"):
-        from rlvr.run import latest_run_dir
+        from rlvr.rundir import latest_run_dir
 
         run_dir = Path(merged["output_dir"]) if merged.get("output_dir") else latest_run_dir()
         if (run_dir / "config.yaml").is_file():

@@ -4,20 +4,18 @@ loggers, alerts, the live report, checkpoints, the final model and the summary."
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
 from rlvr import distributed, fsdp, interrupts, lora
 from rlvr.alerts import AlertEvent
-from rlvr.checkpoint import CheckpointError, DiskFull, checkpoints, clean_leftovers, is_disk_full, resumable, verify
+from rlvr.checkpoint import DiskFull
 from rlvr.config import Config, save_config
 from rlvr.evaluate import EvalResult, evaluate, write_result
 from rlvr.models import disable_dropout, latest_checkpoint, load_model, make_reference
 from rlvr.monitor import build_loggers, format_log_line, make_console, make_progress
+from rlvr.rundir import prepare_output_dir_once, save_final_model
 from rlvr.tasks import build_rewards, load_splits, verifier_name
 from rlvr.trainer import Trainer, total_steps_for
 
@@ -56,7 +54,16 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
         from rlvr.rollout.vllm import require_vllm
 
         require_vllm()  # likewise
-    cfg, output_dir, checkpoint = _prepare_output_dir_once(cfg, world, say=lambda text: console.print(f"[yellow]{text}[/]"))
+    cfg, output_dir, checkpoint, lock = prepare_output_dir_once(cfg, world, say=lambda text: console.print(f"[yellow]{text}[/]"))
+    try:
+        return _train_in(cfg, output_dir, checkpoint, console, world)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, world: distributed.World) -> dict:
+    """The run in its (locked) directory."""
     train_examples, test_examples = load_splits(cfg)
     test_examples = test_examples[: cfg.eval_max_examples or None]
     loggers = build_loggers(cfg, output_dir) if world.is_main else []  # a missing logger package fails before the model loads
@@ -181,28 +188,6 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
     return summary
 
 
-def save_final_model(model, tokenizer, output_dir: Path, how: str) -> None:
-    """The final model in the run directory, written beside it first and moved in with its
-    config.json (or adapter_config.json) last: a stop half way leaves no config, and `rlvr eval`
-    of the run then takes its newest checkpoint instead of a model without weights."""
-    tmp = output_dir / ".final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-        lora.save_final(model, tmp, how)  # with LoRA: the adapter, or the merged model
-        tokenizer.save_pretrained(tmp)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(e):
-            raise DiskFull(f"disk full: could not write the final model into {output_dir} "
-                           f"({shutil.disk_usage(output_dir).free / 1e9:.2f} GB free); the checkpoints stay") from None
-        raise
-    configs = ("config.json", "adapter_config.json")
-    for path in sorted(tmp.iterdir(), key=lambda p: p.name in configs):  # the configs last
-        os.replace(path, output_dir / path.name)
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
 class LiveReport:
     """report.html and its plots, redrawn during training.  A failure to draw is reported once
     and never stops training: the report is a view of files that are already safe on disk."""
@@ -223,102 +208,6 @@ class LiveReport:
 
 def _brief(result: EvalResult) -> dict:
     return {k: v for k, v in result.to_dict().items() if k != "samples"}
-
-
-def _prepare_output_dir_once(cfg: Config, world: distributed.World, say=print):
-    """prepare_output_dir on rank 0, its answer (or its error) on every rank."""
-    if not world.enabled:
-        return prepare_output_dir(cfg, say)
-    answer = None
-    if world.is_main:
-        try:
-            answer = prepare_output_dir(cfg, say)
-        except (FileExistsError, FileNotFoundError, CheckpointError) as e:
-            answer = e
-    answer = distributed.broadcast(answer, world)
-    if isinstance(answer, Exception):
-        raise answer
-    return answer
-
-
-def prepare_output_dir(cfg: Config, say=print):
-    """(cfg with a concrete output_dir, that dir, the checkpoint to resume from or None).
-
-    resume=true takes the newest checkpoint that verifies (checkpoint.py), reporting the ones it
-    skips; a run that stopped before its first checkpoint starts over in its directory.  The
-    logs keep the steps up to the checkpoint, each once (rows of replayed steps are dropped)."""
-    if cfg.resume_checkpoint:  # TRL's resume_from_checkpoint=<path>
-        checkpoint = Path(cfg.resume_checkpoint)
-        problem = verify(checkpoint)
-        if problem is not None:
-            raise CheckpointError(f"resume_from_checkpoint={checkpoint}: {problem}")
-        output_dir = Path(cfg.output_dir) if cfg.output_dir else checkpoint.parent
-        output_dir.mkdir(parents=True, exist_ok=True)
-        _keep_logs_until(output_dir, _step_of(checkpoint), say)
-        return dataclasses.replace(cfg, output_dir=str(output_dir)), output_dir, checkpoint
-    if cfg.resume:
-        output_dir = Path(cfg.output_dir) if cfg.output_dir else latest_run_dir()
-        for name in clean_leftovers(output_dir):
-            say(f"removed {name}: left by an interrupted save")
-        checkpoint = resumable(output_dir, say)
-        if checkpoint is None and checkpoints(output_dir):
-            raise CheckpointError(f"resume=true but no checkpoint in {output_dir} verifies (see above); "
-                                  "resume_from_checkpoint=<dir> resumes from one you choose")
-        if checkpoint is None:
-            say(f"{output_dir} has no checkpoint yet: the run starts over there")
-        _keep_logs_until(output_dir, _step_of(checkpoint) if checkpoint else 0, say)
-        return dataclasses.replace(cfg, output_dir=str(output_dir)), output_dir, checkpoint
-    name = cfg.output_dir or f"runs/{_run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    output_dir = Path(name)
-    if output_dir.is_dir() and ((output_dir / "metrics.jsonl").exists() or checkpoints(output_dir)):
-        raise FileExistsError(
-            f"{output_dir} already holds a training run; continue it with resume=true, or pick another output_dir"
-        )
-    output_dir.mkdir(parents=True, exist_ok=True)
-    return dataclasses.replace(cfg, output_dir=str(output_dir)), output_dir, None
-
-
-LOGS = ("metrics.jsonl", "completions.jsonl", "alerts.jsonl")
-
-
-def _step_of(checkpoint: Path) -> int:
-    return int(checkpoint.name.split("-")[-1])
-
-
-def _keep_logs_until(output_dir: Path, step: int, say=print) -> None:
-    """Drop the rows of steps after `step` (a resumed run writes them again) and torn lines."""
-    for name in LOGS:
-        path = output_dir / name
-        if not path.is_file():
-            continue
-        kept, dropped, torn = [], 0, 0
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                torn += bool(line.strip())
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > step:
-                dropped += 1
-                continue
-            kept.append(line)
-        if dropped or torn:
-            tmp = path.with_name(f".{name}.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, path)
-            say(f"{name}: kept the rows up to step {step}" + (f", dropped {dropped} of later steps" if dropped else "")
-                + (f", {torn} torn line{'s' * (torn > 1)}" if torn else ""))
-
-
-def latest_run_dir(root: Path = Path("runs")) -> Path:
-    runs = [p for p in root.glob("*") if p.is_dir() and latest_checkpoint(p) is not None]
-    if not runs:
-        raise FileNotFoundError(f"resume=true without output_dir, and no run with a checkpoint under {root}/")
-    return max(runs, key=lambda p: latest_checkpoint(p).stat().st_mtime)
-
-
-def _run_name(cfg: Config) -> str:
-    return Path(cfg.dataset).stem.replace("/", "-") if cfg.dataset else cfg.task
 
 
 def print_summary(console, summary: dict) -> None:

@@ -1,0 +1,180 @@
+"""The run directory: one run per directory (a lock), which checkpoint a resumed run continues
+from, logs that hold each step once, and the final model moved in whole.
+
+A run holds an exclusive `flock` on `<output_dir>/.lock` (with its PID) from before it decides
+anything until it ends; a second writer is refused with that PID.  The kernel drops the lock
+when its process dies, so a lock left by a killed run is simply taken over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from rlvr import distributed, lora
+from rlvr.checkpoint import CheckpointError, DiskFull, checkpoints, clean_leftovers, is_disk_full, resumable, verify
+from rlvr.config import Config
+from rlvr.models import latest_checkpoint
+
+LOCK = ".lock"
+
+
+class RunLocked(RuntimeError):
+    pass
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held while this object is open."""
+
+    def __init__(self, output_dir: Path, say=print):
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.path = output_dir / LOCK
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._holder()
+            os.close(self.fd)
+            raise RunLocked(f"{output_dir} is in use by another rlvr run ({holder}); wait for it to end, "
+                            "or pick another output_dir") from None
+        previous = self._holder()
+        if previous:
+            say(f"{output_dir}: the lock of an earlier run ({previous}) was left behind; taken over")
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+
+    def _holder(self) -> str:
+        return os.pread(self.fd, 200, 0).decode(errors="replace").strip()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def prepare_output_dir_once(cfg: Config, world: distributed.World, say=print):
+    """prepare_output_dir on rank 0, its answer (or its error) on every rank; the lock is rank 0's."""
+    if not world.enabled:
+        return prepare_output_dir(cfg, say)
+    answer, lock = None, None
+    if world.is_main:
+        try:
+            *answer, lock = prepare_output_dir(cfg, say)
+        except (FileExistsError, FileNotFoundError, CheckpointError, RunLocked) as e:
+            answer = e
+    answer = distributed.broadcast(answer, world)
+    if isinstance(answer, Exception):
+        raise answer
+    return (*answer, lock)
+
+
+def prepare_output_dir(cfg: Config, say=print):
+    """(cfg with a concrete output_dir, that dir, the checkpoint to resume from or None, the lock).
+
+    resume=true takes the newest checkpoint that verifies (checkpoint.py), reporting the ones it
+    skips; a run that stopped before its first checkpoint starts over in its directory.  The
+    logs keep the steps up to the checkpoint, each once (rows of replayed steps are dropped).
+    Nothing is looked at or changed before the directory's lock is held."""
+    if cfg.resume_checkpoint:  # TRL's resume_from_checkpoint=<path>
+        checkpoint = Path(cfg.resume_checkpoint)
+        output_dir = Path(cfg.output_dir) if cfg.output_dir else checkpoint.parent
+        lock = RunLock(output_dir, say)
+        problem = verify(checkpoint)
+        if problem is not None:
+            lock.close()
+            raise CheckpointError(f"resume_from_checkpoint={checkpoint}: {problem}")
+    elif cfg.resume:
+        output_dir = Path(cfg.output_dir) if cfg.output_dir else latest_run_dir()
+        lock = RunLock(output_dir, say)
+        for name in clean_leftovers(output_dir):
+            say(f"removed {name}: left by an interrupted save")
+        checkpoint = resumable(output_dir, say)
+        if checkpoint is None and checkpoints(output_dir):
+            lock.close()
+            raise CheckpointError(f"resume=true but no checkpoint in {output_dir} verifies (see above); "
+                                  "resume_from_checkpoint=<dir> resumes from one you choose")
+        if checkpoint is None:
+            say(f"{output_dir} has no checkpoint yet: the run starts over there")
+    else:
+        output_dir = Path(cfg.output_dir or f"runs/{_run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}")
+        lock, checkpoint = RunLock(output_dir, say), None
+        if (output_dir / "metrics.jsonl").exists() or checkpoints(output_dir):
+            lock.close()
+            raise FileExistsError(
+                f"{output_dir} already holds a training run; continue it with resume=true, or pick another output_dir"
+            )
+    _keep_logs_until(output_dir, _step_of(checkpoint) if checkpoint else 0, say)
+    return dataclasses.replace(cfg, output_dir=str(output_dir)), output_dir, checkpoint, lock
+
+
+LOGS = ("metrics.jsonl", "completions.jsonl", "alerts.jsonl")
+
+
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name.split("-")[-1])
+
+
+def _keep_logs_until(output_dir: Path, step: int, say=print) -> None:
+    """Drop the rows of steps after `step` (a resumed run writes them again) and torn lines."""
+    for name in LOGS:
+        path = output_dir / name
+        if not path.is_file():
+            continue
+        kept, dropped, torn = [], 0, 0
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                torn += bool(line.strip())
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > step:
+                dropped += 1
+                continue
+            kept.append(line)
+        if dropped or torn:
+            tmp = path.with_name(f".{name}.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
+            say(f"{name}: kept the rows up to step {step}" + (f", dropped {dropped} of later steps" if dropped else "")
+                + (f", {torn} torn line{'s' * (torn > 1)}" if torn else ""))
+
+
+def latest_run_dir(root: Path = Path("runs")) -> Path:
+    runs = [p for p in root.glob("*") if p.is_dir() and latest_checkpoint(p) is not None]
+    if not runs:
+        raise FileNotFoundError(f"resume=true without output_dir, and no run with a checkpoint under {root}/")
+    return max(runs, key=lambda p: latest_checkpoint(p).stat().st_mtime)
+
+
+def _run_name(cfg: Config) -> str:
+    return Path(cfg.dataset).stem.replace("/", "-") if cfg.dataset else cfg.task
+
+
+def save_final_model(model, tokenizer, output_dir: Path, how: str) -> None:
+    """The final model in the run directory, written beside it first and moved in with its
+    config.json (or adapter_config.json) last: a stop half way leaves no config, and `rlvr eval`
+    of the run then takes its newest checkpoint instead of a model without weights."""
+    tmp = output_dir / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        lora.save_final(model, tmp, how)  # with LoRA: the adapter, or the merged model
+        tokenizer.save_pretrained(tmp)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(e):
+            raise DiskFull(f"disk full: could not write the final model into {output_dir} "
+                           f"({shutil.disk_usage(output_dir).free / 1e9:.2f} GB free); the checkpoints stay") from None
+        raise
+    configs = ("config.json", "adapter_config.json")
+    for path in sorted(tmp.iterdir(), key=lambda p: p.name in configs):  # the configs last
+        os.replace(path, output_dir / path.name)
+    shutil.rmtree(tmp, ignore_errors=True)
