@@ -56,6 +56,11 @@ def straight(tiny_model_dir, tmp_path_factory):
     return out
 
 
+def _printed(capsys) -> str:
+    """What the run printed, with the console's line wrapping undone."""
+    return " ".join(capsys.readouterr().out.split())
+
+
 def _same_run(out, straight):
     a, b = load_file(str(out / "model.safetensors")), load_file(str(straight / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -214,3 +219,25 @@ def test_one_run_per_directory(tiny_model_dir, tmp_path, capsys):
     train(_cfg(tiny_model_dir, out, max_steps=1))
     assert "the lock of an earlier run (pid" in capsys.readouterr().out
     assert (out / LOCK).read_text() == ""  # released at the end
+
+
+def test_resume_refuses_settings_that_change_the_run_unless_told(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    train(_cfg(tiny_model_dir, out, max_steps=2))
+    for change in ({"seed": 7}, {"num_generations": 8}, {"learning_rate": 5e-3}, {"task_args": {"digits": 1}},
+                   {"reward_funcs": ["accuracy"]}, {"model": str(out)}):
+        with pytest.raises(Exception, match="resume with settings that change the run's course from step 2: "
+                                             f"{list(change)[0]}: .*add resume_override=true"):
+            train(_cfg(tiny_model_dir, out, resume=True, max_steps=4, **change))
+    assert not list(out.glob("config.before-*"))  # nothing was changed by the refusals
+    # free settings pass and are reported; the run goes on
+    train(_cfg(tiny_model_dir, out, resume=True, max_steps=3, logging_steps=2, eval_on_end=True))
+    assert "resumed with max_steps: 2 -> 3; logging_steps: 1 -> 2; eval_on_end: False -> True" in _printed(capsys)
+    assert (out / "config.before-step-2.yaml").is_file()
+    # with the override the new learning rate is the one used
+    train(_cfg(tiny_model_dir, out, resume=True, max_steps=4, logging_steps=2, eval_on_end=True,
+               learning_rate=5e-3, resume_override=True))
+    assert "resume_override=true: continuing from step 3 with learning_rate: 0.001 -> 0.005" in _printed(capsys)
+    assert _rows(out)[-1]["learning_rate"] == pytest.approx(5e-3 * 0.25)  # linear decay: step 4 of 4 is at 1 - 3/4
+    assert cli.main(["train", f"model={tiny_model_dir}", f"output_dir={out}", "resume=true", "seed=3"]) == 2
+    assert "seed: 42 -> 3" in capsys.readouterr().err

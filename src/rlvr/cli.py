@@ -120,14 +120,19 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
     base = {}
     merged = {**file_values, **override_values}
     model = merged.get("model") or merged.get("model_name_or_path")
+    run_control = ("output_dir", "resume", "resume_checkpoint", "resume_override")  # never inherited from a saved run
     if run_base and isinstance(model, str) and (Path(model) / "config.yaml").is_file():
-        base = {k: v for k, v in load_yaml(Path(model) / "config.yaml").items() if k not in ("output_dir", "resume")}
-    if merged.get("resume") or merged.get("resume_from_checkpoint"):
+        base = {k: v for k, v in load_yaml(Path(model) / "config.yaml").items() if k not in run_control}
+    resume = merged.get("resume", merged.get("resume_from_checkpoint"))
+    if resume:
         from rlvr.rundir import latest_run_dir
 
-        run_dir = Path(merged["output_dir"]) if merged.get("output_dir") else latest_run_dir()
+        if merged.get("output_dir"):
+            run_dir = Path(merged["output_dir"])
+        else:
+            run_dir = Path(resume).parent if isinstance(resume, str) else latest_run_dir()
         if (run_dir / "config.yaml").is_file():
-            base = load_yaml(run_dir / "config.yaml")
+            base = {k: v for k, v in load_yaml(run_dir / "config.yaml").items() if k not in run_control}
         base["output_dir"] = str(run_dir)
     return build_config(base, file_values, override_values)
 

@@ -117,6 +117,7 @@ class Config:
     output_dir: str | None = None  # default: runs/<task>-<date>-<time>
     resume: bool = False  # continue from the newest checkpoint in output_dir that verifies (or start over there if it has none)
     resume_checkpoint: str | None = None  # continue from this checkpoint directory (TRL: resume_from_checkpoint=<path>)
+    resume_override: bool = False  # resume even though settings that change the run's course differ from the checkpoint's run
     on_save_error: str = "stop"  # a checkpoint that cannot be written (disk full): stop the run, or continue without it
     logging_steps: int = 10  # one metrics.jsonl line per this many steps (their average)
     save_steps: int = 500  # a checkpoint every this many steps

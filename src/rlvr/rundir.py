@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rlvr import distributed, lora
 from rlvr.checkpoint import CheckpointError, DiskFull, checkpoints, clean_leftovers, is_disk_full, resumable, verify
-from rlvr.config import Config
+from rlvr.config import Config, ConfigError
 from rlvr.models import latest_checkpoint
 
 LOCK = ".lock"
@@ -68,7 +68,7 @@ def prepare_output_dir_once(cfg: Config, world: distributed.World, say=print):
     if world.is_main:
         try:
             *answer, lock = prepare_output_dir(cfg, say)
-        except (FileExistsError, FileNotFoundError, CheckpointError, RunLocked) as e:
+        except (FileExistsError, FileNotFoundError, CheckpointError, RunLocked, SettingsChanged) as e:
             answer = e
     answer = distributed.broadcast(answer, world)
     if isinstance(answer, Exception):
@@ -111,8 +111,56 @@ def prepare_output_dir(cfg: Config, say=print):
             raise FileExistsError(
                 f"{output_dir} already holds a training run; continue it with resume=true, or pick another output_dir"
             )
+    cfg = dataclasses.replace(cfg, output_dir=str(output_dir))
+    if checkpoint is not None:
+        try:
+            compare_settings(cfg, output_dir, _step_of(checkpoint), say)
+        except SettingsChanged:
+            lock.close()
+            raise
     _keep_logs_until(output_dir, _step_of(checkpoint) if checkpoint else 0, say)
-    return dataclasses.replace(cfg, output_dir=str(output_dir)), output_dir, checkpoint, lock
+    return cfg, output_dir, checkpoint, lock
+
+
+# Settings a resumed run may change: what it logs, saves, evaluates and alerts on, how long it
+# runs, and where it connects; any other change alters the run's course from the checkpoint.
+FREE_TO_CHANGE = {
+    "output_dir", "resume", "resume_checkpoint", "resume_override", "on_save_error", "logging_steps", "save_steps",
+    "save_total_limit", "log_completions", "num_completions_to_print", "report_to", "report_steps", "on_alert",
+    "eval_on_start", "eval_on_end", "eval_strategy", "eval_steps", "eval_num_samples", "eval_num_shots",
+    "eval_max_examples", "eval_temperature", "eval_batch_size", "eval_output", "max_steps", "num_train_epochs",
+    "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "ray_address", "rollout_workers",
+    "vllm_gpu_memory_utilization", "vllm_kv_cache_gb", "use_cpu",
+}
+
+
+class SettingsChanged(ConfigError):
+    pass
+
+
+def compare_settings(cfg: Config, output_dir: Path, step: int, say=print) -> None:
+    """Resuming with other settings than the run's config.yaml: free ones are reported, the others
+    refused unless resume_override=true.  The previous config.yaml is kept as config.before-step-<N>.yaml."""
+    saved_path = output_dir / "config.yaml"
+    if not saved_path.is_file():
+        return
+    import yaml
+
+    saved = yaml.safe_load(saved_path.read_text()) or {}
+    current = yaml.safe_load(yaml.safe_dump(cfg.to_dict(), sort_keys=False))  # the same YAML round trip
+    changed = {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
+    course = {k: d for k, d in changed.items() if k not in FREE_TO_CHANGE and not k.startswith("alert_")}
+    free = {k: d for k, d in changed.items() if k not in course and k not in ("output_dir", "resume", "resume_checkpoint", "resume_override")}
+    listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in course.items())
+    if course and not cfg.resume_override:
+        raise SettingsChanged(f"resume with settings that change the run's course from step {step}: {listing}. "
+                              "Resume with the run's own settings (its config.yaml), or add resume_override=true")
+    if course:
+        say(f"resume_override=true: continuing from step {step} with {listing}")
+    if free:
+        say("resumed with " + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in free.items()))
+    if course or free:
+        shutil.copyfile(saved_path, output_dir / f"config.before-step-{step}.yaml")
 
 
 LOGS = ("metrics.jsonl", "completions.jsonl", "alerts.jsonl")

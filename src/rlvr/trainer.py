@@ -466,6 +466,8 @@ class Trainer:
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.cfg.resume_override:  # the optimizer settings given now, not the checkpoint's
+            self._apply_optimizer_settings()
         self.prompts.load_state_dict(state["prompts"])
         self.generator.set_state(state["generator"])
         self.log.load_state_dict(state["log"])
@@ -480,6 +482,14 @@ class Trainer:
         if self.kl_control is not None and state.get("kl_control"):
             self.kl_control.load_state_dict(state["kl_control"])
         self.publish_weights()  # samplers outside this model (rollout workers, vLLM) get the checkpoint's weights
+
+    def _apply_optimizer_settings(self) -> None:
+        cfg = self.cfg
+        self.scheduler.base_lrs = [cfg.learning_rate] * len(self.optimizer.param_groups)
+        for group, factor in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
+            group.update(initial_lr=cfg.learning_rate, lr=cfg.learning_rate * factor(self.scheduler.last_epoch),
+                         weight_decay=cfg.weight_decay, eps=cfg.adam_epsilon, betas=(cfg.adam_beta1, cfg.adam_beta2))
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def close(self) -> None:
         """Stop what the trainer started outside this process (the rollout workers) or in it."""
