@@ -58,7 +58,7 @@ def test_dotted_module_path():
     [
         ("return [1.0]", "must return a list of 2 floats or None, got list of length 1"),
         ("return [1.0, 'x']", "returned 'x'; rewards must be finite numbers or None"),
-        ("return [1.0, float('nan')]", "returned nan"),
+        ("return [1.0, float('inf')]", "returned inf"),
         ("raise KeyError('answer')", "reward function 'bad' raised KeyError"),
     ],
 )
@@ -75,3 +75,51 @@ def test_unknown_names_list_the_choices():
         resolve_reward("acc")
     with pytest.raises(ValueError, match="has no function 'nope'"):
         resolve_reward("rlvr.rewards.math:nope")
+
+
+def _batch_of(values_source: str, tmp_path, name="f", **kwargs):
+    plugin = tmp_path / f"{name}.py"
+    plugin.write_text(f"import numpy as np\nimport torch\nimport time\n\ndef {name}(completions, **kwargs):\n    {values_source}\n")
+    rs = RewardSet([f"{plugin}:{name}", "boxed_format"], weights=[1.0, 0.5], **kwargs)
+    return rs.score_groups([Example("p", "1")], [[rollout("a"), rollout("\\boxed{1}"), rollout("c")]])
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("return np.array([0.5, 1, 0], dtype=np.float32)", [0.5, 1.0, 0.0]),  # numpy arrays, as TRL takes them
+        ("return [np.float32(0.5), np.int64(1), np.bool_(False)]", [0.5, 1.0, 0.0]),
+        ("return torch.tensor([0.5, 1.0, 0.0])", [0.5, 1.0, 0.0]),
+        ("return [torch.tensor(0.5), 1, None]", [0.5, 1.0, None]),
+        ("return [None, float('nan'), np.nan]", [None, None, None]),  # NaN is "not applicable", as in TRL
+    ],
+)
+def test_numpy_and_torch_scores_are_taken(source, expected, tmp_path):
+    scores = _batch_of(source, tmp_path)
+    assert scores.per_func["f"] == expected
+    boxed = [0.0, 1.0, 0.0]
+    assert scores.total == [(e or 0.0) + 0.5 * b for e, b in zip(expected, boxed)]
+
+
+def test_a_function_with_no_score_for_anything_is_not_applicable(tmp_path):
+    plugin = tmp_path / "none.py"
+    plugin.write_text("def none(completions, **kwargs):\n    return [None] * len(completions)\n")
+    scores = RewardSet([f"{plugin}:none"]).score_groups([Example("p", "1")], [[rollout("a"), rollout("b")]])
+    assert scores.total == [0.0, 0.0] and all(isinstance(t, float) for t in scores.total)
+    assert scores.mean("none") != scores.mean("none")  # NaN: no score to average
+
+
+def test_a_slow_reward_function_is_stopped_at_reward_timeout(tmp_path, caplog):
+    import time
+
+    start = time.perf_counter()
+    scores = _batch_of("time.sleep(30)\n    return [1.0] * len(completions)", tmp_path, name="slow", timeout=1.0)
+    assert time.perf_counter() - start < 10
+    assert scores.per_func["slow"] == [None, None, None] and scores.counters["slow"]["timeouts"] == 3
+    assert scores.per_func["boxed_format"] == [0.0, 1.0, 0.0]  # the other functions still score
+    assert "reward function 'slow' ran past reward_timeout=1 s" in caplog.text
+    # `except Exception` in the function does not swallow the limit, nor does a busy loop escape it
+    scores = _batch_of("try:\n        while True: pass\n    except Exception:\n        return [1.0] * 3", tmp_path, name="busy", timeout=1.0)
+    assert scores.per_func["busy"] == [None, None, None]
+    # and a function within its limit is untouched
+    assert _batch_of("time.sleep(0.1)\n    return [1.0] * 3", tmp_path, name="quick", timeout=1.0).per_func["quick"] == [1.0] * 3

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,7 @@ class Config:
     reward_funcs: tuple | None = None  # built-in names or `package.module:function`; default: the task's verifier
     reward_weights: tuple | None = None  # one per reward function; default all 1.0
     reward_args: dict = field(default_factory=dict)  # keyword arguments per reward, e.g. {soft_overlong: {cache: 32}}
+    reward_timeout: float = 60.0  # seconds one call of one of your own reward functions may take; past it, its scores of that batch are None (0 = no limit)
 
     # --- advantage -----------------------------------------------------------
     scale_rewards: str = "group"  # group | batch | none
@@ -373,6 +375,7 @@ def validate(cfg: Config) -> None:
             problems.append(f"reward_args names {name!r}, which is not in reward_funcs {list(cfg.reward_funcs)}")
         if not isinstance(args, dict):
             problems.append(f"reward_args.{name} must be a mapping of keyword arguments, got {args!r}")
+    need(cfg.reward_timeout >= 0 and math.isfinite(cfg.reward_timeout), f"reward_timeout must be >= 0 seconds (0 = no limit); got {cfg.reward_timeout}")
     need(cfg.kl_horizon >= 1, f"kl_horizon must be at least 1; got {cfg.kl_horizon}")
     if cfg.kl_target is not None:
         need(cfg.kl_target > 0, f"kl_target must be > 0 (or null for a fixed beta); got {cfg.kl_target}")

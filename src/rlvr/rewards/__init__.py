@@ -25,18 +25,22 @@ import functools
 import importlib
 import importlib.util
 import inspect
-from math import isfinite, nan
+import logging
+import numbers
+from math import isfinite, isnan, nan
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from rlvr.rewards.code import code_tests
+from rlvr.rewards.deadline import RewardTimeout, time_limit
 from rlvr.rewards.format import boxed_format, format_curriculum, tag_count, think_answer_format
 from rlvr.rewards.length import cosine_length, repetition_penalty, soft_overlong
 from rlvr.rewards.math import accuracy, numeric_accuracy, signed_accuracy
-from rlvr.types import Example, Rollout, TrainerState
+from rlvr.types import Example, Rollout, ScoreList, TrainerState
 
 RewardFn = Callable[..., list]
+log = logging.getLogger(__name__)
 
 
 class RewardError(RuntimeError):
@@ -129,8 +133,10 @@ class Scores:
 class RewardSet:
     """The configured reward functions with their weights and keyword arguments."""
 
-    def __init__(self, names, weights=None, args: dict | None = None):
-        args = args or {}
+    def __init__(self, names, weights=None, args: dict | None = None, timeout: float | None = None):
+        """timeout: seconds one call of one of your own reward functions may take (reward_timeout);
+        the built-ins bound themselves (grading workers, the sandbox's limits)."""
+        args, self.timeout = args or {}, timeout
         self.names = [reward_name(n) for n in names]
         self.fns = []
         for full, short in zip(names, self.names):
@@ -162,28 +168,42 @@ class RewardSet:
         n = len(completions)
         per_func, counters = {}, {}
         for name, fn in zip(self.names, self.fns):
+            limit = None if getattr(fn, "func", fn) in REWARDS.values() else self.timeout
             try:
-                values = fn(completions=completions, **kwargs)
+                with time_limit(limit, f"reward function {name!r}"):
+                    values = fn(completions=completions, **kwargs)
+            except RewardTimeout:
+                log.warning("reward function %r ran past reward_timeout=%g s: its %d scores of this batch are None, "
+                            "counted in rewards/%s/timeouts", name, limit, n, name)
+                values = ScoreList([None] * n)
+                values.timeouts = n
             except Exception as e:
                 raise RewardError(f"reward function {name!r} raised {e.__class__.__name__}: {e}") from e
             per_func[name] = _check_output(name, values, n)
             counters[name] = {"timeouts": getattr(values, "timeouts", 0), "errors": getattr(values, "errors", 0)}
         total = [
-            sum(w * v for w, v in zip(self.weights, vals) if v is not None)
+            float(sum(w * v for w, v in zip(self.weights, vals) if v is not None))  # 0.0 when all are None
             for vals in zip(*(per_func[name] for name in self.names))
         ]
         return Scores(total=total, per_func=per_func, counters=counters)
 
 
 def _check_output(name: str, values, n: int) -> list[float | None]:
+    """The scores as floats or None.  Lists, tuples, numpy arrays and torch tensors of Python,
+    numpy or torch numbers are accepted; NaN means "not applicable", as None does (TRL's nansum)."""
+    if not isinstance(values, (list, tuple)) and hasattr(values, "tolist"):  # numpy array, torch tensor
+        values = values.tolist()
+        values = values if isinstance(values, list) else [values]
     if not isinstance(values, (list, tuple)) or len(values) != n:
         got = f"{type(values).__name__} of length {len(values)}" if hasattr(values, "__len__") else repr(values)
         raise RewardError(f"reward function {name!r} must return a list of {n} floats or None, got {got}")
     out = []
     for v in values:
-        if v is None:
+        if v is not None and not isinstance(v, (int, float)) and hasattr(v, "item"):  # numpy / torch scalar
+            v = v.item()
+        if v is None or (isinstance(v, float) and isnan(v)):
             out.append(None)
-        elif isinstance(v, (int, float)) and isfinite(v):  # bools count as 1 / 0
+        elif isinstance(v, numbers.Real) and isfinite(v):  # bools count as 1 / 0
             out.append(float(v))
         else:
             raise RewardError(f"reward function {name!r} returned {v!r}; rewards must be finite numbers or None")

@@ -44,7 +44,7 @@ def build_rewards(cfg, with_verifier: bool = False):
         weights.append(0.0)
     task_args = {} if cfg.dataset else TASKS[cfg.task].reward_args(cfg.task_args)
     args = {name: {**task_args.get(name, {}), **cfg.reward_args.get(name, {})} for name in names}
-    return RewardSet(names, weights, args)
+    return RewardSet(names, weights, args, timeout=cfg.reward_timeout)
 
 
 TASKS = {ArithmeticTask.name: ArithmeticTask, HumanEvalTask.name: HumanEvalTask}
