@@ -83,6 +83,7 @@ def _library_errors() -> tuple:
     from rlvr.checkpoint import CheckpointError
     from rlvr.compare import EvalFileError
     from rlvr.rundir import RunLocked
+    from rlvr.trainer import NonFinite
     from rlvr.lora import LoraError
     from rlvr.models import ModelError
     from rlvr.rewards import RewardError
@@ -90,7 +91,7 @@ def _library_errors() -> tuple:
     from rlvr.rollout.vllm import VLLMError
     from rlvr.tasks.dataset import DatasetError
 
-    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError, CheckpointError, RunLocked)
+    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError, CheckpointError, RunLocked, NonFinite)
 
 
 def split_args(args: list[str]) -> tuple[str | None, list[str]]:

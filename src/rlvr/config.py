@@ -348,7 +348,7 @@ def validate(cfg: Config) -> None:
     need(cfg.epsilon > 0, f"epsilon must be > 0; got {cfg.epsilon}")
     need(cfg.epsilon_high is None or cfg.epsilon_high >= cfg.epsilon, "epsilon_high must be >= epsilon")
     need(cfg.num_iterations >= 1, "num_iterations must be at least 1")
-    need(cfg.learning_rate > 0, f"learning_rate must be > 0; got {cfg.learning_rate}")
+    need(cfg.learning_rate > 0 and math.isfinite(cfg.learning_rate), f"learning_rate must be a finite number > 0; got {cfg.learning_rate}")
     need(0 <= cfg.warmup_ratio < 1, "warmup_ratio must be in [0, 1)")
     need(cfg.warmup_steps >= 0, "warmup_steps must be >= 0")
     need(cfg.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 = no clipping)")

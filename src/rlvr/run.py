@@ -159,7 +159,8 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, w
             with interrupts.handling(say), interrupts.deferred(f"checkpoint-{trainer.step} is being written"):
                 path = save(collective=False)  # the other ranks may not be here: no collective
             how = "SIGTERM" if isinstance(e, interrupts.Terminated) else "stopped"
-            console.print(f"[red]{how} at step {trainer.step}[/]; saved {path}. Continue with: rlvr train resume=true output_dir={output_dir}")
+            if path is not None:
+                console.print(f"[red]{how} at step {trainer.step}[/]; saved {path}. Continue with: rlvr train resume=true output_dir={output_dir}")
         elif isinstance(e, AlertStop):
             console.print(f"[red]stopped at step {trainer.step}[/]: checkpoint {latest_checkpoint(output_dir)}")
         if world.is_main:

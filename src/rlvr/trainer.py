@@ -63,6 +63,10 @@ def _informative(rounds: list[Round]) -> int:
     return sum(g.has_signal for r in rounds for g in r.groups)
 
 
+class NonFinite(RuntimeError):
+    """A loss, gradient, learning rate or weight that is inf or nan: the run stops."""
+
+
 @dataclass
 class Generation:
     """One generated, scored batch and how many optimizer steps have used it."""
@@ -109,6 +113,7 @@ class Trainer:
         self.ahead: Future | None = None  # with max_staleness=1, the next generation, sampled while this step trains
         self._ahead_thread = ThreadPoolExecutor(1, thread_name_prefix="rlvr-ahead") if cfg.max_staleness else None
         self.extra_state: dict = {}  # e.g. the accuracy before training, kept across resumes
+        self.poisoned: str | None = None  # why the weights may no longer be saved (non-finite after an update)
 
     # --- stages 1-3: one generation ----------------------------------------------------
 
@@ -228,7 +233,14 @@ class Trainer:
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+        if not (math.isfinite(sums["loss"]) and math.isfinite(grad_norm) and math.isfinite(lr)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFinite(f"step {self.step + 1}: the loss is {sums['loss']}, the gradient norm {grad_norm}, the learning "
+                            f"rate {lr}; the update was not applied, so the weights are those of step {self.step}")
         self.optimizer.step()
+        if not all(torch.isfinite(p).all() for p in self.model.parameters() if p.requires_grad):
+            self.poisoned = f"step {self.step + 1}'s update made weights non-finite (inf or nan)"
+            raise NonFinite(f"{self.poisoned}; nothing after the last checkpoint is saved")
         self.scheduler.step()
         if self.ahead is None:  # else once the generation sampled ahead is done (train_step)
             self.publish_weights()
@@ -449,8 +461,9 @@ class Trainer:
 
     def save(self, collective: bool = True) -> Path | None:
         """Every rank calls it (see state_dict); rank 0 writes the checkpoint and returns its path.
-        With fsdp the optimizer state is gathered from every rank, so nothing is saved without `collective`."""
-        if self.cfg.fsdp and not collective:
+        With fsdp the optimizer state is gathered from every rank, so nothing is saved without `collective`;
+        nor after an update made the weights non-finite."""
+        if (self.cfg.fsdp and not collective) or self.poisoned:
             return None
         state = self.state_dict(collective)
         if not self.world.is_main:
