@@ -144,8 +144,11 @@ def cmd_train(args: list[str]) -> int:
     from rlvr.run import AlertStop, train
 
     cfg = resolve_config(args, default_file=None if args else "demo")
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints
-        print(yaml.safe_dump({k: v for k, v in cfg.to_dict().items()}, sort_keys=False).rstrip())
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints: the settings that differ from the defaults
+        defaults = Config().to_dict()
+        changed = {k: v for k, v in cfg.to_dict().items() if v != defaults.get(k)}
+        print("settings (the rest at their defaults; all of them go to config.yaml in the run directory):")
+        print(yaml.safe_dump(changed, sort_keys=False).rstrip())
     try:
         train(cfg)
     except AlertStop as e:  # on_alert marked this rule `stop`; the run was saved

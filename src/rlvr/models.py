@@ -98,6 +98,44 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(ckpts, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
+HUB_PROBE_SECONDS = 3.0
+
+
+def hub_reachable() -> bool:
+    """Whether the Hugging Face Hub answers a TCP connection within a few seconds."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=HUB_PROBE_SECONDS).close()
+        return True
+    except OSError:
+        return False
+
+
+def require_hub_model(name: str) -> None:
+    """For a hub id: when the Hub cannot be reached, use the local cache only (no minute of
+    retries), and fail at once if the model is not in it."""
+    if name == DEFAULT_MODEL or Path(name).expanduser().exists():
+        return
+    import huggingface_hub
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or not hub_reachable()
+    if not offline:
+        return
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        cached = isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # not a valid repo id at all
+        cached = False
+    if not cached:
+        raise ModelError(f"model {name!r} is not a local directory (no {Path(name).expanduser().absolute()}), and as a "
+                         "Hugging Face Hub id it is not in the local cache while the Hub cannot be reached: check the "
+                         "path, or download the model first (huggingface-cli download)")
+
+
 def resolve_model_path(name: str) -> str:
     """"default" -> the converted checkpoint; a run dir -> its final model, else its latest
     checkpoint; any other local dir or hub id as given."""
@@ -135,6 +173,7 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu"):
     """(model on `device`, tokenizer, resolved path).  Errors say which model could not be found."""
     from transformers import AutoModelForCausalLM
 
+    require_hub_model(name)
     path = resolve_model_path(name)
     try:
         tokenizer = load_tokenizer(path)

@@ -13,7 +13,7 @@ from rlvr.alerts import AlertEvent
 from rlvr.checkpoint import DiskFull
 from rlvr.config import Config, save_config
 from rlvr.evaluate import EvalResult, evaluate, write_result
-from rlvr.models import disable_dropout, latest_checkpoint, load_model, make_reference
+from rlvr.models import disable_dropout, latest_checkpoint, load_model, make_reference, require_hub_model
 from rlvr.monitor import build_loggers, format_log_line, make_console, make_progress
 from rlvr.rundir import prepare_output_dir_once, save_final_model
 from rlvr.tasks import build_rewards, load_splits, verifier_name
@@ -48,6 +48,7 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
 
         console = Console(quiet=True)
     distributed.check_supported(cfg, world)  # before any directory is made or model loaded
+    require_hub_model(cfg.model)  # offline, a hub id not in the cache fails now, not after a minute of retries
     if cfg.use_peft:
         lora.require_peft()  # before any directory is made or model loaded
     if cfg.use_vllm:

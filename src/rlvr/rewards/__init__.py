@@ -27,6 +27,7 @@ import importlib.util
 import inspect
 import logging
 import numbers
+import traceback
 from math import isfinite, isnan, nan
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,14 @@ def _load_file(path: Path):
     """Each reward file is executed once, so every name in it resolves to the same function."""
     spec = importlib.util.spec_from_file_location(f"rlvr_user_reward_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ValueError(f"reward function file {path}:{e.lineno}: {e.msg}: {(e.text or '').strip()}") from None
+    except Exception as e:  # the file raised while it was imported: its own line, not ours
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == str(path)]
+        line = f":{frames[-1].lineno}" if frames else ""
+        raise ValueError(f"reward function file {path}{line} raised {e.__class__.__name__} when imported: {e}") from None
     return module
 
 

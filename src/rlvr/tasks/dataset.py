@@ -28,7 +28,10 @@ def load_splits(cfg) -> tuple[list[Example], list[Example]]:
     import datasets
 
     datasets.disable_progress_bars()
+    lines = check_jsonl(Path(cfg.dataset).expanduser()) if Path(cfg.dataset).suffix == ".jsonl" else None
     dd = _load(cfg.dataset, cfg.dataset_config)
+    if lines is not None or cfg.dataset_test_split not in dd:  # remember where each row came from
+        dd = {name: split.add_column(ROW, list(range(len(split)))) for name, split in dd.items()}
     if cfg.dataset_train_split not in dd:
         raise DatasetError(f"{cfg.dataset} has no split {cfg.dataset_train_split!r}; splits: {', '.join(dd)}")
     train = dd[cfg.dataset_train_split]
@@ -42,7 +45,53 @@ def load_splits(cfg) -> tuple[list[Example], list[Example]]:
         train, test = parts["train"], parts["test"]
     prompt_col = _pick(train.column_names, cfg.prompt_column, PROMPT_COLUMNS, "prompt", cfg.dataset)
     answer_col = _pick(train.column_names, cfg.answer_column, ANSWER_COLUMNS, "answer", cfg.dataset, required=False)
-    return _examples(train, prompt_col, answer_col, "train"), _examples(test, prompt_col, answer_col, "test")
+    where = _Where(cfg.dataset, lines)
+    return _examples(train, prompt_col, answer_col, "train", where), _examples(test, prompt_col, answer_col, "test", where)
+
+
+ROW = "__rlvr_row__"  # a row's index in its split as loaded, before any held-out split is drawn
+
+
+class _Where:
+    """Names a row for an error: the file and line of a local JSONL file, else the split and row."""
+
+    def __init__(self, dataset: str, lines: list[int] | None):
+        self.dataset, self.lines = dataset, lines
+
+    def __call__(self, split: str, row: dict, index: int) -> str:
+        original = row.get(ROW, index)
+        if self.lines is not None:
+            return f"{self.dataset}:{self.lines[original]}"
+        return f"{self.dataset}, {split} row {original}"
+
+
+def check_jsonl(path: Path) -> list[int]:
+    """The line number of each row of a JSONL file, after checking every line: UTF-8, a JSON
+    object, and at least one row.  The first problem is an error naming the file and line."""
+    if not path.is_file():
+        raise DatasetError(f"dataset file not found: {path}")
+    import json
+
+    lines = []
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                                   "save the file as UTF-8") from None
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except ValueError as e:
+                raise DatasetError(f"{path}:{number}: not valid JSON ({getattr(e, 'msg', e)} at column {getattr(e, 'colno', '?')})") from None
+            if not isinstance(row, dict):
+                raise DatasetError(f"{path}:{number}: each line must be a JSON object {{...}}, got {type(row).__name__}")
+            lines.append(number)
+    if not lines:
+        raise DatasetError(f"{path} holds no rows (an empty file, or only blank lines)")
+    return lines
 
 
 def _load(name: str, config: str | None):
@@ -64,6 +113,7 @@ def _load(name: str, config: str | None):
 
 
 def _pick(columns, configured, candidates, what, name, required=True):
+    columns = [c for c in columns if c != ROW]
     if configured is not None:
         if configured not in columns:
             raise DatasetError(f"{what}_column={configured!r} is not a column of {name}; columns: {', '.join(columns)}")
@@ -79,21 +129,20 @@ def _pick(columns, configured, candidates, what, name, required=True):
     return None
 
 
-def _examples(ds, prompt_col: str, answer_col: str | None, split: str) -> list[Example]:
+def _examples(ds, prompt_col: str, answer_col: str | None, split: str, where) -> list[Example]:
     out = []
     for i, row in enumerate(ds):
         prompt = row[prompt_col]
-        _check_prompt(prompt, i, split, prompt_col)
+        _check_prompt(prompt, f"{where(split, row, i)}, column {prompt_col!r}")
         answer = row.get(answer_col) if answer_col else None
         answer = None if answer is None else str(answer)
-        columns = {k: v for k, v in row.items() if k != prompt_col}
+        columns = {k: v for k, v in row.items() if k not in (prompt_col, ROW)}
         columns["answer"] = answer
         out.append(Example(prompt=prompt, answer=answer, columns=columns))
     return out
 
 
-def _check_prompt(prompt, i: int, split: str, col: str) -> None:
-    where = f"{split} row {i}, column {col!r}"
+def _check_prompt(prompt, where: str) -> None:
     if isinstance(prompt, str):
         if not prompt.strip():
             raise DatasetError(f"{where}: the prompt is empty")

@@ -1,0 +1,66 @@
+"""Bad input gets a one- or two-line error that names the file, line and what to change, before
+any model loads or any directory is made; never a traceback."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from rlvr import cli
+
+ROWS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(30)]
+
+
+def _jsonl(path, lines):
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else line.encode()) + b"\n" for line in lines))
+    return path
+
+
+def _cases(tmp_path):
+    good = [json.dumps(r) for r in ROWS]
+    broken = list(good)
+    broken[7] = '{"question": "What is 1 + 1?", "answer": 2,,}'
+    latin = list(good)
+    latin[5] = good[5].encode().replace(b"What", b"Wh\xe4t")
+    empty_prompt = list(good)
+    empty_prompt[7] = json.dumps({"question": "  ", "answer": "1"})
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("def f(completions, **kw)\n    return [1.0] * len(completions)\n")
+    raising = tmp_path / "raising.py"
+    raising.write_text("import json\n\nCONFIG = json.loads('{')\n\n\ndef f(completions, **kw):\n    return [1.0]\n")
+    return {
+        "a malformed JSON line": (f"dataset={_jsonl(tmp_path / 'broken.jsonl', broken)}", "broken.jsonl:8: not valid JSON"),
+        "a line that is not UTF-8": (f"dataset={_jsonl(tmp_path / 'latin.jsonl', latin)}", "latin.jsonl:6: not UTF-8 text (byte 0xe4"),
+        "an empty file": (f"dataset={_jsonl(tmp_path / 'empty.jsonl', ['', ''])}", "empty.jsonl holds no rows"),
+        "an empty prompt on line 8": (f"dataset={_jsonl(tmp_path / 'prompt.jsonl', empty_prompt)}",
+                                      "prompt.jsonl:8, column 'question': the prompt is empty"),
+        "a reward file with a syntax error": (f"reward_funcs=[{syntax}:f]", "syntax.py:1: expected ':'"),
+        "a reward file that raises when imported": (f"reward_funcs=[{raising}:f]", "raising.py:3 raised JSONDecodeError when imported"),
+        "an infinite learning rate": ("learning_rate=.inf", "learning_rate must be a finite number > 0; got inf"),
+        "a mistyped run directory, offline": ("model=runs/no-such-run", "model 'runs/no-such-run' is not a local directory"),
+    }
+
+
+CASES = ["a malformed JSON line", "a line that is not UTF-8", "an empty file", "an empty prompt on line 8",
+         "a reward file with a syntax error", "a reward file that raises when imported", "an infinite learning rate",
+         "a mistyped run directory, offline"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_clear_line(case, tiny_model_dir, tmp_path, capsys, monkeypatch):
+    import rlvr.models as models
+
+    monkeypatch.setattr(models, "hub_reachable", lambda: False)  # this machine is offline anyway; never wait for it
+    setting, message = _cases(tmp_path)[case]
+    out = tmp_path / "run"
+    args = ["train", f"model={tiny_model_dir}", setting, f"output_dir={out}", "max_steps=1"]
+    start = time.perf_counter()
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert len(err.strip().splitlines()) <= 2 and "Traceback" not in err
+    assert time.perf_counter() - start < 30
+    if "dataset" not in setting:  # found before the run directory is made
+        assert not out.exists()
