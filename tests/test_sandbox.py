@@ -493,3 +493,62 @@ def test_detection_tries_the_next_method(monkeypatch):
     assert method in ("unshare", None)
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
     assert sandbox._detect() == (None, ["bwrap: not installed", "unshare: not installed"])
+
+
+def test_the_kernel_keyrings_are_out_of_reach(method):
+    """A new uid keeps the session keyring: without the filter the program read (and could revoke)
+    a key the trainer holds.  Now every keyring call is refused."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = libc.syscall(248, b"user", b"rlvr-test-secret", b"s3cret", 6, -3)  # add_key to our session keyring
+    if key < 0:
+        pytest.skip("no session keyring here")
+    try:
+        result = run("""
+            import ctypes, errno
+            libc = ctypes.CDLL(None, use_errno=True)
+            found = libc.syscall(250, 10, -3, b"user", b"rlvr-test-secret", 0)  # KEYCTL_SEARCH the session keyring
+            print("found" if found >= 0 else errno.errorcode[ctypes.get_errno()])
+            print("added" if libc.syscall(248, b"user", b"mine", b"x", 1, -3) >= 0 else errno.errorcode[ctypes.get_errno()])
+        """)
+        assert result.stdout.split() == ["EPERM", "EPERM"], result
+    finally:
+        libc.syscall(250, 3, key, 0, 0, 0)  # KEYCTL_REVOKE our test key
+
+
+@pytest.mark.parametrize("route", ["memfd", "shm", "msg"])
+def test_memory_outside_the_address_space_limit_is_refused(method, route):
+    """1 GB through memfd_create or SysV shared memory would belong to no process, so RLIMIT_AS
+    would not see it; each route is refused."""
+    code = {
+        "memfd": "import os, mmap\nfd = os.memfd_create('x')\nos.ftruncate(fd, 1 << 30)\nm = mmap.mmap(fd, 1 << 30)\nm[::4096] = b'x' * (1 << 18)\nprint('held')",
+        "shm": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nid = libc.shmget(0, 1 << 30, 0o1600)\nprint('held' if id >= 0 else ctypes.get_errno())",
+        "msg": "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nids = [libc.msgget(0, 0o1600) for _ in range(100)]\nprint('held' if max(ids) >= 0 else ctypes.get_errno())",
+    }[route]
+    result = run(code, limits=SandboxLimits(timeout=10, memory=256 << 20))
+    assert "held" not in result.stdout, result
+    assert "Operation not permitted" in result.stderr or result.stdout.strip() == "1", result  # EPERM
+
+
+def test_no_zombie_is_left_when_the_trainer_is_a_subreaper():
+    """As PID 1 of a container (or a subreaper), orphans are ours to reap: sandboxes stopped at their
+    time or output limit must leave no zombie init behind."""
+    import subprocess
+
+    code = textwrap.dedent("""
+        import ctypes, os, sys
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        from rlvr.sandbox import SandboxLimits, run_python
+        for program in ["while True: pass", "print('x' * 10_000_000)", "import os\\nos.setsid()\\nwhile True: pass"] * 2:
+            run_python(program, limits=SandboxLimits(timeout=1, output=1 << 16))
+        zombies = []
+        for task in os.listdir("/proc/self/task"):
+            for child in open(f"/proc/self/task/{task}/children").read().split():
+                state = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0]
+                zombies += [child] if state == "Z" else []
+        print("zombies", len(zombies))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(rlvr.__file__).parents[1])})
+    assert out.stdout.strip() == "zombies 0", out.stdout + out.stderr

@@ -12,7 +12,12 @@ the standard library and is the only code in the sandbox that ever holds a privi
    (we are real root: bubblewrap or unshare started by root); "caps" drops every capability and
    locks them out (we are root of a user namespace, where no other uid is mapped).  Then
    no_new_privs, and a check that no capability is left.
-3. Resource limits, close inherited descriptors, run the program as the __main__ module, with
+3. A seccomp filter refuses (EPERM) the system calls that reach outside the sandbox's limits:
+   the kernel keyrings (add_key, request_key, keyctl: a new uid does not change the session
+   keyring, so the program could read and revoke the trainer's keys) and memory that belongs to
+   no process and so escapes RLIMIT_AS (memfd_create, memfd_secret, SysV shmget and msgget).
+   System calls of another ABI (32-bit or x32 on x86-64) are refused as a whole.
+4. Resource limits, close inherited descriptors, run the program as the __main__ module, with
    the installation's site-packages on sys.path (-S skips `site`, whose .pth files can cost tens
    of milliseconds per start; the program still imports what is installed there, except
    packages that only a .pth file makes importable).
@@ -46,6 +51,7 @@ def main(spec: dict) -> None:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
         if _status("CapEff") != 0 or _status("CapPrm") != 0:
             sys.exit("sandbox: could not drop privileges; refusing to run the program")
+        _refuse_syscalls()
     _set_limits(spec["limits"])
     os.closerange(3, 1 << 16)
     _run(spec["main"])
@@ -174,6 +180,46 @@ def _drop_capabilities() -> None:
 
     if _libc().capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()) != 0:
         raise OSError(ctypes.get_errno(), "capset")
+
+
+# (audit arch, syscall numbers refused): add_key, request_key, keyctl, memfd_create, memfd_secret, shmget, msgget
+_REFUSED = {
+    "x86_64": (0xC000003E, (248, 249, 250, 319, 447, 29, 68)),
+    "aarch64": (0xC00000B7, (217, 218, 219, 279, 447, 194, 186)),
+}
+
+
+def _refuse_syscalls() -> None:
+    """Install the seccomp filter described in the module docstring (no_new_privs is set)."""
+    import ctypes
+    import errno
+    import platform
+
+    if platform.machine() not in _REFUSED:
+        return  # documented: no filter on other architectures
+    arch, numbers = _REFUSED[platform.machine()]
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
+    # [code, jt, jf, k]; a jump target "DENY" is resolved to the last instruction below
+    program = [[ld, 0, 0, 4], [jeq, 0, "DENY", arch], [ld, 0, 0, 0]]
+    if platform.machine() == "x86_64":
+        program.append([jset, "DENY", 0, 0x40000000])  # the x32 ABI
+    program += [[jeq, "DENY", 0, nr] for nr in numbers]
+    program += [[ret, 0, 0, allow], [ret, 0, 0, deny]]
+    last = len(program) - 1
+    for i, instr in enumerate(program):
+        instr[1:3] = [last - i - 1 if x == "DENY" else x for x in instr[1:3]]
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(program))(*[Filter(*instr) for instr in program])
+    fprog = Program(len(program), filters)
+    if _libc().prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        sys.exit(f"sandbox: could not install the seccomp filter ({os.strerror(ctypes.get_errno())}); refusing to run the program")
 
 
 def _status(field: str) -> int:

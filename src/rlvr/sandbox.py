@@ -30,11 +30,18 @@ limited per process, so a sandbox may use up to `processes` x `memory` in all.
 
 At the end, when the program exits, is stopped at the wall-clock limit or floods its output, the
 namespace's init process is killed, and the kernel kills every process left in the namespace,
-including those that called setsid or double-forked; run_python returns after they are gone.
+including those that called setsid or double-forked; run_python returns after they are gone, and
+leaves no zombie behind, also when the trainer is PID 1 of a container or a subreaper.
 
-Not covered: there is no seccomp filter, so every system call reaches the kernel (a kernel bug is
-an escape); /proc shows system-wide information (CPU, memory, uptime); when rlvr runs as root,
-a program may create user namespaces of its own (they contain nothing; rootless bwrap forbids them).
+A seccomp filter (rlvr/_sandbox_init.py) refuses the kernel keyrings (the program would share the
+trainer's session keyring) and the memory that escapes RLIMIT_AS by belonging to no process
+(memfd_create, SysV shared memory and message queues); /tmp is a size-capped tmpfs.
+
+Not covered: the seccomp filter refuses only those calls, so the rest reach the kernel (a kernel
+bug is an escape); memory is bounded per process (RLIMIT_AS, so up to `processes` x `memory`),
+not by a cgroup for the whole sandbox; /proc shows system-wide information (CPU, memory, uptime);
+when rlvr runs as root, a program may create user namespaces of its own (they contain nothing;
+rootless bwrap forbids them).
 
 Fail closed: when no method works, run_python raises SandboxUnavailable saying what to install,
 unless the caller passes allow_unisolated=True: then the program runs as a plain subprocess with
@@ -150,29 +157,37 @@ def _method_or_raise(allow_unisolated: bool) -> str:
 def _run(method: str, code: str, data: bytes, limits: SandboxLimits) -> RunResult:
     workdir = tempfile.mkdtemp(prefix="rlvr-sandbox-")
     code_fd = os.memfd_create("rlvr-program")
+    info_r, info_w = os.pipe() if method == "bwrap" else (-1, -1)  # bwrap tells us its init's pid there
+    init = _Init(info_r)
     try:
         _write_all(code_fd, code.encode("utf-8", "surrogatepass"))
         os.lseek(code_fd, 0, os.SEEK_SET)
-        argv, env, cwd = _command(method, workdir, code_fd, limits, code)
+        argv, env, cwd = _command(method, workdir, code_fd, limits, code, info_w)
         start = time.monotonic()
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=(code_fd,), env=env, cwd=cwd, start_new_session=True)
-        os.close(code_fd)
-        code_fd = -1
+                                pass_fds=tuple(fd for fd in (code_fd, info_w) if fd >= 0), env=env, cwd=cwd,
+                                start_new_session=True)
+        for fd in (code_fd, info_w):
+            if fd >= 0:
+                os.close(fd)
+        code_fd = info_w = -1
         try:
-            out, err, timed_out, truncated = _communicate(proc, data, start + limits.timeout, limits.output)
+            out, err, timed_out, truncated = _communicate(proc, data, start + limits.timeout, limits.output, init)
         finally:
-            _kill_tree(proc, method)
+            _kill_tree(proc, method, init)
         duration = time.monotonic() - start
     finally:
-        if code_fd >= 0:
-            os.close(code_fd)
+        for fd in (code_fd, info_w):
+            if fd >= 0:
+                os.close(fd)
+        init.close()
         _remove_tree(workdir)
     decode = (lambda b: b.decode("utf-8", "replace"))
-    return RunResult(proc.returncode, decode(out), decode(err), timed_out, duration, truncated)
+    returncode = -signal.SIGKILL if timed_out or truncated else proc.returncode  # stopped by us
+    return RunResult(returncode, decode(out), decode(err), timed_out, duration, truncated)
 
 
-def _command(method: str, workdir: str, code_fd: int, limits: SandboxLimits, code: str):
+def _command(method: str, workdir: str, code_fd: int, limits: SandboxLimits, code: str, info_fd: int = -1):
     """(argv, env, cwd) that start rlvr/_sandbox_init.py, isolated by `method`."""
     spec = {"limits": {k: int(v) for k, v in asdict(limits).items() if k not in ("timeout", "output")},
             "main": "/sandbox/main.py", "drop": None}
@@ -181,7 +196,7 @@ def _command(method: str, workdir: str, code_fd: int, limits: SandboxLimits, cod
         spec.update(drop="uid", uid=random.SystemRandom().randrange(1 << 30, 1 << 31))
     env, cwd = dict(_ENV), "/"
     if method == "bwrap":
-        argv = _bwrap_argv(root, code_fd, limits)
+        argv = _bwrap_argv(root, code_fd, limits, info_fd)
     elif method == "unshare":
         argv = [shutil.which("unshare"), "--pid", "--net", "--mount", "--ipc", "--uts", "--fork", "--kill-child"]
         if not root:  # root of a new user namespace, where only our own uid is mapped
@@ -200,9 +215,11 @@ def _command(method: str, workdir: str, code_fd: int, limits: SandboxLimits, cod
     return argv + [_interpreter(), "-I", "-S", "-c", _INIT.read_text(), json.dumps(spec)], env, cwd
 
 
-def _bwrap_argv(root: bool, code_fd: int, limits: SandboxLimits) -> list[str]:
+def _bwrap_argv(root: bool, code_fd: int, limits: SandboxLimits, info_fd: int = -1) -> list[str]:
     argv = [shutil.which("bwrap"), "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    if info_fd >= 0:
+        argv += ["--info-fd", str(info_fd)]
     if root:  # bwrap run by root keeps every capability unless told: keep only what changing uid needs
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -221,13 +238,41 @@ def _bwrap_argv(root: bool, code_fd: int, limits: SandboxLimits) -> list[str]:
                    "--chdir", "/tmp", "--"]
 
 
-def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int):
+class _Init:
+    """The namespace init bwrap starts, as a pidfd opened as soon as bwrap names it on its info fd
+    (the init cannot be reaped before that, so the pid names the right process)."""
+
+    def __init__(self, info_fd: int):
+        self.info_fd, self.buf, self.pidfd = info_fd, bytearray(), -1
+
+    def read(self) -> bool:
+        """Take what bwrap wrote; False once the info fd is closed."""
+        chunk = os.read(self.info_fd, 4096)
+        self.buf += chunk
+        if self.pidfd < 0:
+            try:
+                pid = json.loads(self.buf)["child-pid"]
+                self.pidfd = os.pidfd_open(int(pid))
+            except (ValueError, KeyError, TypeError, OSError):
+                pass
+        return bool(chunk)
+
+    def close(self) -> None:
+        for fd in (self.info_fd, self.pidfd):
+            if fd >= 0:
+                os.close(fd)
+        self.info_fd = self.pidfd = -1
+
+
+def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int, init: _Init | None = None):
     """Feed stdin, collect stdout and stderr up to `cap` bytes each, until both close and the process
     exits, the deadline passes, or the output overflows.  The process is not reaped here."""
     out, err = bytearray(), bytearray()
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ, out)
     sel.register(proc.stderr, selectors.EVENT_READ, err)
+    if init is not None and init.info_fd >= 0:
+        sel.register(init.info_fd, selectors.EVENT_READ, init)
     pending = memoryview(data)
     if pending:
         os.set_blocking(proc.stdin.fileno(), False)
@@ -235,12 +280,16 @@ def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, cap: int)
     else:
         proc.stdin.close()
     timed_out = truncated = False
-    while sel.get_map() and not truncated:
+    while any(k.data is not init for k in sel.get_map().values()) and not truncated:
         left = deadline - time.monotonic()
         if left <= 0:
             timed_out = True
             break
         for key, _ in sel.select(left):
+            if key.data is init:
+                if not init.read():
+                    sel.unregister(key.fileobj)
+                continue
             if key.fileobj is proc.stdin:
                 try:
                     pending = pending[os.write(key.fd, pending[: 1 << 16]):]
@@ -282,9 +331,12 @@ def _wait_exit(pid: int, deadline: float) -> bool:
     return False
 
 
-def _kill_tree(proc: subprocess.Popen, method: str) -> None:
-    """Kill the process group of our child and, for the sandboxes, the namespace's init (bwrap's or
-    ours), whose death makes the kernel kill everything in the PID namespace; wait until it is gone."""
+def _kill_tree(proc: subprocess.Popen, method: str, init: _Init | None = None) -> None:
+    """Kill the namespace's init (bwrap's or ours), whose death makes the kernel kill everything in
+    the PID namespace, and let our child (bwrap or unshare) reap it and exit; then kill our child's
+    process group and wait until it is gone.  In that order the init is never orphaned: killing
+    our child first would hand the init to the nearest subreaper, which is this process when the
+    trainer runs as PID 1 of a container or as a subreaper, and it would stay a zombie."""
     inits = []
     if method != "unisolated":
         for pid in _children(proc.pid):
@@ -292,18 +344,30 @@ def _kill_tree(proc: subprocess.Popen, method: str) -> None:
                 inits.append(os.pidfd_open(pid))
             except OSError:
                 pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # not reaped yet: the group id cannot have been reused
-    except (ProcessLookupError, PermissionError):
-        pass
+    if init is not None and init.info_fd >= 0:
+        while _readable(init.info_fd, 0) and init.read():  # what bwrap wrote since (its init's pid)
+            pass
+    if init is not None and init.pidfd >= 0:
+        inits.append(os.dup(init.pidfd))
     for fd in inits:
         try:
             signal.pidfd_send_signal(fd, signal.SIGKILL)
         except ProcessLookupError:
             pass
         _readable(fd, 5.0)  # once the init has exited, so has everything else in its namespace
-        os.close(fd)
+    if inits:
+        _wait_exit(proc.pid, time.monotonic() + 1.0)  # our child reaps the init and exits
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # not reaped yet: the group id cannot have been reused
+    except (ProcessLookupError, PermissionError):
+        pass
     proc.wait()
+    for fd in inits:  # an init whose parent exited first was handed to us (PID 1, or a subreaper): reap it
+        try:
+            os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            pass  # not ours: its parent reaped it
+        os.close(fd)
     for f in (proc.stdin, proc.stdout, proc.stderr):
         if f and not f.closed:
             f.close()
