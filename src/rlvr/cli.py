@@ -61,11 +61,30 @@ def main(argv: list[str] | None = None) -> int:
     except USAGE_ERRORS + _library_errors() as e:
         print(f"rlvr {ns.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:
-        from rlvr.interrupts import Terminated
+    except OSError as e:
+        from rlvr.checkpoint import is_disk_full
 
-        print(f"rlvr {ns.command}: {'terminated (SIGTERM)' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
+        if not is_disk_full(e):
+            raise
+        print(f"rlvr {ns.command}: error: disk full: {e.strerror or e} ({getattr(e, 'filename', None) or 'writing'}); "
+              "free some space, then continue with resume=true", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        return _interrupted(ns.command, e)
+    except Exception as e:  # a library that turned Ctrl-C into its own error (transformers' lazy imports do)
+        cause = e
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        return _interrupted(ns.command, cause)
+
+
+def _interrupted(command: str, e: KeyboardInterrupt) -> int:
+    from rlvr.interrupts import Terminated
+
+    print(f"rlvr {command}: {'terminated (SIGTERM)' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
+    return 143 if isinstance(e, Terminated) else 130
 
 
 def _quiet_libraries() -> None:
