@@ -6,6 +6,10 @@ under a second, so the logic of the whole pipeline can be tested on CPU.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
 
@@ -15,6 +19,23 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def pytest_configure(config):
+    """Everything the tests and the libraries under them write to a temporary directory (pytest's
+    tmp_path, torchrun's logs, Ray's sessions, the inductor cache, vLLM's files) goes to one
+    directory, removed when the session ends: CI's /tmp is left as it was found. Set
+    RLVR_KEEP_TMP=1 to keep it for a look at a failure."""
+    root = tempfile.mkdtemp(prefix="rlvr-tests-")
+    os.environ.update(TMPDIR=root, RAY_TMPDIR=root, TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"))
+    tempfile.tempdir = root
+    config.rlvr_tmp = root
+
+
+def pytest_unconfigure(config):
+    root = getattr(config, "rlvr_tmp", None)
+    if root and not os.environ.get("RLVR_KEEP_TMP"):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def make_tokenizer():

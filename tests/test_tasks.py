@@ -114,11 +114,11 @@ def test_dataset_errors_name_the_problem(tmp_path):
     with pytest.raises(DatasetError, match="prompt_column='nope' is not a column"):
         load_splits(_cfg(dataset=path, prompt_column="nope"))
     bad = _write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok", "answer": "1"}] * 5 + [{"prompt": [{"role": "user"}], "answer": "1"}] * 5)
-    with pytest.raises(DatasetError, match=r"row \d+, column 'prompt': each chat message must be \{role: str, content: str\}"):
+    with pytest.raises(DatasetError, match=r"bad\.jsonl:\d+, column 'prompt': each chat message must be \{role: str, content: str\}"):
         load_splits(_cfg(dataset=bad))
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"prompt": "a", "answer": 1}\n{not json\n')
-    with pytest.raises(DatasetError, match="could not load dataset"):
+    with pytest.raises(DatasetError, match=r"broken\.jsonl:2: not valid JSON"):
         load_splits(_cfg(dataset=str(broken)))
 
 
