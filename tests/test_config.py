@@ -3,7 +3,8 @@
 import pytest
 
 from rlvr import cli
-from rlvr.config import Config, ConfigError, build_config, load_config, parse_overrides
+from rlvr.config import Config, ConfigError, build_config, parse_overrides
+from rlvr.settings import resolve_config
 
 
 @pytest.fixture
@@ -66,6 +67,35 @@ def test_cli_reports_config_errors_before_loading_anything(args, message, no_tra
     assert re.search(message if "|" in message else re.escape(message), err), err
 
 
+def test_launch_and_environment_are_checked_with_the_settings_before_a_model_loads(monkeypatch, tmp_path):
+    """run.train's first check (settings.check_runnable) also holds the rules of the launch and of
+    the environment: each error comes before a model loads or the run directory is made."""
+    import importlib.util
+
+    import rlvr.models
+    from rlvr import run
+    from rlvr.rollout.vllm import VLLMError
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(rlvr.models, "load_model", boom)
+    monkeypatch.setattr(run, "load_model", boom)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # one process, no torchrun
+    real = importlib.util.find_spec  # vLLM is missing, whether or not this machine has it
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError) as e:  # a rule of the launch
+        run.train(build_config({"fsdp": True, "output_dir": str(out), "use_cpu": True}))
+    assert str(e.value) == ("fsdp=true shards the model across several processes: launch with "
+                            "torchrun --nproc_per_node N -m rlvr.cli train ... (or set fsdp=false)")
+    with pytest.raises(VLLMError) as e:  # a rule of the environment
+        run.train(build_config({"use_vllm": True, "output_dir": str(out), "use_cpu": True}))
+    assert str(e.value).startswith("vLLM is not installed in this environment. On a CPU machine, create the vLLM "
+                                   "environment with `make vllm`"), str(e.value)
+    assert not out.exists()
+
+
 def test_all_problems_are_listed_at_once():
     with pytest.raises(ConfigError) as e:
         build_config({"temperature": 0, "top_p": 2.0, "beta": -1})
@@ -91,8 +121,8 @@ def test_file_then_overrides_then_trl_spellings(tmp_path):
         "model_name_or_path: default\nlearning_rate: 1.0e-6\nnum_generations: 4\nper_device_train_batch_size: 8\n"
         "scale_rewards: false\ntask_args: {digits: 2}\n"
     )
-    cfg = load_config(str(path), ["learning_rate=3e-6", "task_args.operands=3", "reward_funcs=[accuracy]",
-                                  "reward_args.accuracy.timeout=2", "reward_args.accuracy.final_number=true"])
+    cfg = resolve_config([str(path), "learning_rate=3e-6", "task_args.operands=3", "reward_funcs=[accuracy]",
+                          "reward_args.accuracy.timeout=2", "reward_args.accuracy.final_number=true"])
     assert cfg.reward_args == {"accuracy": {"timeout": 2, "final_number": True}}
     assert cfg.learning_rate == 3e-6 and cfg.num_generations == 4
     assert cfg.scale_rewards == "none"  # TRL's boolean form
@@ -111,10 +141,10 @@ def test_bad_yaml_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("beta: [unclosed\n")
     with pytest.raises(ConfigError, match="is not valid YAML"):
-        load_config(str(path), [])
+        resolve_config([str(path)])
     path.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
-        load_config(str(path), [])
+        resolve_config([str(path)])
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from rlvr import distributed
 from rlvr.config import ConfigError, build_config
 from rlvr.distributed import World
 from rlvr.models import eos_token_ids
+from rlvr.settings import check_runnable
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engine import FastSampler, HFSampler
 from rlvr.rollout.sampling import GroupGenerators
@@ -139,7 +140,7 @@ def test_fsdp_rank_without_signal_runs_empty_micro_batches(tiny_model_dir, tmp_p
 
 def test_fsdp_needs_several_processes():
     with pytest.raises(ConfigError, match="fsdp=true shards the model across several processes"):
-        distributed.check_supported(build_config({"fsdp": True}), distributed.SINGLE)
+        check_runnable(build_config({"fsdp": True}), distributed.SINGLE)
 
 
 def test_world_from_the_launcher_environment():
@@ -170,11 +171,11 @@ def test_groups_are_split_whole_and_contiguous():
 
 def test_prompts_per_step_must_divide_by_the_number_of_processes():
     cfg = build_config({"num_generations": 4, "per_device_train_batch_size": 12})  # 3 prompts a step
-    distributed.check_supported(cfg, World(0, 3))
+    check_runnable(cfg, World(0, 3))
     with pytest.raises(ConfigError, match="prompts_per_step=3 must be divisible by the number of processes \\(2\\)"):
-        distributed.check_supported(cfg, World(0, 2))
+        check_runnable(cfg, World(0, 2))
     with pytest.raises(ConfigError, match="use_vllm and rollout_workers"):
-        distributed.check_supported(build_config({"rollout_workers": 2, "num_generations": 4, "per_device_train_batch_size": 16}), World(0, 2))
+        check_runnable(build_config({"rollout_workers": 2, "num_generations": 4, "per_device_train_batch_size": 16}), World(0, 2))
 
 
 def test_metric_sums_merge_by_sum_and_max():

@@ -71,11 +71,11 @@ def test_settings_it_cannot_run_with_are_refused():
         build_config({"max_staleness": 2})
     with pytest.raises(ConfigError, match="max_staleness=1 with use_peft and kl_penalty=reward"):
         build_config({"max_staleness": 1, "use_peft": True, "beta": 0.1, "kl_penalty": "reward"})
-    from rlvr import distributed
+    from rlvr.distributed import World
+    from rlvr.settings import check_runnable
 
     with pytest.raises(ConfigError, match="max_staleness=1 is not supported with several training processes"):
-        distributed.check_supported(build_config({"max_staleness": 1, "num_generations": 4, "per_device_train_batch_size": 8}),
-                                    distributed.World(0, 2))
+        check_runnable(build_config({"max_staleness": 1, "num_generations": 4, "per_device_train_batch_size": 8}), World(0, 2))
 
 
 SIGNAL_REWARDS = '''

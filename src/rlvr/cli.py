@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from importlib import resources
 from pathlib import Path
 
 from rlvr.config import Config, ConfigError, build_config, describe_settings, load_yaml, parse_overrides
+from rlvr.settings import resolve_config, split_args
 
 USAGE_ERRORS = (ConfigError, FileNotFoundError, FileExistsError)
 
@@ -111,50 +111,6 @@ def _library_errors() -> tuple:
     from rlvr.tasks.dataset import DatasetError
 
     return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError, CheckpointError, RunLocked, NonFinite)
-
-
-def split_args(args: list[str]) -> tuple[str | None, list[str]]:
-    files = [a for a in args if "=" not in a]
-    if len(files) > 1:
-        raise ConfigError(f"expected at most one config file, got {files}; settings are key=value")
-    return (files[0] if files else None), [a for a in args if "=" in a]
-
-
-def demo_config_path() -> Path:
-    return Path(str(resources.files("rlvr") / "configs" / "demo.yaml"))
-
-
-def resolve_config(args: list[str], default_file: str | None = None, run_base: bool = False) -> Config:
-    """defaults <- (a run's saved config) <- CONFIG_FILE <- key=value.
-
-    The saved config of a run is the base when resuming it, and (run_base) when
-    its directory is the model, so `rlvr eval model=runs/x` evaluates on the
-    task and settings the run trained with.
-    """
-    config_file, overrides = split_args(args)
-    config_file = config_file or default_file
-    if config_file == "demo":
-        config_file = str(demo_config_path())
-    file_values = load_yaml(config_file) if config_file else {}
-    override_values = parse_overrides(overrides)
-    base = {}
-    merged = {**file_values, **override_values}
-    model = merged.get("model") or merged.get("model_name_or_path")
-    run_control = ("output_dir", "resume", "resume_checkpoint", "resume_override")  # never inherited from a saved run
-    if run_base and isinstance(model, str) and (Path(model) / "config.yaml").is_file():
-        base = {k: v for k, v in load_yaml(Path(model) / "config.yaml").items() if k not in run_control}
-    resume = merged.get("resume", merged.get("resume_from_checkpoint"))
-    if resume:
-        from rlvr.rundir import latest_run_dir
-
-        if merged.get("output_dir"):
-            run_dir = Path(merged["output_dir"])
-        else:
-            run_dir = Path(resume).parent if isinstance(resume, str) else latest_run_dir()
-        if (run_dir / "config.yaml").is_file():
-            base = {k: v for k, v in load_yaml(run_dir / "config.yaml").items() if k not in run_control}
-        base["output_dir"] = str(run_dir)
-    return build_config(base, file_values, override_values)
 
 
 def cmd_train(args: list[str]) -> int:

@@ -3,7 +3,8 @@
 Names follow TRL's GRPOConfig wherever TRL has the setting, with TRL's defaults,
 so a TRL recipe ports unchanged.  A config is built from a YAML file, then
 `key=value` overrides (values parsed as YAML, `task_args.digits=2` reaches into
-a mapping), and validated before any model is loaded.
+a mapping), and validated before any model is loaded.  settings.py resolves a config from
+the command line and checks it against the launch and the environment (check_runnable).
 """
 
 from __future__ import annotations
@@ -494,15 +495,6 @@ def _looks_local(name: str) -> bool:
 
 def _round_up(n: int, k: int) -> int:
     return ((n + k - 1) // k) * k
-
-
-def load_config(config_file: str | None, overrides: list[str], base: dict[str, Any] | None = None) -> Config:
-    """The resolved config for the CLI: defaults <- base <- file <- key=value overrides."""
-    sources = [base or {}]
-    if config_file:
-        sources.append(load_yaml(config_file))
-    sources.append(parse_overrides(overrides))
-    return build_config(*sources)
 
 
 def describe_settings() -> list[tuple[str, str, str, str]]:

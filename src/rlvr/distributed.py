@@ -76,14 +76,6 @@ def init(env=None, use_cpu: bool = False) -> World:
     return world
 
 
-def check_divisible(prompts_per_step: int, world: World) -> None:
-    if prompts_per_step % world.world_size:
-        raise ConfigError(
-            f"prompts_per_step={prompts_per_step} must be divisible by the number of processes ({world.world_size}): "
-            "each process samples and trains on whole groups"
-        )
-
-
 def shard(n: int, world: World) -> range:
     """The indices of the n groups of a step that this rank samples and trains on (contiguous)."""
     per_rank = n // world.world_size
@@ -144,11 +136,6 @@ def merge_sums(parts: list[dict]) -> dict:
     return out
 
 
-def barrier(world: World) -> None:
-    if world.enabled:
-        torch.distributed.barrier()
-
-
 def wait_for_all(world: World) -> None:
     """Every process here before any goes on.  Leaving the group while another process still
     works in it was seen to abort a gloo process at exit (SIGABRT, once in about 15 runs)."""
@@ -159,25 +146,6 @@ def wait_for_all(world: World) -> None:
 def shutdown(world: World) -> None:
     if world.enabled and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-
-
-def check_supported(cfg, world: World) -> None:
-    """The settings several processes can train with; raised before any model loads."""
-    if cfg.fsdp and not world.enabled:
-        raise ConfigError("fsdp=true shards the model across several processes: launch with "
-                          "torchrun --nproc_per_node N -m rlvr.cli train ... (or set fsdp=false)")
-    if cfg.fsdp and cfg.use_peft:
-        raise ConfigError("fsdp and use_peft cannot be combined yet; set one of them")
-    if not world.enabled:
-        return
-    check_divisible(cfg.prompts_per_step, world)
-    if cfg.use_vllm or cfg.rollout_workers > 0:
-        raise ConfigError(
-            "use_vllm and rollout_workers are not supported with several training processes yet: "
-            "each process samples its share of the groups with the in-process engine"
-        )
-    if cfg.max_staleness:
-        raise ConfigError("max_staleness=1 is not supported with several training processes yet (set max_staleness=0)")
 
 
 def max_count(n: int, world: World) -> int:

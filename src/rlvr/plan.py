@@ -179,8 +179,8 @@ def format_plan(size: ModelSize, cfg, est: dict[str, float]) -> str:
 def plan(args: list[str]) -> tuple[ModelSize, object, dict]:
     """`rlvr plan [CONFIG_FILE] [key=value ...]`: run settings as for train, plus model sizes
     (hidden_size=..., num_hidden_layers=..., ...) that replace or stand in for the model's config."""
-    from rlvr.cli import resolve_config
     from rlvr.config import parse_overrides
+    from rlvr.settings import resolve_config
 
     sizes = parse_overrides([x for x in args if "=" in x and x.split("=", 1)[0] in SIZE_KEYS])
     cfg = resolve_config([x for x in args if not ("=" in x and x.split("=", 1)[0] in SIZE_KEYS)])

@@ -13,9 +13,10 @@ from rlvr.alerts import AlertEvent
 from rlvr.checkpoint import DiskFull
 from rlvr.config import Config, save_config
 from rlvr.evaluate import EvalResult, evaluate, write_result
-from rlvr.models import disable_dropout, latest_checkpoint, load_model, make_reference, require_hub_model
+from rlvr.models import disable_dropout, latest_checkpoint, load_model, make_reference
 from rlvr.monitor import build_loggers, format_log_line, make_console, make_progress
 from rlvr.rundir import prepare_output_dir_once, save_final_model
+from rlvr.settings import check_runnable
 from rlvr.tasks import build_rewards, load_splits, verifier_name
 from rlvr.trainer import Trainer, total_steps_for
 
@@ -47,14 +48,7 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
         from rich.console import Console
 
         console = Console(quiet=True)
-    distributed.check_supported(cfg, world)  # before any directory is made or model loaded
-    require_hub_model(cfg.model)  # offline, a hub id not in the cache fails now, not after a minute of retries
-    if cfg.use_peft:
-        lora.require_peft()  # before any directory is made or model loaded
-    if cfg.use_vllm:
-        from rlvr.rollout.vllm import require_vllm
-
-        require_vllm()  # likewise
+    check_runnable(cfg, world)  # settings, launch and environment, before any directory is made or model loaded
     cfg, output_dir, checkpoint, lock = prepare_output_dir_once(cfg, world, say=lambda text: console.print(f"[yellow]{text}[/]"))
     try:
         return _train_in(cfg, output_dir, checkpoint, console, world)

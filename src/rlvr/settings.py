@@ -1,0 +1,101 @@
+"""A run's settings, resolved and checked: the one place that turns the command line into a
+Config (`resolve_config`) and decides whether that Config can run here (`check_runnable`).
+
+config.py says what a setting is (the dataclass, parsing, merging, each setting's own rules);
+this module adds what lies outside one config: the built-in demo, the saved config of a run
+being resumed or evaluated, the launch (how many processes) and the environment (optional
+packages, the Hugging Face Hub).  Both are called before any directory is made or model loaded.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlvr.config import Config, ConfigError, build_config, load_yaml, parse_overrides, validate
+
+if TYPE_CHECKING:
+    from rlvr.distributed import World
+
+
+def split_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """`["run.yaml", "beta=0.04"]` -> ("run.yaml", ["beta=0.04"]); at most one config file."""
+    files = [a for a in args if "=" not in a]
+    if len(files) > 1:
+        raise ConfigError(f"expected at most one config file, got {files}; settings are key=value")
+    return (files[0] if files else None), [a for a in args if "=" in a]
+
+
+def demo_config_path() -> Path:
+    return Path(str(resources.files("rlvr") / "configs" / "demo.yaml"))
+
+
+def resolve_config(args: list[str], default_file: str | None = None, run_base: bool = False) -> Config:
+    """defaults <- (a run's saved config) <- CONFIG_FILE <- key=value.
+
+    The saved config of a run is the base when resuming it, and (run_base) when
+    its directory is the model, so `rlvr eval model=runs/x` evaluates on the
+    task and settings the run trained with.
+    """
+    config_file, overrides = split_args(args)
+    config_file = config_file or default_file
+    if config_file == "demo":
+        config_file = str(demo_config_path())
+    file_values = load_yaml(config_file) if config_file else {}
+    override_values = parse_overrides(overrides)
+    base = {}
+    merged = {**file_values, **override_values}
+    model = merged.get("model") or merged.get("model_name_or_path")
+    run_control = ("output_dir", "resume", "resume_checkpoint", "resume_override")  # never inherited from a saved run
+    if run_base and isinstance(model, str) and (Path(model) / "config.yaml").is_file():
+        base = {k: v for k, v in load_yaml(Path(model) / "config.yaml").items() if k not in run_control}
+    resume = merged.get("resume", merged.get("resume_from_checkpoint"))
+    if resume:
+        from rlvr.rundir import latest_run_dir
+
+        if merged.get("output_dir"):
+            run_dir = Path(merged["output_dir"])
+        else:
+            run_dir = Path(resume).parent if isinstance(resume, str) else latest_run_dir()
+        if (run_dir / "config.yaml").is_file():
+            base = {k: v for k, v in load_yaml(run_dir / "config.yaml").items() if k not in run_control}
+        base["output_dir"] = str(run_dir)
+    return build_config(base, file_values, override_values)
+
+
+def check_runnable(cfg: Config, world: World) -> None:
+    """Raise, before any directory is made or model loaded, if this config cannot train in this
+    launch and environment: the settings' own rules (config.validate, every problem listed), the
+    rules of several processes, then the packages and the model the settings need.  Libraries are
+    imported here, inside, so importing this module stays as light as importing config."""
+    validate(cfg)
+    if cfg.fsdp and not world.enabled:
+        raise ConfigError("fsdp=true shards the model across several processes: launch with "
+                          "torchrun --nproc_per_node N -m rlvr.cli train ... (or set fsdp=false)")
+    if cfg.fsdp and cfg.use_peft:
+        raise ConfigError("fsdp and use_peft cannot be combined yet; set one of them")
+    if world.enabled:
+        if cfg.prompts_per_step % world.world_size:
+            raise ConfigError(
+                f"prompts_per_step={cfg.prompts_per_step} must be divisible by the number of processes ({world.world_size}): "
+                "each process samples and trains on whole groups"
+            )
+        if cfg.use_vllm or cfg.rollout_workers > 0:
+            raise ConfigError(
+                "use_vllm and rollout_workers are not supported with several training processes yet: "
+                "each process samples its share of the groups with the in-process engine"
+            )
+        if cfg.max_staleness:
+            raise ConfigError("max_staleness=1 is not supported with several training processes yet (set max_staleness=0)")
+    from rlvr.models import require_hub_model
+
+    require_hub_model(cfg.model)  # offline, a hub id not in the cache fails now, not after a minute of retries
+    if cfg.use_peft:
+        from rlvr.lora import require_peft
+
+        require_peft()
+    if cfg.use_vllm:
+        from rlvr.rollout.vllm import require_vllm
+
+        require_vllm()
