@@ -12,7 +12,7 @@ import torch
 from rlvr.config import ConfigError, build_config, validate
 from rlvr.kl import AdaptiveKL, kl_estimate, sequence_kl
 from rlvr.trainer import Trainer
-from rlvr.types import Example
+from rlvr.types import Example, TrainerState
 
 LN = math.log
 
@@ -118,16 +118,16 @@ def test_kl_in_the_reward_lowers_each_reward_by_beta_times_its_kl(tiny, tmp_path
     with torch.no_grad():  # make the reference differ from the policy
         for p in trainer.ref_model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    rnd = trainer._sample_round()
+    rnd = trainer.batches.sample_round(TrainerState())
     for group in rnd.groups:
         raw = easy_or_mixed(None, [group.example.prompt] * 2)
-        kls = trainer._sequence_kl(group.rollouts)
+        kls = trainer.kl.sequence_kl(group.rollouts, trainer.rollout.pad_id, len(group.rollouts))
         assert any(abs(k) > 1e-3 for k in kls)
         assert group.rewards == pytest.approx([r - 0.5 * k for r, k in zip(raw, kls)], abs=1e-6)
         assert group.per_func["boxed_format"] == raw  # the verifier's own scores are logged unchanged
     # k1 summed over a completion = sum of (logp - ref) of its tokens, by hand for the first completion
     r = rnd.groups[0].rollouts[0]
-    batch = trainer._logprobs_in_chunks(trainer.ref_model, __import__("rlvr.types", fromlist=["Batch"]).Batch.from_rollouts(
+    batch = trainer.logprobs.in_chunks(trainer.ref_model, __import__("rlvr.types", fromlist=["Batch"]).Batch.from_rollouts(
         [r], torch.zeros(1), torch.ones(1, dtype=torch.bool), trainer.rollout.pad_id, False))
     by_hand = sum(lp - ref for lp, ref in zip(r.logprobs, batch[0, : len(r.logprobs)].tolist()))
     assert rnd.groups[0].kl[0] == pytest.approx(by_hand, abs=1e-5)
@@ -147,7 +147,7 @@ def test_adaptive_beta_is_logged_and_rises_while_kl_exceeds_the_target(tiny, tmp
     assert betas[1] == pytest.approx(0.060653, abs=1e-6)
     assert betas[2] == pytest.approx(0.1, abs=1e-6)
     assert betas[3] == pytest.approx(0.1 * math.exp(0.5), abs=1e-6)
-    assert trainer.state_dict()["beta"] == trainer.beta
+    assert trainer.state_dict()["kl"]["beta"] == trainer.kl.beta
 
 
 # --- report_to -----------------------------------------------------------------------------

@@ -4,7 +4,8 @@ same log-probs, same gradients, same greedy tokens."""
 import pytest
 import torch
 
-from rlvr.llama import LlamaRunner, batch_logprobs, supports
+from rlvr.llama import LlamaRunner, supports
+from rlvr.logprobs import batch_logprobs
 from rlvr.logprobs import linear_logprobs
 from rlvr.types import Batch, Rollout
 
@@ -116,12 +117,12 @@ def test_the_update_gives_the_same_loss_and_gradients_on_both_paths(tiny, tmp_pa
     batch = Batch.from_rollouts(rollouts, torch.linspace(0.5, 1.5, 6), torch.ones(6, dtype=torch.bool), 0, False)
     batch.group_ids = torch.tensor(GROUP)
     with torch.no_grad():
-        batch.ref_logprobs = trainer.reference_logprobs(model, batch)[0] - 0.1  # a reference that differs
-        batch.old_logprobs = trainer.reference_logprobs(model, batch)[0] + 0.05  # ratios away from 1
+        batch.ref_logprobs = trainer.logprobs.padded(model, batch)[0] - 0.1  # a reference that differs
+        batch.old_logprobs = trainer.logprobs.padded(model, batch)[0] + 0.05  # ratios away from 1
 
     def run(fast):
-        trainer.fast = fast
-        sums = trainer.accumulate_gradients(batch)
+        trainer.logprobs.fast = fast
+        sums = trainer.updater.accumulate_gradients(batch)
         return sums, {n: p.grad.clone() for n, p in model.named_parameters()}
 
     fast_sums, fast_grads = run(True)

@@ -49,7 +49,7 @@ def test_the_sampler_on_the_gpu_reports_what_the_trainer_computes_on_the_cpu(tin
     assert batch.num_tokens > 0
     cpu = _trainer(cpu_model, tokenizer, tmp_path)
     with torch.no_grad():
-        logprobs, _ = cpu.completion_logprobs(cpu_model, batch)
+        logprobs, _ = cpu.logprobs(cpu_model, batch)
     mask = batch.completion_mask
     assert (logprobs[mask] - batch.sampler_logprobs[mask]).abs().max() < 1e-4
 
@@ -59,7 +59,7 @@ def test_one_update_on_the_gpu_gives_the_cpu_gradient(tiny, tmp_path):
     batch = _sample(make_sampler(cpu_model, tokenizer, [tokenizer.eos_token_id]), tokenizer)
     cpu, gpu = _trainer(cpu_model, tokenizer, tmp_path), _trainer(gpu_model, tokenizer, tmp_path)
     assert gpu.device.type == "cuda"
-    sums_cpu, sums_gpu = cpu.accumulate_gradients(batch), gpu.accumulate_gradients(batch)
+    sums_cpu, sums_gpu = cpu.updater.accumulate_gradients(batch), gpu.updater.accumulate_gradients(batch)
     assert sums_gpu["loss"] == pytest.approx(sums_cpu["loss"], rel=1e-4, abs=1e-6)
     for (name, p), q in zip(cpu_model.named_parameters(), gpu_model.parameters()):
         assert q.grad.device.type == "cuda"
@@ -71,8 +71,8 @@ def test_bf16_autocast_on_the_gpu_stays_close_to_fp32(tiny, tmp_path):
     batch = _sample(make_sampler(gpu_model, tokenizer, [tokenizer.eos_token_id]), tokenizer)
     fp32, bf16 = _trainer(gpu_model, tokenizer, tmp_path), _trainer(gpu_model, tokenizer, tmp_path, bf16=True)
     with torch.no_grad():
-        a, _ = fp32.completion_logprobs(gpu_model, batch.to("cuda"))
-        b, _ = bf16.completion_logprobs(gpu_model, batch.to("cuda"))
+        a, _ = fp32.logprobs(gpu_model, batch.to("cuda"))
+        b, _ = bf16.logprobs(gpu_model, batch.to("cuda"))
     mask = batch.completion_mask.cuda()
     assert torch.allclose(a[mask], b[mask], atol=0.1)
 

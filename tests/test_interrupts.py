@@ -92,13 +92,14 @@ def _arm(phase, monkeypatch, text_rewards, signals, optimizers):
     from rlvr import trainer as trainer_module
     from rlvr.monitor import MetricsLog
     from rlvr.rollout.stage import RolloutStage
+    from rlvr.update import PolicyUpdate
 
     if phase == "rollout":
         _signal_on_call(monkeypatch, RolloutStage, "sample", 3, signals)
     elif phase == "reward":
         text_rewards.update(at=3, signals=signals)
     elif phase == "backward":
-        _signal_on_call(monkeypatch, trainer_module.Trainer, "accumulate_gradients", 3, signals)
+        _signal_on_call(monkeypatch, PolicyUpdate, "accumulate_gradients", 3, signals)
     elif phase == "optimizer":
         original = trainer_module.build_optimizer
 

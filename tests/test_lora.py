@@ -11,7 +11,8 @@ pytest.importorskip("peft")
 
 from rlvr import lora  # noqa: E402
 from rlvr.config import build_config  # noqa: E402
-from rlvr.llama import LlamaRunner, batch_logprobs, supports  # noqa: E402
+from rlvr.llama import LlamaRunner, supports
+from rlvr.logprobs import batch_logprobs  # noqa: E402
 from rlvr.models import load_model, make_reference  # noqa: E402
 from rlvr.rollout import SamplingParams  # noqa: E402
 from rlvr.rollout.engine import FastSampler, HFSampler  # noqa: E402
@@ -83,9 +84,9 @@ def test_fast_path_includes_the_adapter(tiny_model_dir, tmp_path):
     trainer = _trainer(model, tokenizer, cfg, tmp_path)
     batch = _batch()
     with torch.no_grad():
-        fast, _ = trainer.completion_logprobs(model, batch)
-        generic, _ = trainer.reference_logprobs(model, batch)
-        plain, _ = trainer.reference_logprobs(lora.unwrap(model).__class__.from_pretrained(tiny_model_dir), batch)
+        fast, _ = trainer.logprobs(model, batch)
+        generic, _ = trainer.logprobs.padded(model, batch)
+        plain, _ = trainer.logprobs.padded(lora.unwrap(model).__class__.from_pretrained(tiny_model_dir), batch)
     mask = batch.completion_mask
     assert (fast - generic)[mask].abs().max() < 1e-4
     assert (fast - plain)[mask].abs().max() > 1e-2  # the adapter really changes the model
@@ -101,7 +102,7 @@ def test_fast_path_includes_the_adapter(tiny_model_dir, tmp_path):
     rollouts = [r for g in fast_groups for r in g]
     sampled = Batch.from_rollouts(rollouts, torch.zeros(len(rollouts)), torch.ones(len(rollouts), dtype=torch.bool), 0, False, 4)
     with torch.no_grad():
-        recomputed, _ = trainer.reference_logprobs(model, sampled)
+        recomputed, _ = trainer.logprobs.padded(model, sampled)
     assert (recomputed - sampled.sampler_logprobs)[sampled.completion_mask].abs().max() < 1e-4
 
 
@@ -109,11 +110,11 @@ def test_gradients_flow_only_into_the_adapter(tiny_model_dir, tmp_path):
     cfg = _cfg(tiny_model_dir)
     model, tokenizer = _adapted(tiny_model_dir, cfg)
     trainer = _trainer(model, tokenizer, cfg, tmp_path)
-    assert trainer.fast
+    assert trainer.logprobs.fast
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     batch = _batch()
-    trainer._fill_reference_logprobs(batch)  # beta > 0: KL to the adapter-disabled model
-    trainer.accumulate_gradients(batch)
+    trainer.updater.prepare(batch)  # beta > 0: KL to the adapter-disabled model
+    trainer.updater.accumulate_gradients(batch)
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert grads and all("lora_" in n for n in grads)
     assert all(g.abs().sum() > 0 for g in grads.values())  # every adapter matrix gets a gradient
@@ -132,7 +133,7 @@ def test_gradients_flow_only_into_the_adapter(tiny_model_dir, tmp_path):
         (logp * weights).sum().backward()
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    fast, generic = grads_of(trainer.completion_logprobs), grads_of(trainer.reference_logprobs)
+    fast, generic = grads_of(trainer.logprobs), grads_of(trainer.logprobs.padded)
     assert fast.keys() == generic.keys()
     for name in fast:
         scale = generic[name].abs().max().clamp(min=1e-8)
@@ -149,9 +150,9 @@ def test_reference_is_the_base_model_without_a_copy(tiny_model_dir, tmp_path):
     trainer = _trainer(model, tokenizer, cfg, tmp_path)
     batch = _batch()
     with torch.no_grad():
-        ref = trainer._ref_logprobs(batch)  # fast path, adapter disabled
+        ref = trainer.kl.ref_logprobs(batch)  # fast path, adapter disabled
         expected, _ = batch_logprobs(LlamaRunner(base), batch, cfg.temperature)
-        policy, _ = trainer.completion_logprobs(model, batch)
+        policy, _ = trainer.logprobs(model, batch)
     mask = batch.completion_mask
     assert (ref - expected)[mask].abs().max() < 1e-5
     assert (policy - expected)[mask].abs().max() > 1e-2  # adapter on again afterwards

@@ -34,8 +34,8 @@ def test_the_next_batch_comes_from_the_weights_before_the_update(tiny, tmp_path,
     ahead = trainer.pending.batch  # sampled during step 1, for step 2
     assert trainer.pending.staleness == 1 and trainer.pending.iterations_done == 0
     with torch.no_grad():
-        before, _ = trainer.completion_logprobs(start, ahead)
-        after, _ = trainer.completion_logprobs(model, ahead)
+        before, _ = trainer.logprobs(start, ahead)
+        after, _ = trainer.logprobs(model, ahead)
     mask = ahead.completion_mask
     assert (before[mask] - ahead.sampler_logprobs[mask]).abs().max() < 1e-4  # sampled with the old weights
     assert (after[mask] - ahead.sampler_logprobs[mask]).abs().max() > 1e-3  # which the update has since changed

@@ -167,8 +167,8 @@ def test_groups_and_sampling_logprobs_match_the_update(tiny, sampler_cls):
     rollouts = [r for g in groups for r in g]
     batch = Batch.from_rollouts(rollouts, torch.zeros(6), torch.ones(6, dtype=torch.bool), 0, False, group_size=3)
     with torch.no_grad():
-        fast, _ = trainer.completion_logprobs(model, batch)  # rlvr's forward
-        reference, _ = trainer.reference_logprobs(model, batch)  # the Hugging Face forward
+        fast, _ = trainer.logprobs(model, batch)  # rlvr's forward
+        reference, _ = trainer.logprobs.padded(model, batch)  # the Hugging Face forward
     for i, r in enumerate(rollouts):
         assert fast[i, : len(r.logprobs)].tolist() == pytest.approx(r.logprobs, abs=1e-4)
         assert reference[i, : len(r.logprobs)].tolist() == pytest.approx(r.logprobs, abs=1e-4)

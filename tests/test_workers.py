@@ -19,7 +19,7 @@ from rlvr.models import load_model  # noqa: E402
 from rlvr.rewards import Scores  # noqa: E402
 from rlvr.rollout.workers import concat_scores  # noqa: E402
 from rlvr.trainer import Trainer  # noqa: E402
-from rlvr.types import Example  # noqa: E402
+from rlvr.types import Example, TrainerState  # noqa: E402
 
 EXAMPLES = [Example(f"what is {i} + {i}?", str(2 * i)) for i in range(12)]
 
@@ -75,11 +75,11 @@ def run(trainer: Trainer, between=None) -> dict:
     """A round on the starting weights, one training step (its own round, then an update),
     a round on the updated weights.  `between(trainer)` runs before the last round."""
     try:
-        first = trainer._sample_round()
+        first = trainer.batches.sample_round(TrainerState())
         metrics = trainer.train_step()
         if between is not None:
             between(trainer)
-        last = trainer._sample_round()
+        last = trainer.batches.sample_round(TrainerState())
     finally:
         trainer.close()
     return {"first": first, "last": last, "metrics": metrics}

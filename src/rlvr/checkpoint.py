@@ -211,6 +211,34 @@ def load_checkpoint(path: Path, model) -> dict:
     return state
 
 
+def trainer_state(step: int, parts: dict, **values) -> dict:
+    """What trainer_state.pt holds besides the RNG states: the step, the state_dict() of each part
+    (optimizer, scheduler, prompt stream, ...) under its name, and plain values."""
+    return {"step": step, **{name: part.state_dict() for name, part in parts.items()}, **values}
+
+
+def restore_trainer_state(state: dict, parts: dict) -> None:
+    """Load each part's state from `state`; a part a checkpoint of an older rlvr lacks keeps its own."""
+    if "kl" not in state and "beta" in state:  # before the KL state had a name of its own
+        state["kl"] = {"beta": state["beta"], "kl_control": state.get("kl_control")}
+    for name, part in parts.items():
+        if state.get(name) is not None:
+            part.load_state_dict(state[name])
+
+
+class GeneratorState:
+    """A torch.Generator as a checkpoint part."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def state_dict(self):
+        return self.generator.get_state()
+
+    def load_state_dict(self, state) -> None:
+        self.generator.set_state(state)
+
+
 def _is_tied(model, key: str) -> bool:
     return key.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)
 

@@ -102,7 +102,7 @@ def _library_errors() -> tuple:
     from rlvr.checkpoint import CheckpointError
     from rlvr.compare import EvalFileError
     from rlvr.rundir import RunLocked
-    from rlvr.trainer import NonFinite
+    from rlvr.update import NonFinite
     from rlvr.lora import LoraError
     from rlvr.models import ModelError
     from rlvr.rewards import RewardError

@@ -65,6 +65,19 @@ def load_full_optimizer_state(model, optimizer, state: dict) -> None:
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
+class FullOptimizerState:
+    """A sharded model's optimizer as a checkpoint part: saved and loaded whole (collectives)."""
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        return full_optimizer_state(self.model, self.optimizer)
+
+    def load_state_dict(self, state: dict) -> None:
+        load_full_optimizer_state(self.model, self.optimizer, state)
+
+
 class FullCopy(WeightCopy):
     """A weight subscriber: keeps an unsharded model equal to the sharded one after each step."""
 

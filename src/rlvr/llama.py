@@ -279,31 +279,6 @@ def _version(model) -> int:
     return hash(tuple((id(p), p._version) for p in model.parameters()))
 
 
-def batch_logprobs(runner: LlamaRunner, batch, temperature: float, dtype: torch.dtype | None = None):
-    """Per-token log-probs and entropies [B, T] of a Batch's completion tokens (zero where masked),
-    each group's prompt run once, no padding, the output layer only where a token is predicted."""
-    from rlvr.logprobs import linear_logprobs
-
-    mask = batch.completion_mask
-    lengths = mask.sum(1).tolist()
-    rows = [i for i, n in enumerate(lengths) if n > 0]  # a fully masked row contributes nothing
-    logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    entropy = torch.zeros_like(logp)
-    if not rows:
-        return logp, entropy
-    gids = batch.group_ids[rows] if batch.group_ids is not None else torch.tensor(rows)
-    unique, group = torch.unique(gids, return_inverse=True)
-    first = [rows[(gids == g).nonzero()[0].item()] for g in unique.tolist()]
-    prompts = [batch.prompt_ids[r][batch.prompt_mask[r]].tolist() for r in first]
-    completions = [batch.completion_ids[r, : lengths[r]].tolist() for r in rows]
-    hidden = runner.completion_hidden(prompts, completions, group.tolist())
-    targets = torch.tensor([t for c in completions for t in c], device=hidden.device)
-    flat_logp, flat_entropy = linear_logprobs(hidden, runner.model.lm_head.weight, targets, temperature, dtype)
-    logp = logp.masked_scatter(mask, flat_logp)
-    entropy = entropy.masked_scatter(mask, flat_entropy)
-    return logp, entropy
-
-
 class DecodeState:
     """Preallocated keys [layers, rows, kv_heads, head_dim, capacity] (transposed) and values
     [layers, rows, kv_heads, capacity, head_dim], and per-row bookkeeping."""

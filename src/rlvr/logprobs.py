@@ -1,6 +1,12 @@
-"""Log-probabilities of chosen tokens through the output layer, a chunk of tokens at a time.
+"""Log-probabilities of completion tokens: every path the trainer (and SFT or DPO) computes them by.
 
-For hidden states h [M, d], output weights W [V, d] and chosen tokens y [M]:
+`LogProbs` is the one entry point: per-token log-probs and entropies of a Batch's completion
+tokens under a model, with logits divided by the sampling temperature as the sampler saw them,
+by rlvr's own forward (llama.py, `batch_logprobs`) where the model supports it, else by the
+model's own padded forward (`padded_logprobs`, `selective_logprobs`).
+
+Through the output layer (`linear_logprobs`), for hidden states h [M, d], output weights
+W [V, d] and chosen tokens y [M]:
 
     z = (h / temperature) W^T                          logits
     logp_j = z_j[y_j] - logsumexp(z_j)
@@ -17,9 +23,104 @@ The entropy is a metric and carries no gradient.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 DEFAULT_CHUNK = 512
+
+
+class LogProbs:
+    """Per-token log-probs of completion tokens under a model, the same way everywhere.
+
+    fast: rlvr's forward (llama.py; each group's prompt once, no padding) rather than the model's
+    own; bf16: matmuls in bfloat16 under autocast; micro_batch_size: rows per forward in `no_grad`."""
+
+    def __init__(self, fast: bool, temperature: float, bf16: bool = False, micro_batch_size: int = 8, device="cpu"):
+        self.fast, self.temperature, self.bf16 = fast, temperature, bf16
+        self.micro_batch_size, self.device = micro_batch_size, device
+        self._runners: dict = {}
+
+    def __call__(self, model, batch):
+        """(logp [B, T], entropy [B, T]) of `batch`'s completion tokens under `model`, with gradients."""
+        if self.fast:
+            from rlvr.llama import LlamaRunner
+
+            runner = self._runners.setdefault(id(model), LlamaRunner(model))
+            with self.autocast(model):
+                return batch_logprobs(runner, batch, self.temperature, torch.bfloat16 if self.bf16 else None)
+        return self.padded(model, batch)
+
+    def padded(self, model, batch):
+        """The straightforward computation: the model's own forward over padded prompt + completion."""
+        with self.autocast(model):
+            return padded_logprobs(model, batch, self.temperature)
+
+    @torch.no_grad()
+    def in_chunks(self, model, batch) -> torch.Tensor:
+        """Log-probs [B, T] on the CPU, micro_batch_size rows at a time (old and reference log-probs)."""
+        out = torch.zeros(batch.completion_ids.shape)
+        size = self.micro_batch_size
+        for lo in range(0, len(batch), size):
+            sub = batch.select(slice(lo, lo + size)).to(self.device)
+            logprobs, _ = self(model, sub)
+            out[lo : lo + size, : logprobs.shape[1]] = logprobs.float().cpu()
+        return out
+
+    def autocast(self, model):
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=next(model.parameters()).device.type, dtype=torch.bfloat16)
+
+
+def padded_logprobs(model, batch, temperature: float):
+    """(logp, entropy) [B, T] by the model's own forward over left-padded prompt + right-padded completion."""
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+    mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    width = batch.completion_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=width + 1).logits
+    logits = logits[:, :-1] / temperature  # position t predicts token t + 1
+    return selective_logprobs(logits, batch.completion_ids)
+
+
+def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8):
+    """log softmax(logits)[ids] and the entropy of each position, computed a few rows
+    at a time so that the full [B, T, V] log-softmax is never held at once.
+
+    logits [B, T, V], ids [B, T] -> (logprobs [B, T], entropy [B, T]); entropy has no grad.
+    """
+    logps, ents = [], []
+    for lo in range(0, logits.shape[0], chunk):
+        block = logits[lo : lo + chunk].float()
+        lse = torch.logsumexp(block, dim=-1)
+        logps.append(block.gather(-1, ids[lo : lo + chunk, :, None]).squeeze(-1) - lse)
+        with torch.no_grad():
+            probs = torch.softmax(block, dim=-1)
+            ents.append(lse - (probs * block).sum(-1))
+    return torch.cat(logps), torch.cat(ents)
+
+
+def batch_logprobs(runner, batch, temperature: float, dtype: torch.dtype | None = None):
+    """Per-token log-probs and entropies [B, T] of a Batch's completion tokens (zero where masked)
+    by rlvr's forward (a llama.LlamaRunner): each group's prompt run once, no padding, the output
+    layer only where a token is predicted."""
+    mask = batch.completion_mask
+    lengths = mask.sum(1).tolist()
+    rows = [i for i, n in enumerate(lengths) if n > 0]  # a fully masked row contributes nothing
+    logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    entropy = torch.zeros_like(logp)
+    if not rows:
+        return logp, entropy
+    gids = batch.group_ids[rows] if batch.group_ids is not None else torch.tensor(rows)
+    unique, group = torch.unique(gids, return_inverse=True)
+    first = [rows[(gids == g).nonzero()[0].item()] for g in unique.tolist()]
+    prompts = [batch.prompt_ids[r][batch.prompt_mask[r]].tolist() for r in first]
+    completions = [batch.completion_ids[r, : lengths[r]].tolist() for r in rows]
+    hidden = runner.completion_hidden(prompts, completions, group.tolist())
+    targets = torch.tensor([t for c in completions for t in c], device=hidden.device)
+    flat_logp, flat_entropy = linear_logprobs(hidden, runner.model.lm_head.weight, targets, temperature, dtype)
+    return logp.masked_scatter(mask, flat_logp), entropy.masked_scatter(mask, flat_entropy)
 
 
 def linear_logprobs(hidden, weight, targets, temperature: float = 1.0, dtype: torch.dtype | None = None, chunk: int = DEFAULT_CHUNK):

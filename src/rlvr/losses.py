@@ -53,28 +53,6 @@ class LossNorm:
     num_micro_batches: int = 1
 
 
-def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8):
-    """log softmax(logits)[ids] and the entropy of each position, computed a few rows
-    at a time so that the full [B, T, V] log-softmax is never held at once.
-
-    logits [B, T, V], ids [B, T] -> (logprobs [B, T], entropy [B, T]); entropy has no grad.
-    """
-    logps, ents = [], []
-    for lo in range(0, logits.shape[0], chunk):
-        block = logits[lo : lo + chunk].float()
-        lse = torch.logsumexp(block, dim=-1)
-        logps.append(block.gather(-1, ids[lo : lo + chunk, :, None]).squeeze(-1) - lse)
-        with torch.no_grad():
-            probs = torch.softmax(block, dim=-1)
-            ents.append(lse - (probs * block).sum(-1))
-    return torch.cat(logps), torch.cat(ents)
-
-
-def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(pi || pi_ref): exp(r) - r - 1 with r = ref - logp; always >= 0."""
-    return kl_estimate(logprobs, ref_logprobs, "k3")
-
-
 def truncated_importance_weights(old_logprobs, sampler_logprobs, mask, cap: float) -> torch.Tensor:
     """TIS weights [B, T]: min(exp(old - sampler), cap) on masked tokens, 1 elsewhere; no gradient."""
     with torch.no_grad():

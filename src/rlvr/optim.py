@@ -44,3 +44,13 @@ def build_optimizer(model, cfg, total_steps: int):
         optimizer, lambda s: lr_factor(s, total_steps, warmup, cfg.lr_scheduler_type)
     )
     return optimizer, scheduler
+
+
+def apply_optimizer_settings(optimizer, scheduler, cfg) -> None:
+    """The learning rate, weight decay and Adam settings of `cfg` on a resumed optimizer and
+    schedule (resume_override=true), the schedule's position kept."""
+    scheduler.base_lrs = [cfg.learning_rate] * len(optimizer.param_groups)
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group.update(initial_lr=cfg.learning_rate, lr=cfg.learning_rate * factor(scheduler.last_epoch),
+                     weight_decay=cfg.weight_decay, eps=cfg.adam_epsilon, betas=(cfg.adam_beta1, cfg.adam_beta2))
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]

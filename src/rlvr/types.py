@@ -160,6 +160,43 @@ def _last_used_column(mask: torch.Tensor) -> int:
     return int(used[-1]) + 1 if len(used) else 0
 
 
+@dataclass
+class SampledGroup:
+    """The G completions of one prompt with their rewards (the total after any KL penalty, and per function)."""
+
+    example: Example
+    rollouts: list[Rollout]
+    rewards: list[float]
+    per_func: dict[str, list]
+    kl: list[float] | None = None  # per completion, summed over tokens (kl_penalty=reward)
+    rank: int = 0  # the process that sampled it, and trains on it (distributed.py)
+
+    @property
+    def has_signal(self) -> bool:
+        return max(self.rewards) > min(self.rewards)
+
+
+@dataclass
+class Round:
+    """One round of sampling: prompts_per_step groups (several rounds with dynamic_sampling)."""
+
+    groups: list[SampledGroup]
+    counters: dict  # per reward function: timeouts, errors
+    rollout_seconds: float
+    reward_seconds: float
+
+
+@dataclass
+class Generation:
+    """One generated, scored batch (stages 1-3) and how many optimizer steps have used it."""
+
+    batch: Batch
+    metrics: dict
+    samples: list[dict] = field(default_factory=list)  # the first completions, for completions.jsonl
+    iterations_done: int = 0
+    staleness: int = 0  # 1 when sampled ahead, with the weights before the update that precedes its first use
+
+
 class ScoreList(list):
     """What a reward function returns: a list of float | None, plus counts of the completions it
     could not score (grading that timed out, code that could not run).  A plain list works too;

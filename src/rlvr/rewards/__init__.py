@@ -138,6 +138,17 @@ class Scores:
         return sum(vals) / len(vals) if vals else nan
 
 
+def merge_counters(parts) -> dict[str, dict[str, int]]:
+    """Per-function counters (timeouts, errors) of several rounds, processes or workers, added up."""
+    out: dict[str, dict[str, int]] = {}
+    for counters in parts:
+        for name, counts in counters.items():
+            mine = out.setdefault(name, {})
+            for k, v in counts.items():
+                mine[k] = mine.get(k, 0) + v
+    return out
+
+
 class RewardSet:
     """The configured reward functions with their weights and keyword arguments."""
 

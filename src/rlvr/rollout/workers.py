@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.rewards import Scores
+from rlvr.rewards import Scores, merge_counters
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.sampling import GroupGenerators
 from rlvr.types import Example, Rollout, TrainerState
@@ -51,16 +51,12 @@ def model_weights(model) -> dict[str, torch.Tensor]:
 
 def concat_scores(parts: list[Scores]) -> Scores:
     """The Scores of consecutive slices of a round, joined in order (counters added up)."""
-    total, per_func, counters = [], {}, {}
+    total, per_func = [], {}
     for s in parts:
         total += s.total
         for name, values in s.per_func.items():
             per_func.setdefault(name, []).extend(values)
-        for name, counts in s.counters.items():
-            mine = counters.setdefault(name, {})
-            for k, v in counts.items():
-                mine[k] = mine.get(k, 0) + v
-    return Scores(total, per_func, counters)
+    return Scores(total, per_func, merge_counters(s.counters for s in parts))
 
 
 class RolloutWorker:

@@ -1,0 +1,97 @@
+"""The KL term to a reference policy, in one object: which reference, which estimator, charged to
+the loss or to the reward, and the coefficient beta with its adaptive controller (kl.py has the
+formulas).
+
+The reference is a frozen copy of the starting model, or with LoRA the policy itself with its
+adapter switched off (no copy).  With `placement="loss"` each update adds beta x the per-token
+estimate to the loss (GRPO); with `placement="reward"` each completion's reward is lowered by
+beta x its summed estimate before the advantages (RLHF with PPO).  With `target`, beta moves
+after every step toward the value that keeps the measured KL near it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.kl import AdaptiveKL, sequence_kl
+from rlvr.lora import is_peft, reference_off
+from rlvr.types import Batch, Rollout
+
+
+@dataclass(frozen=True)
+class KLSettings:
+    beta: float = 0.0
+    estimator: str = "k3"
+    placement: str = "loss"  # "loss" or "reward" (kl_penalty)
+    target: float | None = None  # kl_target: adaptive beta
+    horizon: int = 10000
+
+    @classmethod
+    def from_config(cls, cfg) -> "KLSettings":
+        return cls(cfg.beta, cfg.kl_estimator, cfg.kl_penalty, cfg.kl_target or None, cfg.kl_horizon)
+
+
+class KLReference:
+    def __init__(self, settings: KLSettings, policy, ref_model, logprobs):
+        """policy: the trained model (its adapter is switched off when there is no ref_model);
+        logprobs: a logprobs.LogProbs, how log-probs are computed."""
+        self.settings, self.policy, self.ref_model, self.logprobs = settings, policy, ref_model, logprobs
+        self.beta = settings.beta
+        self.control = AdaptiveKL(settings.beta, settings.target, settings.horizon) if settings.target else None
+
+    @property
+    def in_reward(self) -> bool:
+        return self.beta > 0 and self.settings.placement == "reward"
+
+    @property
+    def loss_beta(self) -> float:
+        """The coefficient in the loss: beta, unless the KL is charged to the reward instead."""
+        return self.beta if self.settings.placement == "loss" else 0.0
+
+    @torch.no_grad()
+    def ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        """Log-probs [B, T] under the reference: the frozen copy, or the policy with its adapter off."""
+        if self.ref_model is not None:
+            return self.logprobs.in_chunks(self.ref_model, batch)
+        if not is_peft(self.policy):
+            raise ValueError("beta > 0 needs a reference model: pass make_reference(model, beta) to Trainer")
+        with reference_off(self.policy):
+            return self.logprobs.in_chunks(self.policy, batch)
+
+    def fill(self, batch: Batch) -> None:
+        """Reference log-probs for the loss, once per batch (before its first update)."""
+        if self.loss_beta > 0:
+            batch.ref_logprobs = self.ref_logprobs(batch)
+
+    def sequence_kl(self, rollouts: list[Rollout], pad_id: int, group_size: int) -> list[float]:
+        """Per completion: the sum over its tokens of the estimate between the sampling policy
+        (the sampler's log-probs) and the reference.  Rollouts come in groups of group_size."""
+        n = len(rollouts)
+        batch = Batch.from_rollouts(rollouts, torch.zeros(n), torch.ones(n, dtype=torch.bool), pad_id, False, group_size)
+        return sequence_kl(batch.sampler_logprobs, self.ref_logprobs(batch), batch.completion_mask,
+                           self.settings.estimator).tolist()
+
+    def penalize(self, rewards: list[float], rollouts: list[Rollout], pad_id: int,
+                 group_size: int) -> tuple[list[float], list[float] | None]:
+        """(rewards, per-completion KL): lowered by beta x KL when the KL is charged to the reward."""
+        if not self.in_reward:
+            return rewards, None
+        kls = self.sequence_kl(rollouts, pad_id, group_size)
+        return [r - self.beta * k for r, k in zip(rewards, kls)], kls
+
+    def after_step(self, metrics: dict) -> None:
+        """Record the beta this step used; with a target, move it for the next step."""
+        if self.beta > 0:
+            metrics["beta"] = self.beta
+        if self.control is not None:
+            self.beta = self.control.update(metrics.get("kl"))
+
+    def state_dict(self) -> dict:
+        return {"beta": self.beta, "kl_control": self.control.state_dict() if self.control else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.beta = state.get("beta", self.beta)
+        if self.control is not None and state.get("kl_control"):
+            self.control.load_state_dict(state["kl_control"])

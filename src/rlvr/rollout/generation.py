@@ -1,0 +1,155 @@
+"""Stages 1-3 of a step: one generation, a scored batch with its advantages.
+
+A round samples G completions for each of `prompts_per_step` prompts and scores them
+(rollout/stage.py); with dynamic sampling (DAPO) further rounds run until `prompts_per_step`
+groups carry signal or `max_sampling_rounds` extra rounds have run.  Rewards are normalised
+within each group (advantages.py); groups whose rewards are all equal carry no signal and are
+left out of the batch, and counted.
+
+With `max_staleness=1` the next generation is sampled in a thread while the current step trains
+(from the weights before its update); a step that fails or is interrupted drops it and rewinds
+the prompt stream and the sampler's generator, so a checkpoint saved then resumes exactly.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import torch
+
+from rlvr import distributed
+from rlvr.advantages import group_advantages
+from rlvr.monitor import generation_metrics
+from rlvr.rewards import merge_counters
+from rlvr.types import Batch, Generation, Round, SampledGroup, TrainerState
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    num_generations: int
+    prompts_per_step: int
+    scale_rewards: str = "group"
+    mask_truncated_completions: bool = False
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 0
+    num_completions_to_print: int = 0
+    sample_ahead: bool = False  # max_staleness=1
+
+    @classmethod
+    def from_config(cls, cfg) -> "GenerationSettings":
+        return cls(cfg.num_generations, cfg.prompts_per_step, cfg.scale_rewards, cfg.mask_truncated_completions,
+                   cfg.dynamic_sampling, cfg.max_sampling_rounds, cfg.num_completions_to_print, bool(cfg.max_staleness))
+
+
+class Generations:
+    def __init__(self, settings: GenerationSettings, rollout, prompts, generator: torch.Generator, kl,
+                 world: distributed.World = distributed.SINGLE, home=None):
+        """rollout: a RolloutStage (stages 1 and 2); prompts: a tasks.PromptStream; generator: the
+        sampler's random state; kl: a reference.KLReference (a KL charged to the reward is charged
+        here); home: the rollout.home.HomeThread where a batch sampled ahead is scored."""
+        self.settings, self.rollout, self.prompts, self.generator = settings, rollout, prompts, generator
+        self.kl, self.world, self.home = kl, world, home
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="rlvr-ahead") if settings.sample_ahead else None
+        self.ahead: Future | None = None  # the next generation, sampled while a step trains
+        self._before_ahead: tuple | None = None
+
+    def generate(self, state: TrainerState) -> Generation:
+        """Sample and score G completions per prompt (1, 2), then compute advantages (3)."""
+        s, size = self.settings, self.settings.num_generations
+        rounds = [self.sample_round(state)]
+        while s.dynamic_sampling and len(rounds) <= s.max_sampling_rounds and _informative(rounds) < s.prompts_per_step:
+            rounds.append(self.sample_round(state))
+        groups = [g for r in rounds for g in r.groups]
+        chosen = [g for g in groups if g.has_signal][: s.prompts_per_step] if s.dynamic_sampling else groups
+        rewards = torch.tensor([x for g in chosen for x in g.rewards])
+        advantages, zero_std = group_advantages(rewards, size, s.scale_rewards)
+        rollouts = [r for g in chosen for r in g.rollouts]
+        keep = (~zero_std).repeat_interleave(size)  # groups without signal are left out
+        keep &= torch.tensor([g.rank == self.world.rank for g in chosen], dtype=torch.bool).repeat_interleave(size)
+        batch = Batch.from_rollouts(rollouts, advantages, keep, self.rollout.pad_id, s.mask_truncated_completions, size)
+        metrics = generation_metrics(groups, rounds, size)
+        if s.dynamic_sampling:
+            metrics["sampling/rounds"] = len(rounds) - 1
+            metrics["sampling/dropped_groups"] = sum(not g.has_signal for g in groups)
+        samples = [
+            {"prompt": g.example.prompt, "answer": g.example.answer, "completion": r.text, "reward": reward,
+             "advantage": advantages[i * size + j].item(), "finish_reason": r.finish_reason}
+            for i, g in enumerate(chosen) for j, (r, reward) in enumerate(zip(g.rollouts, g.rewards))
+        ][: s.num_completions_to_print]
+        return Generation(batch, metrics, samples)
+
+    def sample_round(self, state: TrainerState) -> Round:
+        """One round: prompts_per_step prompts (the same on every rank), G completions each, scored;
+        with the KL charged to the reward, each reward lowered by beta x the completion's KL."""
+        size = self.settings.num_generations
+        examples = self.prompts.take(self.settings.prompts_per_step)
+        out = self.rollout.sample(examples, self.generator, state)
+        rollouts = [r for group in out.groups for r in group]
+        totals, kls = self.kl.penalize(list(out.scores.total), rollouts, self.rollout.pad_id, size)
+        groups = []
+        for i, (ex, group) in enumerate(zip(out.examples, out.groups)):
+            idx = range(i * size, (i + 1) * size)
+            groups.append(SampledGroup(ex, group, [totals[j] for j in idx], {n: [v[j] for j in idx] for n, v in out.scores.per_func.items()},
+                                       None if kls is None else [kls[j] for j in idx], self.world.rank))
+        if not self.world.enabled:
+            return Round(groups, out.scores.counters, out.rollout_seconds, out.reward_seconds)
+        # every rank gets every group
+        parts = distributed.gather((groups, out.scores.counters, out.rollout_seconds, out.reward_seconds), self.world)
+        return Round([g for p in parts for g in p[0]], merge_counters(p[1] for p in parts),
+                     max(p[2] for p in parts), max(p[3] for p in parts))
+
+    # --- where sampling is, and going back there --------------------------------------------
+
+    def position(self) -> tuple:
+        """Where the prompt stream and the sampler's generator are: what a generation moves on."""
+        return self.prompts.state_dict(), self.generator.get_state()
+
+    def rewind(self, position: tuple) -> None:
+        self.prompts.load_state_dict(position[0])
+        self.generator.set_state(position[1])
+
+    def generate_or_rewind(self, state: TrainerState) -> Generation:
+        """generate(), or on any error (Ctrl-C included) leave data and sampler where they were."""
+        before = self.position()
+        try:
+            return self.generate(state)
+        except BaseException:
+            self.rewind(before)
+            raise
+
+    # --- sampling ahead (max_staleness=1) ---------------------------------------------------
+
+    def start_ahead(self, state: TrainerState) -> None:
+        """Start sampling the next generation in a thread, from the sampler's current weights."""
+        self._before_ahead = self.position()
+        self.ahead = self._thread.submit(self._generate_ahead, state)
+
+    def _generate_ahead(self, state: TrainerState) -> Generation:
+        with self.rollout.side_stream():
+            gen = self.generate_or_rewind(state)
+        gen.staleness = 1
+        return gen
+
+    def cancel_ahead(self) -> None:
+        """Drop the generation being sampled ahead and rewind to before it."""
+        self.home.refuse()  # its reward calls fail, so it ends
+        wait([self.ahead])
+        self.home.accept()
+        self.ahead = None
+        self.rewind(self._before_ahead)
+
+    def finish_ahead(self) -> Generation:
+        """The generation sampled ahead, its reward calls served on this thread until it is done."""
+        self.home.serve_until(self.ahead)
+        future, self.ahead = self.ahead, None
+        return future.result()  # an error in it is raised here
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self.home.refuse()
+            self._thread.shutdown(wait=True)
+
+
+def _informative(rounds: list[Round]) -> int:
+    return sum(g.has_signal for r in rounds for g in r.groups)

@@ -1,0 +1,208 @@
+"""Stage 4 of a step: one optimizer step on a generated batch.
+
+The batch is split into micro-batches of `micro_batch_size` completions; each one's log-probs
+(logprobs.py), its clipped policy loss with the TIS weights of off-policy samples and the KL
+term (losses.py) are computed and backpropagated, each normalised by totals over the whole batch
+(over every rank's batch with several processes), so the accumulated gradient does not depend on
+the split.  Then `optimizer_step` sums gradients over ranks, clips their global norm, refuses
+non-finite values, and steps the optimizer and the learning-rate schedule.
+
+`LogProbs` and `optimizer_step` are what another objective (SFT, DPO) needs from here; the
+policy loss is GRPO's own.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from rlvr import distributed, fsdp
+from rlvr.losses import LossNorm, policy_loss, truncated_importance_weights
+from rlvr.types import Batch
+
+
+class NonFinite(RuntimeError):
+    """A loss, gradient, learning rate or weight that is inf or nan: the run stops."""
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    loss_type: str
+    epsilon: float
+    epsilon_high: float
+    importance_sampling_level: str
+    micro_batch_size: int  # per_device_train_batch_size
+    max_completion_length: int
+    max_grad_norm: float  # 0: no clipping
+    num_iterations: int  # optimizer steps per generated batch: > 1 needs the old log-probs
+    tis_cap: float | None  # the truncated importance weights' cap; None: no correction
+    fsdp: bool = False
+
+    @classmethod
+    def from_config(cls, cfg, off_policy: bool) -> "UpdateSettings":
+        """off_policy: the samples come from another engine or older weights (rollout/stage.py)."""
+        corrects = cfg.vllm_importance_sampling_correction and off_policy
+        return cls(cfg.loss_type, cfg.epsilon, cfg.epsilon_high, cfg.importance_sampling_level, cfg.per_device_train_batch_size,
+                   cfg.max_completion_length, cfg.max_grad_norm, cfg.num_iterations,
+                   cfg.vllm_importance_sampling_cap if corrects else None, cfg.fsdp)
+
+
+def optimizer_step(model, optimizer, scheduler, max_grad_norm: float, loss: float, step: int,
+                   world: distributed.World = distributed.SINGLE, sharded: bool = False) -> tuple[float, float]:
+    """After the backward passes: sum the gradients over processes (FSDP has already: `sharded`),
+    clip their global norm to max_grad_norm (0: no clipping), step the optimizer and the schedule.
+    Returns (gradient norm, learning rate used).  Raises NonFinite, without applying the update,
+    when the loss, gradient norm or learning rate is inf or nan; and after applying it when it made
+    a weight non-finite (`.poisoned` is then set on the exception)."""
+    lr = scheduler.get_last_lr()[0]
+    if not sharded:
+        distributed.sum_gradients(model.parameters(), world)  # before clipping: the global norm
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf"))
+    grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+    if not (math.isfinite(loss) and math.isfinite(grad_norm) and math.isfinite(lr)):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFinite(f"step {step}: the loss is {loss}, the gradient norm {grad_norm}, the learning "
+                        f"rate {lr}; the update was not applied, so the weights are those of step {step - 1}")
+    optimizer.step()
+    if not all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad):
+        error = NonFinite(f"step {step}'s update made weights non-finite (inf or nan); nothing after the last checkpoint is saved")
+        error.poisoned = f"step {step}'s update made weights non-finite (inf or nan)"
+        raise error
+    scheduler.step()
+    return grad_norm, lr
+
+
+def skip_step(scheduler) -> None:
+    """A step without an update (no completion carried signal): the schedule moves on all the same."""
+    with warnings.catch_warnings():  # stepping the schedule without an optimizer step is intended
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()
+
+
+class PolicyUpdate:
+    def __init__(self, settings: UpdateSettings, model, optimizer, scheduler, logprobs, kl, pad_id: int,
+                 world: distributed.World = distributed.SINGLE, sampler_model=None, between_micro_batches=None):
+        """logprobs: a logprobs.LogProbs; kl: a reference.KLReference; sampler_model: the unsharded
+        model with the same weights (fsdp), for the old log-probs; between_micro_batches: called
+        after each backward pass (the reward calls of a batch sampled ahead, rollout/home.py)."""
+        self.settings, self.model, self.optimizer, self.scheduler = settings, model, optimizer, scheduler
+        self.logprobs, self.kl, self.pad_id, self.world = logprobs, kl, pad_id, world
+        self.sampler_model = sampler_model if sampler_model is not None else model
+        self.between_micro_batches = between_micro_batches or (lambda: None)
+        self.poisoned: str | None = None  # why the weights may no longer be saved
+
+    @torch.no_grad()
+    def prepare(self, batch: Batch) -> None:
+        """Before a batch's first update: old_logprobs (needed only when it is trained on more than
+        once) and the reference log-probs of the KL term."""
+        if self.settings.num_iterations > 1:
+            batch.old_logprobs = self.logprobs.in_chunks(self.sampler_model, batch)
+        self.kl.fill(batch)
+
+    def __call__(self, batch: Batch, step: int) -> dict:
+        """One optimizer step on this process's `batch`; `step` is its number (for messages)."""
+        s, t0 = self.settings, time.perf_counter()
+        size = s.micro_batch_size
+        # Totals over every rank's batch, so each rank's loss is its share of the whole batch's loss.
+        rows, num_tokens, micro = distributed.sum_counts([len(batch), batch.num_tokens, math.ceil(len(batch) / size)], self.world)
+        if rows == 0:  # every group had equal rewards: nothing to learn from
+            lr = self.scheduler.get_last_lr()[0]
+            skip_step(self.scheduler)
+            return {"learning_rate": lr, "skipped_update": 1.0, "timing/update": 0.0}
+        # With fsdp every rank runs as many micro-batches as the busiest one, and FSDP sums the gradients.
+        lockstep = distributed.max_count(math.ceil(len(batch) / size), self.world) if s.fsdp else 0
+        sums = self.accumulate_gradients(batch, LossNorm(rows, num_tokens, s.max_completion_length, micro), lockstep)
+        if self.world.enabled:
+            sums = distributed.merge_sums(distributed.gather(sums, self.world))
+        try:
+            grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler, s.max_grad_norm, sums["loss"], step,
+                                           self.world, sharded=s.fsdp)
+        except NonFinite as e:
+            self.poisoned = getattr(e, "poisoned", None)
+            raise
+        tokens = max(num_tokens, 1)
+        metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm, "learning_rate": lr,
+                   "update_tokens": sums["update_tokens"], "update_flops": sums["update_flops"]}
+        for k in ("low", "high", "region"):
+            metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / tokens
+        if "kl" in sums:
+            metrics["kl"] = sums["kl"] / tokens
+        if "sampling/importance_sampling_ratio" in sums:
+            metrics["sampling/importance_sampling_ratio/mean"] = sums["sampling/importance_sampling_ratio"] / tokens
+            metrics["sampling/importance_sampling_ratio/max"] = sums["sampling/importance_sampling_ratio/max"]
+            metrics["sampling/sampling_logp_difference/mean"] = sums["sampling/sampling_logp_difference"] / tokens
+        metrics["timing/update"] = time.perf_counter() - t0
+        return metrics
+
+    def accumulate_gradients(self, batch: Batch, norm: LossNorm | None = None, num_micro_batches: int = 0) -> dict:
+        """Backward over micro-batches; returns metric sums.  `norm`: the totals the loss of each
+        micro-batch is normalised by (this batch's when None); num_micro_batches: at least this many
+        backward passes, empty ones past the batch's end (fsdp's lockstep)."""
+        s = self.settings
+        self.model.train()
+        size = s.micro_batch_size
+        norm = norm or LossNorm(len(batch), batch.num_tokens, s.max_completion_length, math.ceil(len(batch) / size))
+        sums = {"loss": 0.0, "entropy": 0.0, "update_tokens": 0.0, "update_flops": 0.0}
+        self.optimizer.zero_grad(set_to_none=True)
+        for lo in range(0, max(len(batch), num_micro_batches * size), size):
+            micro = (batch.select(slice(lo, lo + size)) if lo < len(batch) else self._empty_micro_batch()).to(self.logprobs.device)
+            tokens, flops = work(self.model, micro, self.logprobs.fast)
+            sums["update_tokens"] += tokens
+            sums["update_flops"] += flops
+            logprobs, entropy = self.logprobs(self.model, micro)
+            old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+            weights = None
+            if s.tis_cap is not None and micro.sampler_logprobs is not None:
+                weights = truncated_importance_weights(old, micro.sampler_logprobs, micro.completion_mask, s.tis_cap)
+                _add_sampling_sums(sums, weights, old, micro)
+            loss, m = policy_loss(
+                logprobs, old, micro.advantages, micro.completion_mask, norm,
+                loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high,
+                importance_sampling_level=s.importance_sampling_level, ref_logprobs=micro.ref_logprobs,
+                beta=self.kl.loss_beta, kl_estimator=self.kl.settings.estimator, importance_weights=weights,
+            )
+            loss.backward()
+            self.between_micro_batches()
+            sums["loss"] += loss.item()
+            sums["entropy"] += torch.where(micro.completion_mask, entropy, 0.0).sum().item()
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v.item()
+        return sums
+
+    def _empty_micro_batch(self) -> Batch:
+        """A micro-batch without tokens (zero loss and gradient) for a rank with fewer than the others (fsdp)."""
+        empty = fsdp.empty_micro_batch(self.pad_id)
+        if self.kl.loss_beta > 0:
+            empty.ref_logprobs = torch.zeros((1, 1))
+        return empty
+
+
+def _add_sampling_sums(sums: dict, weights, old, micro: Batch) -> None:
+    """The TIS metrics: sums of the weights and of |old - sampler| log-prob differences, and the largest weight."""
+    mask = micro.completion_mask
+    key = "sampling/importance_sampling_ratio"
+    sums[key] = sums.get(key, 0.0) + weights[mask].sum().item()
+    sums[key + "/max"] = max(sums.get(key + "/max", 0.0), weights[mask].max().item() if mask.any() else 0.0)
+    diff = (old.detach() - micro.sampler_logprobs).abs()[mask]
+    sums["sampling/sampling_logp_difference"] = sums.get("sampling/sampling_logp_difference", 0.0) + diff.sum().item()
+
+
+def work(model, batch: Batch, fast: bool) -> tuple[int, float]:
+    """(tokens through the transformer body, FLOPs of forward + backward) for one micro-batch:
+    6 x parameters per token, the output layer only where a completion token is predicted."""
+    head = model.get_output_embeddings().weight.numel()
+    body = sum(p.numel() for p in model.parameters()) - (0 if model.config.tie_word_embeddings else head)
+    predicted = int(batch.completion_mask.sum())
+    if fast:  # each group's prompt once, no padding
+        firsts = {}
+        for row, g in enumerate(batch.group_ids.tolist() if batch.group_ids is not None else range(len(batch))):
+            firsts.setdefault(g, row)
+        tokens = int(batch.prompt_mask[list(firsts.values())].sum()) + predicted
+    else:  # padded prompt + completion for every row, the output layer at every completion position
+        tokens = batch.prompt_ids.numel() + batch.completion_ids.numel()
+        predicted = batch.completion_ids.numel()
+    return tokens, 6.0 * (body * tokens + head * predicted)
