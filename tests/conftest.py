@@ -85,6 +85,24 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_run_config(tiny_model_dir):
+    """A factory: tiny_run_config(output_dir, **settings) is the Config of a short run of the tiny
+    model (4 steps of 2 prompts x 4 completions, 6 tokens each, a checkpoint every 2 steps, no
+    held-out evaluation), with the test's own settings over these."""
+    from rlvr.config import build_config
+
+    def make(output_dir, **settings):
+        return build_config({
+            "model": str(tiny_model_dir), "task_args": {"digits": 2, "num_train": 50, "num_test": 8},
+            "reward_funcs": ["boxed_format"], "num_generations": 4, "per_device_train_batch_size": 8,
+            "max_completion_length": 6, "learning_rate": 1e-3, "max_steps": 4, "save_steps": 2, "logging_steps": 1,
+            "eval_on_start": False, "eval_on_end": False, "output_dir": str(output_dir), **settings,
+        })
+
+    return make
+
+
 @pytest.fixture
 def tiny(tiny_model_dir):
     """(model, tokenizer) freshly loaded from the tiny model directory."""

@@ -6,31 +6,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.config import build_config
 from rlvr.run import train
 from rlvr.trainer import Trainer
 
 
-def _cfg(tiny_model_dir, out, **kw):
-    return build_config({
-        "model": str(tiny_model_dir),
-        "task_args": {"digits": 2, "num_train": 50, "num_test": 8},
-        "reward_funcs": ["boxed_format", "accuracy"],
-        "num_generations": 4,
-        "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 2,
-        "max_completion_length": 6,
-        "learning_rate": 1e-3,
-        "beta": 0.1,
-        "num_iterations": 2,
-        "max_steps": 4,
-        "save_steps": 2,
-        "logging_steps": 1,
-        "eval_on_start": False,
-        "eval_on_end": False,
-        "output_dir": str(out),
-        **kw,
-    })
+def _cfg(tiny_run_config, out, **kw):
+    """The tiny run, with the state an exact resume must restore: two micro-batches a step, a
+    reference model (beta), two updates per batch, a second reward."""
+    return tiny_run_config(out, **{"reward_funcs": ["boxed_format", "accuracy"], "per_device_train_batch_size": 4,
+                                   "gradient_accumulation_steps": 2, "beta": 0.1, "num_iterations": 2, **kw})
 
 
 def _weights(path):
@@ -56,9 +40,9 @@ def informative_rewards(monkeypatch):
     return gen
 
 
-def test_interrupted_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, informative_rewards):
+def test_interrupted_run_resumes_exactly(tiny_model_dir, tiny_run_config, tmp_path, monkeypatch, informative_rewards):
     straight = tmp_path / "straight"
-    train(_cfg(tiny_model_dir, straight))
+    train(_cfg(tiny_run_config, straight))
 
     informative_rewards.manual_seed(0)
     resumed = tmp_path / "resumed"
@@ -71,10 +55,10 @@ def test_interrupted_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, 
 
     monkeypatch.setattr(Trainer, "train_step", stop_before_step_4)
     with pytest.raises(KeyboardInterrupt):
-        train(_cfg(tiny_model_dir, resumed))
+        train(_cfg(tiny_run_config, resumed))
     assert (resumed / "checkpoint-3").is_dir()  # saved on the way out
     monkeypatch.setattr(Trainer, "train_step", original_step)
-    train(_cfg(tiny_model_dir, resumed, resume=True))
+    train(_cfg(tiny_run_config, resumed, resume=True))
 
     a, b = _weights(straight), _weights(resumed)
     assert a.keys() == b.keys()
@@ -84,32 +68,32 @@ def test_interrupted_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, 
     assert any(not torch.equal(a[k], start[k]) for k in a)  # the run did train
 
 
-def test_save_total_limit_keeps_the_newest(tiny_model_dir, tmp_path):
+def test_save_total_limit_keeps_the_newest(tiny_run_config, tmp_path):
     out = tmp_path / "run"
-    train(_cfg(tiny_model_dir, out, save_steps=1, save_total_limit=2))
+    train(_cfg(tiny_run_config, out, save_steps=1, save_total_limit=2))
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
     assert not list(out.glob(".checkpoint-*"))  # no half-written leftovers
 
 
-def test_an_existing_run_is_never_overwritten(tiny_model_dir, tmp_path):
+def test_an_existing_run_is_never_overwritten(tiny_run_config, tmp_path):
     out = tmp_path / "run"
-    train(_cfg(tiny_model_dir, out, max_steps=1))
+    train(_cfg(tiny_run_config, out, max_steps=1))
     with pytest.raises(FileExistsError, match="already holds a training run; continue it with resume=true"):
-        train(_cfg(tiny_model_dir, out, max_steps=1))
+        train(_cfg(tiny_run_config, out, max_steps=1))
 
 
-def test_final_model_loads_with_transformers(tiny_model_dir, tmp_path):
+def test_final_model_loads_with_transformers(tiny_run_config, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "run"
-    train(_cfg(tiny_model_dir, out, max_steps=1))
+    train(_cfg(tiny_run_config, out, max_steps=1))
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert model.config.vocab_size == len(tokenizer)
     assert (out / "config.yaml").is_file() and (out / "completions.jsonl").is_file()
 
 
-def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch):
+def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_run_config, tmp_path, monkeypatch):
     """max_staleness=1: the stop comes while the next batch is being sampled ahead; that batch is
     dropped and the data and sampler rewound, so the resumed run samples it again, identically.
     (The reward is a function of the text alone: the dropped batch was scored, and a reward with
@@ -121,23 +105,23 @@ def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_model_dir, tmp_p
     monkeypatch.setitem(rewards.REWARDS, "boxed_format",
                         lambda completions, **kw: [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions])
     straight = tmp_path / "straight"
-    train(_cfg(tiny_model_dir, straight, max_staleness=1, max_steps=6))
+    train(_cfg(tiny_run_config, straight, max_staleness=1, max_steps=6))
 
     resumed = tmp_path / "resumed"
     original_update = Trainer.update
 
     def stop_in_step_4(self, batch):
         if self.step == 3:
-            assert self.ahead is not None  # the 3rd batch is being sampled
+            assert self.batches.ahead is not None  # the 3rd batch is being sampled
             raise KeyboardInterrupt
         return original_update(self, batch)
 
     monkeypatch.setattr(Trainer, "update", stop_in_step_4)
     with pytest.raises(KeyboardInterrupt):
-        train(_cfg(tiny_model_dir, resumed, max_staleness=1, max_steps=6))
+        train(_cfg(tiny_run_config, resumed, max_staleness=1, max_steps=6))
     assert (resumed / "checkpoint-3").is_dir()
     monkeypatch.setattr(Trainer, "update", original_update)
-    train(_cfg(tiny_model_dir, resumed, max_staleness=1, max_steps=6, resume=True))
+    train(_cfg(tiny_run_config, resumed, max_staleness=1, max_steps=6, resume=True))
 
     a, b = _weights(straight), _weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -3,7 +3,9 @@ import math
 import pytest
 import torch
 
-from rlvr.losses import LOSS_TYPES, LossNorm, kl_k3, policy_loss, selective_logprobs
+from rlvr.kl import kl_estimate
+from rlvr.logprobs import selective_logprobs
+from rlvr.losses import LOSS_TYPES, LossNorm, policy_loss
 
 LN = math.log
 
@@ -64,6 +66,37 @@ def test_token_clipping_negative_advantage():
     assert m["clip_ratio/low"].item() == 1 and m["clip_ratio/high"].item() == 0
 
 
+def test_clip_ratio_counts_by_hand():
+    # epsilon = 0.2, epsilon_high = 0.28: the clip range is [0.8, 1.28]. A token counts as clipped
+    # only where the clipped term is the one taken, i.e. its gradient is cut:
+    #   low  = ratio < 0.8 with A < 0,   high = ratio > 1.28 with A > 0,   region = low or high.
+    #   row 0, A = +1: 1.5 high; 0.5 below but A > 0, not clipped; 1.1 inside; 2.0 masked, not counted
+    #   row 1, A = -1: 0.5 low; 1.5 above but A < 0, not clipped; 0.7 low; 1.0 inside
+    #   row 2, A =  0: 0.5 and 1.5 out of range, but A = 0 takes neither side: not clipped
+    # 3 + 4 + 2 = 9 tokens; low 2, high 1, region 3.
+    ratios = torch.tensor([[1.5, 0.5, 1.1, 2.0], [0.5, 1.5, 0.7, 1.0], [0.5, 1.5, 1.0, 1.0]])
+    mask = [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
+    loss, m = loss_of(torch.log(ratios), torch.zeros(3, 4), [1.0, -1.0, 0.0], mask, "dapo", epsilon=0.2, epsilon_high=0.28)
+    assert (m["clip_ratio/low"].item(), m["clip_ratio/high"].item(), m["clip_ratio/region"].item()) == (2, 1, 3)
+    # the trainer logs sum / tokens as clip_ratio/<kind>_mean: 2/9, 1/9, 3/9
+    assert [m[f"clip_ratio/{k}"].item() / 9 for k in ("low", "high", "region")] == pytest.approx([2 / 9, 1 / 9, 3 / 9])
+    # per-token loss -min(r A, clip(r) A): row 0: -1.28, -0.5, -1.1; row 1: max(r, clip(r)) = 0.8, 1.5, 0.8, 1.0;
+    # row 2: 0. Sum -2.88 + 4.1 = 1.22 over 9 tokens (dapo) = 0.135556
+    assert loss.item() == pytest.approx(1.22 / 9, abs=1e-6)
+
+
+def test_sequence_level_clip_ratio_counts_every_token_of_a_clipped_completion():
+    # One ratio per completion, w = exp(mean_t log r_t), shared by its masked tokens; clip range [0.8, 1.2]:
+    #   row 0, A = +1: tokens 1.5, 1.5, 1.5 -> w = 1.5 > 1.2: its 3 tokens are high
+    #   row 1, A = -1: tokens 0.5, 0.5 (third masked, ratio 9 ignored) -> w = 0.5 < 0.8: 2 tokens low
+    #   row 2, A = -1: tokens 2.0, 0.5, 1.0 -> w = (2 * 0.5 * 1) ** (1/3) = 1: inside, though 2.0 and 0.5 are not
+    # 8 tokens; low 2, high 3, region 5.
+    ratios = torch.tensor([[1.5, 1.5, 1.5], [0.5, 0.5, 9.0], [2.0, 0.5, 1.0]])
+    mask = [[1, 1, 1], [1, 1, 0], [1, 1, 1]]
+    _, m = loss_of(torch.log(ratios), torch.zeros(3, 3), [1.0, -1.0, -1.0], mask, "grpo", importance_sampling_level="sequence")
+    assert (m["clip_ratio/low"].item(), m["clip_ratio/high"].item(), m["clip_ratio/region"].item()) == (2, 3, 5)
+
+
 def test_clipped_tokens_get_no_gradient():
     logp = torch.log(torch.tensor([RATIOS])).requires_grad_()
     loss, _ = loss_of(logp, torch.zeros(1, 3), [1.0], [[1, 1, 1]], "dapo", epsilon=0.2, epsilon_high=0.28)
@@ -95,8 +128,8 @@ def test_sequence_level_ratio_ignores_masked_tokens():
 
 def test_k3_value_by_hand():
     # r = ln 0.25 - ln 0.5 = -ln 2; exp(r) - r - 1 = 0.5 + 0.693147 - 1 = 0.193147
-    assert kl_k3(torch.tensor(LN(0.5)), torch.tensor(LN(0.25))).item() == pytest.approx(0.1931472, abs=1e-6)
-    assert kl_k3(torch.tensor(-1.3), torch.tensor(-1.3)).item() == 0.0
+    assert kl_estimate(torch.tensor(LN(0.5)), torch.tensor(LN(0.25)), "k3").item() == pytest.approx(0.1931472, abs=1e-6)
+    assert kl_estimate(torch.tensor(-1.3), torch.tensor(-1.3), "k3").item() == 0.0
 
 
 def test_kl_term_in_the_loss():

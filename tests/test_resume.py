@@ -28,15 +28,6 @@ def text_rewards(monkeypatch):
     monkeypatch.setitem(rewards.REWARDS, "boxed_format", _text_reward)
 
 
-def _cfg(tiny_model_dir, out, **kw):
-    return build_config({
-        "model": str(tiny_model_dir), "task_args": {"digits": 2, "num_train": 50, "num_test": 8},
-        "reward_funcs": ["boxed_format"], "num_generations": 4, "per_device_train_batch_size": 8,
-        "max_completion_length": 6, "learning_rate": 1e-3, "max_steps": 4, "save_steps": 2, "logging_steps": 1,
-        "eval_on_start": False, "eval_on_end": False, "output_dir": str(out), **kw,
-    })
-
-
 def _rows(out, name="metrics.jsonl"):
     rows = [json.loads(line) for line in (out / name).read_text().splitlines()]
     return [{k: v for k, v in r.items() if not k.startswith("timing/") and k not in ("step_time", "tokens_per_second")}
@@ -44,13 +35,13 @@ def _rows(out, name="metrics.jsonl"):
 
 
 @pytest.fixture(scope="module")
-def straight(tiny_model_dir, tmp_path_factory):
+def straight(tiny_run_config, tmp_path_factory):
     import rlvr.rewards as rewards
 
     out = tmp_path_factory.mktemp("straight")
     saved, rewards.REWARDS["boxed_format"] = rewards.REWARDS["boxed_format"], _text_reward
     try:
-        train(_cfg(tiny_model_dir, out))
+        train(tiny_run_config(out))
     finally:
         rewards.REWARDS["boxed_format"] = saved
     return out
@@ -85,41 +76,41 @@ CORRUPTIONS = {
 
 
 @pytest.mark.parametrize("kind", list(CORRUPTIONS))
-def test_a_broken_checkpoint_is_skipped_for_the_one_before(kind, tiny_model_dir, tmp_path, straight, capsys):
+def test_a_broken_checkpoint_is_skipped_for_the_one_before(kind, tiny_run_config, tmp_path, straight, capsys):
     out = tmp_path / "run"
-    train(_cfg(tiny_model_dir, out))
+    train(tiny_run_config(out))
     break_it, reason = CORRUPTIONS[kind]
     break_it(out / "checkpoint-4")
     assert reason in verify(out / "checkpoint-4")
     (out / "checkpoint-99").mkdir()  # an empty directory (it once blocked resume)
-    train(_cfg(tiny_model_dir, out, resume=True))
+    train(tiny_run_config(out, resume=True))
     printed = capsys.readouterr().out
     assert f"skipping checkpoint-4: {reason}" in printed and "removed checkpoint-99" in printed
     assert not (out / "checkpoint-99").exists()
     _same_run(out, straight)  # steps 3 and 4 replayed from checkpoint-2: the same run
 
 
-def test_rows_logged_after_the_last_checkpoint_are_written_once(tiny_model_dir, tmp_path, straight, capsys):
+def test_rows_logged_after_the_last_checkpoint_are_written_once(tiny_run_config, tmp_path, straight, capsys):
     """What kill -9 leaves: rows of steps 3-4 logged, checkpoint-4 never written, a torn last line."""
     out = tmp_path / "run"
-    train(_cfg(tiny_model_dir, out))
+    train(tiny_run_config(out))
     import shutil
 
     shutil.rmtree(out / "checkpoint-4")
     (out / ".checkpoint-4.tmp").mkdir()  # a save cut short
     with (out / "metrics.jsonl").open("a") as f:
         f.write('{"step": 5, "rew')
-    train(_cfg(tiny_model_dir, out, resume=True))
+    train(tiny_run_config(out, resume=True))
     assert "metrics.jsonl: kept the rows up to step 2, dropped 2 of later steps, 1 torn line" in capsys.readouterr().out
     assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4]
     assert not list(out.glob(".checkpoint-*"))
     _same_run(out, straight)
 
 
-def test_resume_from_checkpoint_takes_a_path(tiny_model_dir, tmp_path, straight):
+def test_resume_from_checkpoint_takes_a_path(tiny_model_dir, tiny_run_config, tmp_path, straight):
     out = tmp_path / "run"
-    train(_cfg(tiny_model_dir, out))
-    cfg = build_config({**_cfg(tiny_model_dir, out).to_dict(), "resume_from_checkpoint": str(out / "checkpoint-2")})
+    train(tiny_run_config(out))
+    cfg = build_config({**tiny_run_config(out).to_dict(), "resume_from_checkpoint": str(out / "checkpoint-2")})
     assert cfg.resume and cfg.resume_checkpoint == str(out / "checkpoint-2")
     train(cfg)
     _same_run(out, straight)
@@ -127,18 +118,18 @@ def test_resume_from_checkpoint_takes_a_path(tiny_model_dir, tmp_path, straight)
     assert cli.main(["train", f"model={tiny_model_dir}", f"resume_from_checkpoint={out / 'checkpoint-2'}"]) == 2
 
 
-def test_a_run_killed_before_its_first_checkpoint_starts_over(tiny_model_dir, tmp_path, straight, capsys):
+def test_a_run_killed_before_its_first_checkpoint_starts_over(tiny_run_config, tmp_path, straight, capsys):
     """kill -9 before the first save leaves rows and a config but no checkpoint: a fresh start is
     refused (the directory holds a run), and resume=true starts it over, with nothing to delete."""
     import shutil
 
     out = tmp_path / "run"
-    train(_cfg(tiny_model_dir, out, max_steps=2, save_steps=1000))
+    train(tiny_run_config(out, max_steps=2, save_steps=1000))
     for path in [*out.glob("checkpoint-*"), out / "model.safetensors", out / "config.json"]:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     with pytest.raises(FileExistsError, match="continue it with resume=true"):
-        train(_cfg(tiny_model_dir, out))
-    train(_cfg(tiny_model_dir, out, resume=True))
+        train(tiny_run_config(out))
+    train(tiny_run_config(out, resume=True))
     printed = capsys.readouterr().out
     assert "has no checkpoint yet: the run starts over there" in printed
     assert "metrics.jsonl: kept the rows up to step 0, dropped 2 of later steps" in printed
@@ -174,28 +165,28 @@ def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tiny_model_di
     assert verify(out / "checkpoint-2") is None and not (out / "checkpoint-4").exists() and not list(out.glob(".checkpoint-*"))
 
 
-def test_on_save_error_continue_trains_on_without_that_checkpoint(tiny_model_dir, tmp_path, monkeypatch, capsys):
+def test_on_save_error_continue_trains_on_without_that_checkpoint(tiny_run_config, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     _disk_full_on_save(monkeypatch, at=1)  # checkpoint-2
-    train(_cfg(tiny_model_dir, out, on_save_error="continue"))
+    train(tiny_run_config(out, on_save_error="continue"))
     assert "training goes on without it (on_save_error=continue)" in capsys.readouterr().out
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"] and (out / "config.json").is_file()
 
 
-def test_the_final_model_is_moved_in_with_its_config_last(tiny_model_dir, tmp_path, monkeypatch):
+def test_the_final_model_is_moved_in_with_its_config_last(tiny_run_config, tmp_path, monkeypatch):
     import rlvr.rundir as run
 
     moved = []
     real_replace = run.os.replace
     monkeypatch.setattr(run.os, "replace", lambda a, b: (moved.append((str(a), str(b))), real_replace(a, b)))
     out = tmp_path / "run"
-    train(_cfg(tiny_model_dir, out, max_steps=1))
+    train(tiny_run_config(out, max_steps=1))
     final = [b for a, b in moved if ".final.tmp" in a]
     assert final[-1].endswith("config.json") and any(m.endswith("model.safetensors") for m in final)
     assert not (out / ".final.tmp").exists()
 
 
-def test_one_run_per_directory(tiny_model_dir, tmp_path, capsys):
+def test_one_run_per_directory(tiny_model_dir, tiny_run_config, tmp_path, capsys):
     """A second writer is refused with the first one's PID; a lock left by a dead process is taken over."""
     import os
     import subprocess
@@ -206,9 +197,9 @@ def test_one_run_per_directory(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "run"
     holder = RunLock(out)  # a run in progress
     with pytest.raises(RunLocked, match=f"in use by another rlvr run \\(pid {os.getpid()} on "):
-        train(_cfg(tiny_model_dir, out))
+        train(tiny_run_config(out))
     with pytest.raises(RunLocked, match="in use by another rlvr run"):
-        train(_cfg(tiny_model_dir, out, resume=True))
+        train(tiny_run_config(out, resume=True))
     assert cli.main(["train", f"model={tiny_model_dir}", f"output_dir={out}", "resume=true"]) == 2
     assert "is in use by another rlvr run (pid" in capsys.readouterr().err
     holder.close()
@@ -216,26 +207,26 @@ def test_one_run_per_directory(tiny_model_dir, tmp_path, capsys):
     code = f"import os, sys; sys.path.insert(0, {str(os.getcwd() + '/src')!r}); from rlvr.rundir import RunLock; RunLock(__import__('pathlib').Path({str(out)!r})); os._exit(0)"
     subprocess.run([sys.executable, "-c", code], check=True)
     assert (out / LOCK).read_text().startswith("pid ")
-    train(_cfg(tiny_model_dir, out, max_steps=1))
+    train(tiny_run_config(out, max_steps=1))
     assert "the lock of an earlier run (pid" in capsys.readouterr().out
     assert (out / LOCK).read_text() == ""  # released at the end
 
 
-def test_resume_refuses_settings_that_change_the_run_unless_told(tiny_model_dir, tmp_path, capsys):
+def test_resume_refuses_settings_that_change_the_run_unless_told(tiny_model_dir, tiny_run_config, tmp_path, capsys):
     out = tmp_path / "run"
-    train(_cfg(tiny_model_dir, out, max_steps=2))
+    train(tiny_run_config(out, max_steps=2))
     for change in ({"seed": 7}, {"num_generations": 8}, {"learning_rate": 5e-3}, {"task_args": {"digits": 1}},
                    {"reward_funcs": ["accuracy"]}, {"model": str(out)}):
         with pytest.raises(Exception, match="resume with settings that change the run's course from step 2: "
                                              f"{list(change)[0]}: .*add resume_override=true"):
-            train(_cfg(tiny_model_dir, out, resume=True, max_steps=4, **change))
+            train(tiny_run_config(out, resume=True, max_steps=4, **change))
     assert not list(out.glob("config.before-*"))  # nothing was changed by the refusals
     # free settings pass and are reported; the run goes on
-    train(_cfg(tiny_model_dir, out, resume=True, max_steps=3, logging_steps=2, eval_on_end=True))
+    train(tiny_run_config(out, resume=True, max_steps=3, logging_steps=2, eval_on_end=True))
     assert "resumed with max_steps: 2 -> 3; logging_steps: 1 -> 2; eval_on_end: False -> True" in _printed(capsys)
     assert (out / "config.before-step-2.yaml").is_file()
     # with the override the new learning rate is the one used
-    train(_cfg(tiny_model_dir, out, resume=True, max_steps=4, logging_steps=2, eval_on_end=True,
+    train(tiny_run_config(out, resume=True, max_steps=4, logging_steps=2, eval_on_end=True,
                learning_rate=5e-3, resume_override=True))
     assert "resume_override=true: continuing from step 3 with learning_rate: 0.001 -> 0.005" in _printed(capsys)
     assert _rows(out)[-1]["learning_rate"] == pytest.approx(5e-3 * 0.25)  # linear decay: step 4 of 4 is at 1 - 3/4

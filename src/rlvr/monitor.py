@@ -76,13 +76,6 @@ def _finite(line: dict) -> dict:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in line.items()}
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-
-
 def make_console() -> Console:
     return Console(file=sys.stdout, highlight=False, soft_wrap=True)
 

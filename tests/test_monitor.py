@@ -1,0 +1,68 @@
+"""monitor.generation_metrics: the numbers of one generation, checked against values computed by hand."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from rlvr.monitor import generation_metrics
+
+
+def group(rewards, lengths, truncated, per_func, kl=None):
+    """A sampled group as generation_metrics reads it (trainer.SampledGroup's fields)."""
+    rollouts = [SimpleNamespace(completion_ids=[7] * n, truncated=t) for n, t in zip(lengths, truncated)]
+    return SimpleNamespace(rewards=rewards, rollouts=rollouts, per_func=per_func, kl=kl,
+                           has_signal=max(rewards) > min(rewards))
+
+
+def round_(groups, counters, rollout_seconds, reward_seconds):
+    return SimpleNamespace(groups=groups, counters=counters, rollout_seconds=rollout_seconds, reward_seconds=reward_seconds)
+
+
+def test_generation_metrics_by_hand():
+    mixed = group([1.0, 0.0, 0.5], lengths=[4, 2, 6], truncated=[False, False, True],
+                  per_func={"accuracy": [1.0, 0.0, None], "format": [0.0, 0.0, 1.0]}, kl=[0.5, 0.25, 1.25])
+    flat = group([1.0, 1.0, 1.0], lengths=[3, 3, 6], truncated=[False, True, False],
+                 per_func={"accuracy": [1.0, 1.0, 1.0], "format": [1.0, 0.0, 0.0]}, kl=[0.0, 0.5, 0.5])
+    rounds = [round_([mixed], {"accuracy": {"timeouts": 1}}, 1.5, 0.25),
+              round_([flat], {"accuracy": {"timeouts": 2, "errors": 0}, "format": {"errors": 1}}, 2.25, 0.5)]
+    metrics = generation_metrics([mixed, flat], rounds, group_size=3)
+    assert metrics == pytest.approx({
+        "reward": 0.75,  # (1 + 0 + 0.5 + 1 + 1 + 1) / 6 = 4.5 / 6
+        # per-group sample std (n - 1): mixed: mean 0.5, squares 0.25 + 0.25 + 0 = 0.5, / 2 -> std 0.5;
+        # flat: 0. Their mean: 0.25
+        "reward_std": 0.25,
+        "frac_reward_zero_std": 0.5,  # 1 of the 2 groups has all rewards equal
+        "completions/mean_length": 4.0,  # lengths 4, 2, 6, 3, 3, 6: 24 / 6
+        "completions/min_length": 2.0,
+        "completions/max_length": 6.0,
+        "completions/clipped_ratio": 2 / 6,  # 2 of the 6 completions hit max_completion_length
+        "num_tokens": 24.0,
+        "timing/rollout": 3.75,  # 1.5 + 2.25, summed over the rounds
+        "timing/reward": 0.75,  # 0.25 + 0.5
+        "kl": 0.125,  # per-completion sums 0.5 + 0.25 + 1.25 + 0 + 0.5 + 0.5 = 3.0, per token: 3 / 24
+        # accuracy, the unscored None left out: 1, 0, 1, 1, 1 -> mean 0.8;
+        # squares 0.04 + 0.64 + 3 * 0.04 = 0.8, / (5 - 1) = 0.2 -> std sqrt(0.2) = 0.447214
+        "rewards/accuracy/mean": 0.8,
+        "rewards/accuracy/std": math.sqrt(0.2),
+        "rewards/accuracy/timeouts": 3,  # 1 + 2 over the rounds; 0 errors: no key
+        # format: 0, 0, 1, 1, 0, 0 -> mean 1/3; squares 4 * 1/9 + 2 * 4/9 = 4/3, / 5 = 4/15 -> std 0.516398
+        "rewards/format/mean": 1 / 3,
+        "rewards/format/std": math.sqrt(4 / 15),
+        "rewards/format/errors": 1,
+    }, abs=1e-6)
+
+
+def test_generation_metrics_without_kl_and_with_nothing_scored():
+    # kl None (no kl_penalty=reward): no kl key. A function that scored nothing (all None) has mean
+    # nan (metrics.jsonl writes null) and std 0; one scored value has std 0, not the nan of n - 1 = 0.
+    only = group([0.0, 1.0], lengths=[5, 1], truncated=[True, True],
+                 per_func={"code": [None, None], "format": [None, 1.0]})
+    metrics = generation_metrics([only], [round_([only], {}, 0.5, 0.0)], group_size=2)
+    assert "kl" not in metrics
+    assert math.isnan(metrics["rewards/code/mean"]) and metrics["rewards/code/std"] == 0.0
+    assert metrics["rewards/format/mean"] == 1.0 and metrics["rewards/format/std"] == 0.0
+    # rewards 0, 1: std (n - 1) = sqrt(0.5); both completions truncated; lengths 5 and 1
+    assert metrics["reward_std"] == pytest.approx(math.sqrt(0.5))
+    assert metrics["frac_reward_zero_std"] == 0.0 and metrics["completions/clipped_ratio"] == 1.0
+    assert (metrics["completions/mean_length"], metrics["num_tokens"], metrics["timing/rollout"]) == (3.0, 6.0, 0.5)
