@@ -12,17 +12,12 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr import interrupts
-from rlvr.config import build_config
 from rlvr.run import train
 
 
-def _cfg(tiny_model_dir, out, **kw):
-    return build_config({
-        "model": str(tiny_model_dir), "task_args": {"digits": 2, "num_train": 50, "num_test": 8},
-        "reward_funcs": ["boxed_format"], "num_generations": 4, "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 2, "max_completion_length": 6, "learning_rate": 1e-3, "max_steps": 5,
-        "save_steps": 2, "logging_steps": 1, "eval_on_start": False, "eval_on_end": False, "output_dir": str(out), **kw,
-    })
+def _cfg(tiny_run_config, out, **kw):
+    """The shared tiny run, in micro-batches of 4 with 2 accumulation steps, for 5 steps."""
+    return tiny_run_config(out, **{"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 5, **kw})
 
 
 def _rows(out):
@@ -53,7 +48,7 @@ def text_rewards(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def straight(tiny_model_dir, tmp_path_factory):
+def straight(tiny_run_config, tmp_path_factory):
     """The run that never stopped: its final weights and rows."""
     import zlib
 
@@ -63,7 +58,7 @@ def straight(tiny_model_dir, tmp_path_factory):
     saved = rewards.REWARDS["boxed_format"]
     rewards.REWARDS["boxed_format"] = lambda completions, **kw: [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions]
     try:
-        train(_cfg(tiny_model_dir, out))
+        train(_cfg(tiny_run_config, out))
     finally:
         rewards.REWARDS["boxed_format"] = saved
     return load_file(str(out / "model.safetensors")), _rows(out)
@@ -131,11 +126,11 @@ EXPECTED_CHECKPOINT = {"rollout": 2, "reward": 2, "backward": 3, "optimizer": 3,
 
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_at_any_phase_resumes_exactly(phase, sig, tiny_model_dir, tmp_path, monkeypatch, text_rewards, straight):
+def test_a_signal_at_any_phase_resumes_exactly(phase, sig, tiny_run_config, tmp_path, monkeypatch, text_rewards, straight):
     out = tmp_path / "run"
     _arm(phase, monkeypatch, text_rewards, [sig], [])
     with pytest.raises(interrupts.Terminated if sig == signal.SIGTERM else KeyboardInterrupt):
-        train(_cfg(tiny_model_dir, out))
+        train(_cfg(tiny_run_config, out))
     checkpoints = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
     assert checkpoints[-1] == EXPECTED_CHECKPOINT[phase], checkpoints
     assert [r["step"] for r in _rows(out)] == list(range(1, checkpoints[-1] + 1))  # each step recorded once
@@ -146,18 +141,18 @@ def test_a_signal_at_any_phase_resumes_exactly(phase, sig, tiny_model_dir, tmp_p
 
     monkeypatch.setitem(rewards.REWARDS, "boxed_format",
                         lambda completions, **kw: [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions])
-    train(_cfg(tiny_model_dir, out, resume=True))
+    train(_cfg(tiny_run_config, out, resume=True))
     weights, rows = straight
     resumed = load_file(str(out / "model.safetensors"))
     assert all(torch.equal(weights[k], resumed[k]) for k in weights)
     assert _rows(out) == rows
 
 
-def test_a_second_signal_during_the_save_is_refused(tiny_model_dir, tmp_path, monkeypatch, text_rewards, capsys):
+def test_a_second_signal_during_the_save_is_refused(tiny_run_config, tmp_path, monkeypatch, text_rewards, capsys):
     out = tmp_path / "run"
     _arm("save", monkeypatch, text_rewards, [signal.SIGINT, signal.SIGINT, signal.SIGTERM], [])
     with pytest.raises(KeyboardInterrupt):
-        train(_cfg(tiny_model_dir, out))
+        train(_cfg(tiny_run_config, out))
     printed = capsys.readouterr().out
     assert "Ctrl-C: finishing first: checkpoint-4 is being written" in printed
     assert "Ctrl-C again: refused while checkpoint-4 is being written" in printed

@@ -115,7 +115,7 @@ def format_log_line(line: dict, total_steps: int) -> str:
 
 def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
     """The metrics of one generation, TRL's names, over every group sampled in the step
-    (trainer.SampledGroup and Round: rollouts, rewards after any KL penalty, per-function scores)."""
+    (types.SampledGroup and Round: rollouts, rewards after any KL penalty, per-function scores)."""
     import torch
 
     from rlvr.advantages import group_reward_std
