@@ -4,6 +4,8 @@ any model loads or any directory is made; never a traceback."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -64,3 +66,14 @@ def test_bad_input_is_one_clear_line(case, tiny_model_dir, tmp_path, capsys, mon
     assert time.perf_counter() - start < 30
     if "dataset" not in setting:  # found before the run directory is made
         assert not out.exists()
+
+
+def test_python_dash_m_rlvr_is_the_rlvr_command():
+    """`python -m rlvr` where the venv's scripts are not on PATH: the same commands, errors and exit codes."""
+    run = lambda *args: subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, timeout=120)  # noqa: E731
+    shown = run("--help")
+    assert shown.returncode == 0 and "{train,eval,sample" in shown.stdout
+    typo = run("train", "learning_rat=1e-5")
+    assert typo.returncode == 2
+    assert typo.stderr.strip() == ("rlvr train: error: unknown setting 'learning_rat'; did you mean 'learning_rate'? "
+                                   "(see `rlvr train --help` for the list)")
