@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.checkpoint import checkpoints
 from rlvr.lora import is_adapter_dir, is_peft, load_merged
 
 DEFAULT_MODEL = "default"
@@ -94,8 +95,8 @@ def is_run_dir(path: Path) -> bool:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    ckpts = [p for p in run_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
-    return max(ckpts, key=lambda p: int(p.name.split("-")[-1]), default=None)
+    """The checkpoint-<step> directory with the highest step, or None (unverified: see checkpoint.resumable)."""
+    return next(iter(checkpoints(run_dir)), None)
 
 
 HUB_PROBE_SECONDS = 3.0

@@ -49,16 +49,17 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
 
         console = Console(quiet=True)
     check_runnable(cfg, world)  # settings, launch and environment, before any directory is made or model loaded
-    cfg, output_dir, checkpoint, lock = prepare_output_dir_once(cfg, world, say=lambda text: console.print(f"[yellow]{text}[/]"))
+    say = lambda text: console.print(f"[yellow]{text}[/]")  # noqa: E731
+    cfg, output_dir, checkpoint, lock = prepare_output_dir_once(cfg, world, say=say)
     try:
-        return _train_in(cfg, output_dir, checkpoint, console, world)
+        return _train_in(cfg, output_dir, checkpoint, console, say, world)
     finally:
         if lock is not None:
             lock.close()
 
 
-def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, world: distributed.World) -> dict:
-    """The run in its (locked) directory."""
+def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, say, world: distributed.World) -> dict:
+    """The run in its (locked) directory; `say` prints a warning."""
     train_examples, test_examples = load_splits(cfg)
     test_examples = test_examples[: cfg.eval_max_examples or None]
     loggers = build_loggers(cfg, output_dir) if world.is_main else []  # a missing logger package fails before the model loads
@@ -108,7 +109,6 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, w
         trainer.extra_state["train_seconds"] = seconds_before + time.perf_counter() - started
         return trainer.save(collective)
 
-    say = lambda text: console.print(f"[yellow]{text}[/]")  # noqa: E731
     try:
         with interrupts.handling(say), make_progress(console) as progress:
             bar = progress.add_task("train", total=total, completed=trainer.step, reward="-")

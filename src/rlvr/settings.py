@@ -47,9 +47,8 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
     base = {}
     merged = {**file_values, **override_values}
     model = merged.get("model") or merged.get("model_name_or_path")
-    run_control = ("output_dir", "resume", "resume_checkpoint", "resume_override")  # never inherited from a saved run
     if run_base and isinstance(model, str) and (Path(model) / "config.yaml").is_file():
-        base = {k: v for k, v in load_yaml(Path(model) / "config.yaml").items() if k not in run_control}
+        base = _saved_settings(Path(model))
     resume = merged.get("resume", merged.get("resume_from_checkpoint"))
     if resume:
         from rlvr.rundir import latest_run_dir
@@ -59,9 +58,16 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
         else:
             run_dir = Path(resume).parent if isinstance(resume, str) else latest_run_dir()
         if (run_dir / "config.yaml").is_file():
-            base = {k: v for k, v in load_yaml(run_dir / "config.yaml").items() if k not in run_control}
+            base = _saved_settings(run_dir)
         base["output_dir"] = str(run_dir)
     return build_config(base, file_values, override_values)
+
+
+def _saved_settings(run_dir: Path) -> dict:
+    """A run's saved config.yaml, without the settings that say where and how to run, which are
+    never inherited from a saved run."""
+    run_control = ("output_dir", "resume", "resume_checkpoint", "resume_override")
+    return {k: v for k, v in load_yaml(run_dir / "config.yaml").items() if k not in run_control}
 
 
 def check_runnable(cfg: Config, world: World) -> None:
