@@ -232,3 +232,22 @@ def test_resume_refuses_settings_that_change_the_run_unless_told(tiny_model_dir,
     assert _rows(out)[-1]["learning_rate"] == pytest.approx(5e-3 * 0.25)  # linear decay: step 4 of 4 is at 1 - 3/4
     assert cli.main(["train", f"model={tiny_model_dir}", f"output_dir={out}", "resume=true", "seed=3"]) == 2
     assert "seed: 42 -> 3" in capsys.readouterr().err
+
+
+def test_an_error_while_preparing_the_directory_lets_go_of_its_lock(tiny_run_config, tmp_path, monkeypatch):
+    """Any error after the lock is taken (here the logs cannot be read) releases it, so the same
+    process can try again: a library user's second train() is not refused as 'in use'."""
+    from rlvr import rundir
+
+    cfg = tiny_run_config(tmp_path / "run")
+
+    def unreadable(*args):
+        raise PermissionError(errno.EACCES, "Permission denied", "metrics.jsonl")
+
+    monkeypatch.setattr(rundir, "_keep_logs_until", unreadable)
+    with pytest.raises(PermissionError):
+        rundir.prepare_output_dir(cfg, say=lambda text: None)
+    monkeypatch.undo()
+    _, _, checkpoint, lock = rundir.prepare_output_dir(cfg, say=lambda text: None)
+    assert checkpoint is None
+    lock.close()

@@ -84,42 +84,47 @@ def prepare_output_dir(cfg: Config, say=print):
     logs keep the steps up to the checkpoint, each once (rows of replayed steps are dropped).
     Nothing is looked at or changed before the directory's lock is held."""
     if cfg.resume_checkpoint:  # TRL's resume_from_checkpoint=<path>
-        checkpoint = Path(cfg.resume_checkpoint)
-        output_dir = Path(cfg.output_dir) if cfg.output_dir else checkpoint.parent
-        lock = RunLock(output_dir, say)
-        problem = verify(checkpoint)
-        if problem is not None:
-            lock.close()
-            raise CheckpointError(f"resume_from_checkpoint={checkpoint}: {problem}")
+        output_dir = Path(cfg.output_dir) if cfg.output_dir else Path(cfg.resume_checkpoint).parent
     elif cfg.resume:
         output_dir = Path(cfg.output_dir) if cfg.output_dir else latest_run_dir()
-        lock = RunLock(output_dir, say)
+    else:
+        output_dir = Path(cfg.output_dir or f"runs/{_run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}")
+    lock = RunLock(output_dir, say)
+    try:  # any error from here on lets go of the directory
+        checkpoint = _checkpoint_to_resume(cfg, output_dir, say)
+        cfg = dataclasses.replace(cfg, output_dir=str(output_dir))
+        if checkpoint is not None:
+            compare_settings(cfg, output_dir, _step_of(checkpoint), say)
+        _keep_logs_until(output_dir, _step_of(checkpoint) if checkpoint else 0, say)
+    except BaseException:
+        lock.close()
+        raise
+    return cfg, output_dir, checkpoint, lock
+
+
+def _checkpoint_to_resume(cfg: Config, output_dir: Path, say) -> Path | None:
+    """The checkpoint the run continues from, or None for a new run (or one with no checkpoint yet)."""
+    if cfg.resume_checkpoint:
+        checkpoint = Path(cfg.resume_checkpoint)
+        problem = verify(checkpoint)
+        if problem is not None:
+            raise CheckpointError(f"resume_from_checkpoint={checkpoint}: {problem}")
+        return checkpoint
+    if cfg.resume:
         for name in clean_leftovers(output_dir):
             say(f"removed {name}: left by an interrupted save")
         checkpoint = resumable(output_dir, say)
         if checkpoint is None and checkpoints(output_dir):
-            lock.close()
             raise CheckpointError(f"resume=true but no checkpoint in {output_dir} verifies (see above); "
                                   "resume_from_checkpoint=<dir> resumes from one you choose")
         if checkpoint is None:
             say(f"{output_dir} has no checkpoint yet: the run starts over there")
-    else:
-        output_dir = Path(cfg.output_dir or f"runs/{_run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}")
-        lock, checkpoint = RunLock(output_dir, say), None
-        if (output_dir / "metrics.jsonl").exists() or checkpoints(output_dir):
-            lock.close()
-            raise FileExistsError(
-                f"{output_dir} already holds a training run; continue it with resume=true, or pick another output_dir"
-            )
-    cfg = dataclasses.replace(cfg, output_dir=str(output_dir))
-    if checkpoint is not None:
-        try:
-            compare_settings(cfg, output_dir, _step_of(checkpoint), say)
-        except SettingsChanged:
-            lock.close()
-            raise
-    _keep_logs_until(output_dir, _step_of(checkpoint) if checkpoint else 0, say)
-    return cfg, output_dir, checkpoint, lock
+        return checkpoint
+    if (output_dir / "metrics.jsonl").exists() or checkpoints(output_dir):
+        raise FileExistsError(
+            f"{output_dir} already holds a training run; continue it with resume=true, or pick another output_dir"
+        )
+    return None
 
 
 # Settings a resumed run may change: what it logs, saves, evaluates and alerts on, how long it
