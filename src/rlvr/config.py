@@ -30,6 +30,8 @@ class Config:
     model: str = "default"  # "default" (embedded SmolLM2-135M-Instruct), a local dir, a run dir, or a hub id
     dtype: str = "float32"  # weights: float32 | bfloat16
     use_cpu: bool = False  # stay on the CPU even where a CUDA GPU is visible (else cuda:LOCAL_RANK)
+    model_init_kwargs: dict = field(default_factory=dict)  # keyword arguments for from_pretrained, e.g. {attn_implementation: sdpa, revision: main}
+    trust_remote_code: bool = False  # run the model repository's own code (a hub model with custom modelling files)
 
     # --- lora ----------------------------------------------------------------
     use_peft: bool = False  # train a LoRA adapter (peft) instead of every weight
@@ -50,24 +52,36 @@ class Config:
     answer_column: str | None = None  # default: the first of answer, solution, ground_truth
     system_prompt: str | None = None  # text, or "r1" for the built-in think/answer prompt
     max_prompt_length: int | None = 512  # longer prompts are cut from the left
+    shuffle_dataset: bool = True  # draw the train prompts in a new random order each epoch; false: in file order
+    chat_template_kwargs: dict = field(default_factory=dict)  # extra arguments for the chat template, e.g. {enable_thinking: false} (Qwen3)
 
     # --- rollout -------------------------------------------------------------
     num_generations: int = 8  # G: completions per prompt (one group)
-    max_completion_length: int = 256  # new tokens per completion at most
+    max_completion_length: int = 512  # new tokens per completion at most
     temperature: float = 1.0  # sampling temperature for training rollouts
     top_p: float = 1.0  # nucleus sampling; 1 = off
     top_k: int = 0  # 0 = no top-k filtering
+    min_p: float | None = None  # drop tokens less likely than min_p x the most likely one; null = off
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or completion (CTRL's penalty); 1 = off
+    generation_kwargs: dict = field(default_factory=dict)  # more sampling settings by their transformers / vLLM names
     stop_strings: tuple = ()  # generation also stops at any of these (text is cut before it)
+    generation_batch_size: int | None = None  # completions per generation; default per_device_train_batch_size x steps_per_generation
+    steps_per_generation: int | None = None  # micro-batches each generation feeds; default gradient_accumulation_steps (one optimizer step)
     use_vllm: bool = False  # sample with vLLM instead of the in-process engine
-    vllm_mode: str = "server"  # server: a separate `rlvr vllm-serve` | colocate: vLLM inside the training process
+    vllm_mode: str = "colocate"  # server: a separate `rlvr vllm-serve` | colocate: vLLM inside the training process
     vllm_gpu_memory_utilization: float = 0.3  # colocate: the share of accelerator memory vLLM may take
     vllm_kv_cache_gb: float = 0.0  # vLLM's KV cache in GiB; 0 = from vllm_gpu_memory_utilization (on CPU: that share of RAM, minus the whole process)
+    vllm_tensor_parallel_size: int = 1  # colocate: GPUs vLLM shards the model over (vllm-serve has its own flag)
+    vllm_max_model_length: int | None = None  # vLLM's context length; default the model's
     vllm_enforce_eager: bool = True  # run vLLM without torch.compile: starts in seconds instead of minutes on CPU
     vllm_server_host: str = "0.0.0.0"  # server mode: where `rlvr vllm-serve` listens
     vllm_server_port: int = 8000  # server mode
+    vllm_server_base_url: str | None = None  # server mode: e.g. http://host:8000; overrides host and port
     vllm_server_timeout: float = 240.0  # seconds to wait for the server (start, generation, weight push) before failing
-    vllm_importance_sampling_correction: bool = True  # reweight tokens by the trainer / sampler probability ratio
-    vllm_importance_sampling_cap: float = 2.0  # truncate that ratio at this value (TIS)
+    vllm_importance_sampling_correction: bool = True  # correct for the trainer / sampler probability ratio of vLLM's tokens
+    vllm_importance_sampling_mode: str = "sequence_mask"  # token_truncate | token_mask | sequence_truncate | sequence_mask
+    vllm_importance_sampling_clip_max: float | None = 3.0  # truncate: ratios capped here; mask: ratios above it zero the weight
+    vllm_importance_sampling_clip_min: float | None = None  # mask modes: ratios below it zero the weight; null = no lower bound
     rollout_workers: int = 0  # Ray actors that sample and score; 0 = in the training process
     ray_address: str | None = None  # an existing Ray cluster ("auto" or host:port); null = start a local one
     max_staleness: int = 0  # 1: the next step's rollouts are sampled while this step trains (one step off-policy)
@@ -89,16 +103,23 @@ class Config:
     kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators of KL(policy || reference))
     kl_penalty: str = "loss"  # loss: beta * KL added to the loss | reward: beta * KL subtracted from each reward
     kl_target: float | None = None  # adaptive KL: move beta toward this KL each step; null = fixed beta
+    sync_ref_model: bool = False  # TR-DPO: move the reference toward the policy every ref_model_sync_steps
+    ref_model_mixup_alpha: float = 0.6  # sync: reference = alpha x policy + (1 - alpha) x reference
+    ref_model_sync_steps: int = 512  # sync: steps between reference updates
     kl_horizon: int = 100  # adaptive KL: steps over which beta may change by about e-fold (Ziegler et al.)
     epsilon: float = 0.2  # the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
     epsilon_high: float | None = None  # default: epsilon
+    delta: float | None = None  # two-sided clipping: the ratio of negative-advantage tokens is also capped at delta (> 1 + epsilon); null = off
+    top_entropy_quantile: float = 1.0  # train only on the tokens whose entropy is in this top fraction per batch (1 = all)
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     num_iterations: int = 1  # updates per generated batch
     mask_truncated_completions: bool = False  # completions cut at max length get no loss
 
     # --- optimisation --------------------------------------------------------
+    optim: str = "adamw_torch_fused"  # adamw_torch | adamw_torch_fused | adamw_torch_foreach (torch's AdamW implementations)
     learning_rate: float = 1e-6  # AdamW peak learning rate
-    lr_scheduler_type: str = "linear"  # constant | linear | cosine
+    lr_scheduler_type: str = "linear"  # constant | linear | cosine | constant_with_warmup | cosine_with_min_lr | polynomial
+    lr_scheduler_kwargs: dict = field(default_factory=dict)  # the schedule's own knobs, e.g. {min_lr_rate: 0.1} for cosine_with_min_lr
     warmup_ratio: float = 0.0  # fraction of the steps spent warming up linearly
     warmup_steps: int = 0  # overrides warmup_ratio when > 0
     weight_decay: float = 0.0  # AdamW decoupled weight decay
@@ -109,25 +130,32 @@ class Config:
     per_device_train_batch_size: int = 8  # completions per micro-batch
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
     max_steps: int = -1  # optimizer steps; -1 = derive from num_train_epochs
-    num_train_epochs: float = 1.0  # passes over the train prompts when max_steps is -1
+    num_train_epochs: float = 3.0  # passes over the train prompts when max_steps is -1
     bf16: bool = False  # bf16 autocast for forward passes; weights and optimizer stay fp32
+    fp16: bool = False  # fp16 autocast with loss scaling, where the device runs fp16 (a CUDA GPU); weights stay fp32
     gradient_checkpointing: bool = False  # recompute activations in the backward pass to save memory
     fsdp: bool = False  # with torchrun: shard weights, gradients and optimizer state across processes (FSDP2); sampling keeps a full copy
     disable_dropout: bool = True  # dropout off in every pass, so log-probs are comparable
     seed: int = 42  # data order, sampling and task generation
 
     # --- run -----------------------------------------------------------------
-    output_dir: str | None = None  # default: runs/<task>-<date>-<time>
+    output_dir: str | None = None  # default: runs/<run_name or task>-<date>-<time>
+    run_name: str | None = None  # the run's name in loggers (wandb, trackio, tensorboard) and in its default output_dir
     resume: bool = False  # continue from the newest checkpoint in output_dir that verifies (or start over there if it has none)
     resume_checkpoint: str | None = None  # continue from this checkpoint directory (TRL: resume_from_checkpoint=<path>)
     resume_override: bool = False  # resume even though settings that change the run's course differ from the checkpoint's run
     on_save_error: str = "stop"  # a checkpoint that cannot be written (disk full): stop the run, or continue without it
     logging_steps: int = 10  # one metrics.jsonl line per this many steps (their average)
+    save_strategy: str = "steps"  # steps: every save_steps | epoch: at each pass over the prompts | no: only at the end and when stopped
     save_steps: int = 500  # a checkpoint every this many steps
     save_total_limit: int | None = None  # keep only the newest checkpoints; null = all
     log_completions: bool = True  # write sample completions to completions.jsonl
-    num_completions_to_print: int = 4  # completions logged per logging step
+    num_completions_to_print: int | None = None  # completions logged per logging step; null = all of the step's
     report_to: tuple = ()  # extra loggers: tensorboard, wandb, trackio (metrics.jsonl is always written)
+    push_to_hub: bool = False  # upload the final model to the Hugging Face Hub (needs network and a token)
+    hub_model_id: str | None = None  # the repository, e.g. user/my-grpo-model; default: the output_dir's name
+    hub_token: str | None = None  # default: HF_TOKEN or the token of `hf auth login`
+    hub_private_repo: bool | None = None  # create the repository private
     report_steps: int = 50  # redraw the run's plots and report.html every this many steps; 0 = at the end only
 
     # --- alerts --------------------------------------------------------------
@@ -154,13 +182,21 @@ class Config:
     eval_output: str | None = None  # `rlvr eval` result file; default <run dir>/eval.json or ./eval.json
 
     @property
-    def prompts_per_step(self) -> int:
-        """Prompts sampled for one generation (TRL: generation batch / num_generations)."""
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps // self.num_generations
+    def completions_per_generation(self) -> int:
+        """Completions sampled in one generation (TRL's generation_batch_size, over all processes)."""
+        if self.generation_batch_size is not None:
+            return self.generation_batch_size
+        return self.per_device_train_batch_size * (self.steps_per_generation or self.gradient_accumulation_steps)
 
     @property
-    def generation_batch_size(self) -> int:
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+    def prompts_per_step(self) -> int:
+        """Prompts sampled for one generation (TRL: generation batch / num_generations)."""
+        return self.completions_per_generation // self.num_generations
+
+    @property
+    def steps_per_optimizer_step(self) -> int:
+        """Optimizer steps one generation feeds (per use, see num_iterations): steps_per_generation / gradient_accumulation_steps."""
+        return self.completions_per_generation // (self.per_device_train_batch_size * self.gradient_accumulation_steps)
 
     @property
     def epsilon_high_value(self) -> float:
@@ -190,7 +226,10 @@ _CHOICES = {
     "dtype": ("float32", "bfloat16"),
     "scale_rewards": ("group", "batch", "none"),
     "importance_sampling_level": ("token", "sequence"),
-    "lr_scheduler_type": ("constant", "linear", "cosine"),
+    "lr_scheduler_type": ("constant", "linear", "cosine", "constant_with_warmup", "cosine_with_min_lr", "polynomial"),
+    "optim": ("adamw_torch", "adamw_torch_fused", "adamw_torch_foreach"),
+    "save_strategy": ("steps", "epoch", "no"),
+    "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
     "kl_estimator": ("k1", "k2", "k3"),
     "kl_penalty": ("loss", "reward"),
     "eval_strategy": ("no", "steps"),
@@ -332,12 +371,7 @@ def validate(cfg: Config) -> None:
     need(cfg.num_generations >= 2, f"num_generations must be at least 2 (a group of one has no relative advantage); got {cfg.num_generations}")
     need(cfg.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1")
     need(cfg.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be at least 1")
-    if cfg.num_generations >= 2 and cfg.generation_batch_size % cfg.num_generations:
-        g, b = cfg.num_generations, cfg.generation_batch_size
-        problems.append(
-            f"per_device_train_batch_size x gradient_accumulation_steps = {b} completions is not divisible by "
-            f"num_generations = {g}; make it a multiple of {g}, e.g. per_device_train_batch_size={_round_up(b, g)}"
-        )
+    problems += _check_generation_batch(cfg)
     need(cfg.max_completion_length >= 1, "max_completion_length must be at least 1")
     need(cfg.max_prompt_length is None or cfg.max_prompt_length >= 1, "max_prompt_length must be at least 1 (or null for no limit)")
     need(cfg.temperature > 0, f"temperature must be > 0 for training rollouts; got {cfg.temperature}")
@@ -360,7 +394,7 @@ def validate(cfg: Config) -> None:
     need(cfg.save_total_limit is None or cfg.save_total_limit >= 1, "save_total_limit must be at least 1 (or null to keep all)")
     need(cfg.eval_max_examples >= 0, "eval_max_examples must be >= 0 (0 = all)")
     need(cfg.eval_batch_size >= 1, "eval_batch_size must be at least 1")
-    need(cfg.num_completions_to_print >= 0, "num_completions_to_print must be >= 0")
+    need(cfg.num_completions_to_print is None or cfg.num_completions_to_print >= 0, "num_completions_to_print must be >= 0 (or null for all)")
     need(cfg.reward_funcs is None or len(cfg.reward_funcs) >= 1, "reward_funcs must name at least one reward function")
     if cfg.reward_weights is not None and cfg.reward_funcs is None:
         problems.append("reward_weights needs reward_funcs: name the functions the weights belong to")
@@ -415,6 +449,32 @@ def validate(cfg: Config) -> None:
     problems += _check_paths(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def _check_generation_batch(cfg: Config) -> list[str]:
+    """TRL's rules: generation_batch_size or steps_per_generation (not both) sets the completions of one
+    generation, a whole number of optimizer steps' batches and of groups."""
+    if cfg.generation_batch_size is not None and cfg.steps_per_generation is not None:
+        return ["set generation_batch_size or steps_per_generation, not both (one follows from the other)"]
+    if cfg.per_device_train_batch_size < 1 or cfg.gradient_accumulation_steps < 1 or cfg.num_generations < 2:
+        return []  # reported above
+    if (cfg.generation_batch_size or 1) < 1 or (cfg.steps_per_generation or 1) < 1:
+        return ["generation_batch_size and steps_per_generation must be at least 1"]
+    b, g, step = cfg.completions_per_generation, cfg.num_generations, cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    problems = []
+    if b % step:
+        what = "generation_batch_size" if cfg.generation_batch_size is not None else \
+            "per_device_train_batch_size x steps_per_generation"
+        problems.append(f"{what} = {b} completions is not a whole number of optimizer steps of per_device_train_batch_size x "
+                        f"gradient_accumulation_steps = {step} completions; make it a multiple of {step}")
+    if b % g:
+        if cfg.generation_batch_size is None and cfg.steps_per_generation is None:
+            problems.append(
+                f"per_device_train_batch_size x gradient_accumulation_steps = {b} completions is not divisible by "
+                f"num_generations = {g}; make it a multiple of {g}, e.g. per_device_train_batch_size={_round_up(b, g)}")
+        else:
+            problems.append(f"a generation of {b} completions is not divisible by num_generations = {g}; make it a multiple of {g}")
+    return problems
 
 
 REPORT_TO = ("jsonl", "tensorboard", "wandb", "trackio", "none")

@@ -48,7 +48,7 @@ class UpdateSettings:
         corrects = cfg.vllm_importance_sampling_correction and off_policy
         return cls(cfg.loss_type, cfg.epsilon, cfg.epsilon_high, cfg.importance_sampling_level, cfg.per_device_train_batch_size,
                    cfg.max_completion_length, cfg.max_grad_norm, cfg.num_iterations,
-                   cfg.vllm_importance_sampling_cap if corrects else None, cfg.fsdp)
+                   cfg.vllm_importance_sampling_clip_max if corrects else None, cfg.fsdp)
 
 
 def optimizer_step(model, optimizer, scheduler, max_grad_norm: float, loss: float, step: int,

@@ -33,7 +33,7 @@ class GenerationSettings:
     mask_truncated_completions: bool = False
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 0
-    num_completions_to_print: int = 0
+    num_completions_to_print: int | None = 0  # None: all
     sample_ahead: bool = False  # max_staleness=1
 
     @classmethod
