@@ -219,6 +219,7 @@ ALIASES = {
     "dataset_name": "dataset",
     "dataset_config_name": "dataset_config",
     "resume_from_checkpoint": "resume",
+    "vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max",  # TRL's older name
 }
 
 _TUPLE_FIELDS = {"stop_strings", "reward_funcs", "reward_weights", "report_to", "lora_target_modules"}
@@ -427,7 +428,8 @@ def validate(cfg: Config) -> None:
     need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization must be in (0, 1]")
     need(cfg.vllm_server_timeout > 0, "vllm_server_timeout must be > 0 seconds")
     need(cfg.vllm_kv_cache_gb >= 0, "vllm_kv_cache_gb must be >= 0 (0 = from vllm_gpu_memory_utilization)")
-    need(cfg.vllm_importance_sampling_cap >= 1, "vllm_importance_sampling_cap must be >= 1")
+    need(cfg.vllm_importance_sampling_clip_max is None or cfg.vllm_importance_sampling_clip_max > 0,
+         "vllm_importance_sampling_clip_max must be > 0 (or null)")
     need(cfg.rollout_workers >= 0, "rollout_workers must be >= 0 (0 = sample in the training process)")
     if cfg.rollout_workers > 0:
         import importlib.util
