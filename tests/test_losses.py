@@ -5,7 +5,15 @@ import torch
 
 from rlvr.kl import kl_estimate
 from rlvr.logprobs import selective_logprobs
-from rlvr.losses import LOSS_TYPES, LossNorm, policy_loss
+from rlvr.losses import (
+    IMPORTANCE_SAMPLING_MODES,
+    LOSS_TYPES,
+    LossNorm,
+    entropy_threshold,
+    high_entropy_mask,
+    policy_loss,
+    sampler_importance_weights,
+)
 
 LN = math.log
 
@@ -123,6 +131,132 @@ def test_sequence_level_ratio_ignores_masked_tokens():
     assert loss.item() == pytest.approx(-math.sqrt(0.75), abs=1e-6)
 
 
+# --- two-sided clipping (delta) -----------------------------------------------------------
+
+DELTA_RATIOS = [0.5, 2.0, 4.0]
+
+
+def test_delta_caps_the_unclipped_ratio_of_negative_advantages():
+    logp = torch.log(torch.tensor([DELTA_RATIOS])).requires_grad_()
+    loss, m = loss_of(logp, torch.zeros(1, 3), [-1.0], [[1, 1, 1]], "dapo", epsilon=0.2, delta=3.0)
+    # A = -1, clip range [0.8, 1.2]: -min(-min(r, 3), -clip(r)) = max(min(r, 3), clip(r))
+    #   0.5 -> max(0.5, 0.8) = 0.8;  2.0 -> max(2.0, 1.2) = 2.0;  4.0 -> max(3.0, 1.2) = 3.0 (without delta: 4.0)
+    # dapo: (0.8 + 2.0 + 3.0) / 3 = 1.933333
+    assert loss.item() == pytest.approx(5.8 / 3, abs=1e-6)
+    loss.backward()
+    # d/dlogp: 0 for the clipped 0.8; r / 3 = 2/3 for 2.0; 0 for the capped 4.0 (4/3 without delta)
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, 2.0 / 3, 0.0]]), atol=1e-6)
+    assert m["clip_ratio/low"].item() == 1 and m["clip_ratio/high"].item() == 0  # the clip metrics do not change
+
+
+def test_delta_leaves_positive_advantages_alone():
+    logp = torch.log(torch.tensor([DELTA_RATIOS]))
+    # A = +1: -min(min(r, 3), clip(r, 0.8, 1.28)) -> -0.5, -1.28, -1.28, with or without delta
+    with_delta, _ = loss_of(logp, torch.zeros(1, 3), [1.0], [[1, 1, 1]], "dapo", epsilon_high=0.28, delta=3.0)
+    without, _ = loss_of(logp, torch.zeros(1, 3), [1.0], [[1, 1, 1]], "dapo", epsilon_high=0.28)
+    assert with_delta.item() == without.item() == pytest.approx(-(0.5 + 1.28 + 1.28) / 3, abs=1e-6)
+
+
+def test_delta_caps_the_sequence_ratio():
+    # w = exp(mean(ln 4, ln 4)) = 4, A = -1: max(min(4, 3), 1.2) = 3 per token; grpo: mean 3 over the one completion
+    logp = torch.log(torch.tensor([[4.0, 4.0]]))
+    loss, _ = loss_of(logp, torch.zeros(1, 2), [-1.0], [[1, 1]], "grpo", importance_sampling_level="sequence", delta=3.0)
+    assert loss.item() == pytest.approx(3.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_delta_none_and_a_huge_delta_give_the_same_loss_and_gradient(level):
+    g = torch.Generator().manual_seed(2)
+    old = -torch.rand(3, 4, generator=g) * 3
+    new = (old + torch.randn(3, 4, generator=g)).requires_grad_()
+    mask = [[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]]
+    results = []
+    for delta in (None, 1e9):
+        loss, _ = loss_of(new, old, [1.0, -1.0, -0.5], mask, "dapo", importance_sampling_level=level, delta=delta)
+        results.append((loss.item(), torch.autograd.grad(loss, new)[0]))
+    assert results[0][0] == results[1][0]
+    assert torch.equal(results[0][1], results[1][1])
+
+
+# --- training on the high-entropy tokens only (top_entropy_quantile) ---------------------------
+
+
+@pytest.mark.parametrize(
+    "top_quantile,expected",
+    [
+        # sorted entropies 0.1, 0.3, 0.5, 0.9; the (1 - rho) quantile at position (1 - rho) * 3, linearly interpolated
+        (0.5, 0.4),  # position 1.5: 0.3 + 0.5 * (0.5 - 0.3)
+        (0.2, 0.66),  # position 2.4: 0.5 + 0.4 * (0.9 - 0.5)
+        (0.0, 0.9),  # the largest
+        (1.0, 0.1),  # the smallest: every token is kept
+    ],
+)
+def test_entropy_threshold_by_hand(top_quantile, expected):
+    assert entropy_threshold(torch.tensor([0.1, 0.5, 0.9, 0.3]), top_quantile).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_entropy_threshold_of_no_tokens_keeps_none():
+    assert entropy_threshold(torch.zeros(0), 0.2).item() == math.inf
+    assert not high_entropy_mask(torch.ones(2, 2), torch.ones(2, 2, dtype=torch.bool), math.inf).any()
+
+
+def test_high_entropy_mask_by_hand():
+    # Threshold 0.4 over the real tokens 0.1, 0.5, 0.9, 0.3: 0.5 and 0.9 are kept (>= 0.4); the
+    # padded 7.0 is above it but never kept.
+    entropy = torch.tensor([[0.1, 0.5, 7.0], [0.9, 0.3, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    tau = entropy_threshold(entropy[mask], 0.5)
+    assert high_entropy_mask(entropy, mask, tau).tolist() == [[False, True, False], [True, False, False]]
+    assert high_entropy_mask(entropy, mask, 0.5).tolist() == [[False, True, False], [True, False, False]]  # ties are kept
+
+
+def test_the_entropy_mask_drops_the_policy_term_only():
+    logp = torch.full((1, 2), LN(0.5)).requires_grad_()
+    ref = torch.full((1, 2), LN(0.25))
+    loss, m = loss_of(logp, logp.detach(), [1.0], [[1, 1]], "dapo", beta=0.1, ref_logprobs=ref,
+                      entropy_mask=torch.tensor([[True, False]]))
+    # ratio 1, A = 1. Token 0: -1 + 0.1 * k3; token 1 (left out): 0.1 * k3 only, with k3 = 0.193147 (above).
+    # dapo over the 2 tokens (the left-out one still counts): (-1 + 2 * 0.0193147) / 2 = -0.480685
+    assert loss.item() == pytest.approx((-1 + 2 * 0.01931472) / 2, abs=1e-6)
+    assert m["kl"].item() == pytest.approx(2 * 0.1931472, abs=1e-6)
+    loss.backward()
+    # d k3 / d logp = 1 - exp(ref - logp) = 1 - 0.5 = 0.5. Token 0: (-1 + 0.1 * 0.5) / 2 = -0.475;
+    # token 1: 0.1 * 0.5 / 2 = 0.025
+    assert torch.allclose(logp.grad, torch.tensor([[-0.475, 0.025]]), atol=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
+def test_top_entropy_quantile_one_is_no_masking(loss_type):
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(3, 4, generator=g) * 3
+    new = (old + 0.5 * torch.randn(3, 4, generator=g)).requires_grad_()
+    entropy = torch.rand(3, 4, generator=g)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    keep = high_entropy_mask(entropy, mask, entropy_threshold(entropy[mask], 1.0))
+    assert torch.equal(keep, mask)
+    results = []
+    for entropy_mask in (None, keep):
+        loss, _ = loss_of(new, old, [1.0, -1.0, 0.5], mask.int().tolist(), loss_type, entropy_mask=entropy_mask)
+        results.append((loss.item(), torch.autograd.grad(loss, new)[0]))
+    assert results[0][0] == results[1][0] and torch.equal(results[0][1], results[1][1])
+
+
+def test_tokens_left_out_by_the_entropy_mask_get_zero_gradient():
+    # Token-level ratios: a token's loss depends on its own log-prob only.  (With sequence-level
+    # ratios, as in TRL, a kept token's loss depends on every token of its completion through w.)
+    g = torch.Generator().manual_seed(4)
+    old = -torch.rand(2, 4, generator=g) * 3
+    new = (old + 0.02 * torch.randn(2, 4, generator=g)).requires_grad_()  # ratios inside the clip range
+    entropy = torch.tensor([[0.2, 1.5, 0.1, 2.0], [1.1, 0.3, 0.9, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    # real entropies sorted: 0.1 0.2 0.3 0.9 1.1 1.5 2.0; the median (position 3) is 0.9: 1.5, 2.0, 1.1, 0.9 kept
+    keep = high_entropy_mask(entropy, mask, entropy_threshold(entropy[mask], 0.5))
+    assert keep.tolist() == [[False, True, False, True], [True, False, True, False]]
+    loss, _ = loss_of(new, old, [1.0, -1.0], mask.int().tolist(), "grpo", entropy_mask=keep)
+    loss.backward()
+    assert (new.grad[~keep] == 0).all() and (new.grad[keep] != 0).all()
+
+
 # --- KL ---------------------------------------------------------------------------------
 
 
@@ -216,15 +350,63 @@ def test_selective_logprobs_matches_log_softmax_in_chunks():
     assert torch.allclose(ent, -(p * torch.log(p)).sum(-1), atol=1e-5)
 
 
-def test_truncated_importance_weights_by_hand():
-    from rlvr.losses import truncated_importance_weights
+# --- importance weights for another sampler (vllm_importance_sampling_mode) ------------------
 
-    old = torch.tensor([[LN(0.5), LN(0.25), 0.0]])
-    sampler = torch.tensor([[LN(0.25), LN(0.5), 3.0]])
-    mask = torch.tensor([[True, True, False]])
-    # exp(ln 0.5 - ln 0.25) = 2, capped at 1.5; exp(ln 0.25 - ln 0.5) = 0.5; masked -> 1
-    w = truncated_importance_weights(old, sampler, mask, cap=1.5)
-    assert w[0].tolist() == pytest.approx([1.5, 0.5, 1.0])
+# old - sampler log-prob per token; the third token of row 0 is padding (garbage there is ignored)
+#   row 0: ln 2, ln 2           -> token ratios 2, 2;    sequence ratio exp(ln 4) = 4 (a sum: the mean would give 2)
+#   row 1: ln 2, ln 0.25        -> token ratios 2, 0.25; sequence ratio exp(ln 0.5) = 0.5
+#   row 2: ln 1.5               -> token ratio 1.5;      sequence ratio 1.5
+IS_OLD = torch.tensor([[LN(0.5), LN(0.5), 9.0], [LN(0.5), LN(0.25), 0.0], [LN(0.75), 0.0, 0.0]])
+IS_SAMPLER = torch.tensor([[LN(0.25), LN(0.25), -9.0], [LN(0.25), LN(1.0), 0.0], [LN(0.5), 0.0, 0.0]])
+IS_MASK = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+
+
+@pytest.mark.parametrize(
+    "mode,clip_min,clip_max,expected",
+    [
+        # truncate: clamp to [clip_min, clip_max]; padding keeps weight 1
+        ("token_truncate", None, 1.5, [[1.5, 1.5, 1.0], [1.5, 0.25, 1.0], [1.5, 1.0, 1.0]]),
+        ("token_truncate", 0.5, 1.5, [[1.5, 1.5, 1.0], [1.5, 0.5, 1.0], [1.5, 1.0, 1.0]]),
+        # mask: a ratio outside [clip_min, clip_max] becomes 0, one inside stays as it is
+        ("token_mask", None, 1.5, [[0.0, 0.0, 1.0], [0.0, 0.25, 1.0], [1.5, 1.0, 1.0]]),
+        ("token_mask", 0.5, None, [[2.0, 2.0, 1.0], [2.0, 0.0, 1.0], [1.5, 1.0, 1.0]]),
+        # sequence: one weight per completion, [B, 1]
+        ("sequence_truncate", None, 3.0, [[3.0], [0.5], [1.5]]),
+        ("sequence_truncate", 0.8, 3.0, [[3.0], [0.8], [1.5]]),
+        ("sequence_mask", None, 3.0, [[0.0], [0.5], [1.5]]),
+        ("sequence_mask", 0.8, 3.0, [[0.0], [0.0], [1.5]]),
+        ("sequence_mask", None, None, [[4.0], [0.5], [1.5]]),  # no bound: the plain ratio
+    ],
+)
+def test_sampler_importance_weights_by_hand(mode, clip_min, clip_max, expected):
+    w = sampler_importance_weights(IS_OLD, IS_SAMPLER, IS_MASK, mode, clip_min, clip_max)
+    assert w.tolist() == [pytest.approx(row, abs=1e-6) for row in expected]
+
+
+def test_every_importance_sampling_mode_is_tested_and_unknown_modes_are_refused():
+    assert set(IMPORTANCE_SAMPLING_MODES) == {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask"}
+    with pytest.raises(ValueError, match="token_truncate, token_mask, sequence_truncate, sequence_mask"):
+        sampler_importance_weights(IS_OLD, IS_SAMPLER, IS_MASK, "sequence_clip")
+
+
+def test_sampler_importance_weights_carry_no_gradient_and_treat_an_unreported_logprob_as_a_match():
+    old = torch.tensor([[LN(0.5), LN(0.5)]], requires_grad=True)
+    sampler = torch.tensor([[float("nan"), LN(0.25)]])  # the sampler did not report token 1
+    w = sampler_importance_weights(old, sampler, torch.ones(1, 2, dtype=torch.bool), "token_truncate", None, 3.0)
+    assert not w.requires_grad
+    assert w.tolist() == [pytest.approx([1.0, 2.0])]  # log-ratio 0 for the NaN, ln 2 for the other
+
+
+def test_sequence_weights_scale_every_token_and_a_masked_out_completion_gets_no_gradient():
+    # Ratio 1 (old == new), A = 1 for all; sequence_mask weights with clip_max 3: 0, 0.5, 1.5 (see above).
+    # dapo: per-token loss -A * v: row 0: 0, 0; row 1: -0.5, -0.5; row 2: -1.5 -> -2.5 over 5 tokens = -0.5
+    w = sampler_importance_weights(IS_OLD, IS_SAMPLER, IS_MASK, "sequence_mask", None, 3.0)
+    logp = IS_OLD.clone().requires_grad_()
+    loss, _ = loss_of(logp, IS_OLD, [1.0, 1.0, 1.0], IS_MASK.int().tolist(), "dapo", importance_weights=w)
+    assert loss.item() == pytest.approx(-0.5, abs=1e-6)
+    loss.backward()
+    # d(-v * exp(logp - old)) / d logp = -v at ratio 1, over 5 tokens: row 0 -> 0, row 1 -> -0.1, row 2 -> -0.3
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, 0.0, 0.0], [-0.1, -0.1, 0.0], [-0.3, 0.0, 0.0]]), atol=1e-7)
 
 
 def test_importance_weights_scale_the_policy_term_only():

@@ -1,6 +1,6 @@
 """One step off-policy (max_staleness=1) on the tiny model: the next batch is sampled while a step
 trains, from the weights before that step's update, and the update corrects for it with the
-truncated importance weight."""
+importance weight of vllm_importance_sampling_mode."""
 
 import copy
 import json
@@ -42,8 +42,10 @@ def test_the_next_batch_comes_from_the_weights_before_the_update(tiny, tmp_path,
     second = trainer.train_step()
     assert first["sampling/staleness"] == 0 and second["sampling/staleness"] == 1
     assert first["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-5)
-    # the ratio of step 2 is exp(new - old log-prob) per token, capped at 2, averaged over tokens
-    expected = torch.exp(after[mask] - ahead.sampler_logprobs[mask]).clamp(max=2.0).mean().item()
+    # the ratio of step 2 (TRL's default sequence_mask): exp(sum of new - old log-probs) per completion,
+    # zero where it exceeds 3, averaged over completions
+    ratio = torch.exp(torch.where(mask, after - ahead.sampler_logprobs, 0.0).sum(-1))
+    expected = torch.where(ratio > 3.0, 0.0, ratio).mean().item()
     assert second["sampling/importance_sampling_ratio/mean"] == pytest.approx(expected, rel=1e-4)
     # the sampler has the new weights once the step returns
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), trainer.rollout.sampler.model.parameters()))

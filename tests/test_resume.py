@@ -251,3 +251,63 @@ def test_an_error_while_preparing_the_directory_lets_go_of_its_lock(tiny_run_con
     _, _, checkpoint, lock = rundir.prepare_output_dir(cfg, say=lambda text: None)
     assert checkpoint is None
     lock.close()
+
+
+# --- save_strategy ------------------------------------------------------------------------------
+
+
+def _checkpoint_steps(out) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+
+
+def test_save_strategy_epoch_saves_after_each_pass_over_the_prompts(tiny_run_config, tmp_path):
+    """5 train prompts, 2 a step: passes complete at steps 3 (6 taken) and 5 (10), then the last step."""
+    out = tmp_path / "run"
+    train(tiny_run_config(out, save_strategy="epoch", save_steps=1, max_steps=6,
+                          task_args={"digits": 2, "num_train": 5, "num_test": 8}))
+    assert _checkpoint_steps(out) == [3, 5, 6]
+
+
+def test_save_strategy_no_keeps_no_checkpoint_but_the_final_model(tiny_run_config, tmp_path, capsys):
+    from rlvr.checkpoint import CheckpointError
+
+    out = tmp_path / "run"
+    train(tiny_run_config(out, save_strategy="no"))
+    assert _checkpoint_steps(out) == [] and (out / "model.safetensors").is_file() and (out / "summary.json").is_file()
+    with pytest.raises(CheckpointError, match=r"holds a finished run without a checkpoint \(save_strategy=no keeps none\).*"
+                                              rf"model={out} output_dir=<another dir>"):
+        train(tiny_run_config(out, save_strategy="no", resume=True, max_steps=6))
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4]  # its logs are kept
+
+
+def test_save_strategy_no_still_saves_a_stopped_run_which_resumes_exactly(tiny_run_config, tmp_path, monkeypatch, straight):
+    import os
+    import signal
+
+    from rlvr.monitor import MetricsLog
+
+    original, calls = MetricsLog.add, {"n": 0}
+
+    def add(self, *args, **kwargs):  # Ctrl-C while step 3 is recorded: it completes, then the run stops
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MetricsLog, "add", add)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_run_config(out, save_strategy="no"))
+    assert _checkpoint_steps(out) == [3]
+    monkeypatch.setattr(MetricsLog, "add", original)
+    train(tiny_run_config(out, save_strategy="no", resume=True))
+    assert _checkpoint_steps(out) == [3]  # the resumed run saved none of its own
+    _same_run(out, straight)
+
+
+def test_save_strategy_best_is_refused_with_the_reason():
+    from rlvr.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"save_strategy=best \(TRL: keep the checkpoint with the best metric_for_best_model\) "
+                                          r"is not supported yet; use steps, epoch or no"):
+        build_config({"save_strategy": "best"})

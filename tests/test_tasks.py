@@ -140,3 +140,24 @@ def test_the_task_turns_the_final_number_fallback_on_or_off():
 
     assert score() == [0.0]  # the default: only a boxed answer counts
     assert score(final_number=True) == [1.0]
+
+
+def test_prompt_stream_without_shuffle_serves_the_dataset_order_every_epoch_and_resumes():
+    train, _ = ArithmeticTask.splits({"digits": 1, "operands": 2, "num_test": 10, "num_train": 12}, 0)
+    prompts = [e.prompt for e in train]
+    stream = PromptStream(train, seed=5, shuffle=False)
+    assert [e.prompt for e in stream.take(30)] == prompts + prompts + prompts[:6]  # shuffle_dataset=false, as TRL
+    other = PromptStream(train, seed=5, shuffle=False)
+    other.load_state_dict(stream.state_dict())
+    assert [e.prompt for e in other.take(10)] == [e.prompt for e in stream.take(10)] == prompts[6:] + prompts[:4]
+    assert [e.prompt for e in PromptStream(train, seed=5).take(12)] != prompts  # the default shuffles
+
+
+def test_epochs_completed_counts_a_pass_when_its_last_prompt_is_taken():
+    train, _ = ArithmeticTask.splits({"digits": 1, "operands": 2, "num_test": 10, "num_train": 5}, 0)
+    stream = PromptStream(train, seed=0)
+    seen = []
+    for _ in range(5):
+        stream.take(2)
+        seen.append(stream.epochs_completed)
+    assert seen == [0, 0, 1, 1, 2]  # 2, 4, 6 (one pass + 1), 8, 10 prompts taken of 5

@@ -135,9 +135,10 @@ def test_bf16_autocast_runs_and_stays_close(tiny, tmp_path):
 @pytest.mark.parametrize(
     "kind,step,expected",
     [
-        ("constant", 0, 1 / 3),  # warmup 2: (0 + 1) / (2 + 1)
-        ("constant", 1, 2 / 3),
-        ("constant", 5, 1.0),
+        ("constant", 0, 1.0),  # no warmup in transformers' constant schedule
+        ("constant_with_warmup", 0, 0.0),  # warmup 2: step / 2, as transformers
+        ("constant_with_warmup", 1, 0.5),
+        ("constant_with_warmup", 5, 1.0),
         ("linear", 2, 1.0),  # warmup done, decay starts: 1 - 0 / 8
         ("linear", 6, 0.5),  # 1 - (6 - 2) / (10 - 2)
         ("linear", 10, 0.0),
@@ -204,3 +205,41 @@ def test_a_batch_moves_whole_to_the_models_device(tiny, tmp_path):
                  "sampler_logprobs"):
         assert getattr(moved, name).device.type == "meta", name
     assert moved.old_logprobs is None and moved.group_ids is None
+
+
+def test_steps_per_generation_splits_one_generation_over_optimizer_steps(tiny, tmp_path, monkeypatch):
+    """TRL's steps_per_generation = 2 x gradient_accumulation_steps: one generation of 8 completions
+    feeds two optimizer steps of 4, the second against the old log-probs of the first's weights."""
+    model, tokenizer = tiny
+    cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "num_generations": 4, "per_device_train_batch_size": 4,
+                        "steps_per_generation": 2, "max_completion_length": 4, "learning_rate": 5e-2})
+    assert (cfg.prompts_per_step, cfg.steps_per_optimizer_step) == (2, 2)
+    trainer = Trainer(cfg, model, tokenizer, [Example(f"{i}+1?", str(i + 1)) for i in range(6)], tmp_path, 4)
+    generated, trained = [], []
+    real_generate, real_update = trainer.batches.generate_or_rewind, trainer.updater.__call__
+
+    def generate(state):
+        gen = real_generate(state)
+        gen.batch.advantages = torch.tensor([1.0, -1.0] * (len(gen.batch) // 2))  # every row trains
+        generated.append(gen)
+        return gen
+
+    monkeypatch.setattr(trainer.batches, "generate_or_rewind", generate)
+    monkeypatch.setattr(trainer, "updater", lambda batch, step: trained.append(batch) or real_update(batch, step))
+    metrics = [trainer.train_step() for _ in range(4)]
+    assert len(generated) == 2 and [len(b) for b in trained] == [4, 4, 4, 4]
+    whole = generated[0].batch
+    assert torch.equal(trained[0].completion_ids, whole.select(slice(0, 4)).completion_ids)
+    assert torch.equal(trained[1].completion_ids, whole.select(slice(4, 8)).completion_ids)
+    assert whole.old_logprobs is not None  # taken once, before the first part's update
+    assert metrics[0]["clip_ratio/region_mean"] == 0.0  # first part: the policy is still the sampling policy
+    assert metrics[1]["clip_ratio/region_mean"] > 0.0  # second part: trained against the old log-probs, after a step
+
+
+def test_total_steps_count_the_parts_of_each_generation():
+    from rlvr.trainer import total_steps_for
+
+    cfg = build_config({"num_generations": 4, "per_device_train_batch_size": 4, "generation_batch_size": 16,
+                        "num_train_epochs": 1, "num_iterations": 2})
+    # 16 completions = 4 prompts a generation; 40 prompts -> 10 generations x 4 parts x 2 iterations
+    assert total_steps_for(cfg, 40) == 80

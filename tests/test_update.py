@@ -1,6 +1,7 @@
 """Stage 4's reusable parts on their own: LogProbs and optimizer_step, without the GRPO trainer
 (what SFT or DPO would take from update.py), and the KL term as one object."""
 
+import math
 import subprocess
 import sys
 
@@ -87,3 +88,140 @@ def test_kl_in_the_reward_lowers_each_reward_by_beta_times_its_summed_estimate()
     assert rewards == pytest.approx([1.0 - 0.5 * expected[0], 0.0 - 0.5 * expected[1]], rel=1e-6)
     assert kl.loss_beta == 0.0  # charged to the reward, so not to the loss as well
     assert KLReference(KLSettings(beta=0.5), policy, reference, logprobs).penalize([1.0], rollouts[:1], 0, 1) == ([1.0], None)
+
+
+# --- the loss settings, wired from the config into PolicyUpdate --------------------------------
+
+
+def test_update_settings_take_the_loss_settings_from_the_config():
+    from rlvr.config import build_config
+    from rlvr.update import UpdateSettings
+
+    cfg = build_config({"delta": 1.5, "epsilon_high": 0.28, "top_entropy_quantile": 0.2,
+                        "vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_clip_min": 0.5,
+                        "vllm_importance_sampling_cap": 2.0})  # TRL's older name for clip_max
+    s = UpdateSettings.from_config(cfg, off_policy=True)
+    assert (s.delta, s.top_entropy_quantile) == (1.5, 0.2)
+    assert (s.sampler_correction, s.sampler_clip_min, s.sampler_clip_max) == ("token_mask", 0.5, 2.0)
+    assert UpdateSettings.from_config(cfg, off_policy=False).sampler_correction is None  # the trained model sampled
+    off = build_config({"vllm_importance_sampling_correction": False})
+    assert UpdateSettings.from_config(off, off_policy=True).sampler_correction is None
+    default = UpdateSettings.from_config(build_config({}), off_policy=True)  # TRL's defaults
+    assert (default.sampler_correction, default.sampler_clip_min, default.sampler_clip_max) == ("sequence_mask", None, 3.0)
+    assert (default.delta, default.top_entropy_quantile) == (None, 1.0)
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"delta": 1.2}, "delta .* must be > 1 \\+ epsilon_high = 1.2"),
+    ({"delta": 1.25, "epsilon_high": 0.28}, "must be > 1 \\+ epsilon_high = 1.28"),
+    ({"top_entropy_quantile": 1.5}, "top_entropy_quantile must be in \\[0, 1\\]"),
+    ({"top_entropy_quantile": -0.1}, "top_entropy_quantile must be in \\[0, 1\\]"),
+    ({"vllm_importance_sampling_clip_min": 3.0}, "clip_min \\(3.0\\) must be less than vllm_importance_sampling_clip_max \\(3.0\\)"),
+    ({"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": None}, "truncates the ratio"),
+])
+def test_loss_settings_that_cannot_work_are_refused(settings, message):
+    from rlvr.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match=message):
+        build_config(settings)
+
+
+def test_loss_settings_trl_allows_are_accepted():
+    from rlvr.config import build_config
+
+    build_config({"delta": 1.21, "top_entropy_quantile": 0.0})
+    build_config({"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": None,
+                  "vllm_importance_sampling_clip_min": 0.5})  # truncating from below only
+    build_config({"vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_clip_max": None})  # no bound
+    build_config({"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": None,
+                  "vllm_importance_sampling_correction": False})  # the mode is not used
+
+
+def _two_completions(tokenizer) -> Batch:
+    p = tokenizer("what is 2+2?", add_special_tokens=False)["input_ids"]
+    rollouts = [Rollout(p, tokenizer(c, add_special_tokens=False)["input_ids"], [0.0] * 3, "stop", c) for c in ("4 a", "5 b")]
+    return Batch.from_rollouts(rollouts, torch.tensor([1.0, -0.5]), torch.ones(2, dtype=torch.bool), 0, False, 2)
+
+
+def _policy_update(model, **settings):
+    from rlvr.update import PolicyUpdate, UpdateSettings
+
+    base = dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, importance_sampling_level="token", micro_batch_size=2,
+                max_completion_length=3, max_grad_norm=0.0, num_iterations=1, sampler_correction=None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the gradients are what is checked
+    logprobs = LogProbs(fast=True, temperature=1.0)
+    kl = KLReference(KLSettings(beta=0.0), model, None, logprobs)
+    return PolicyUpdate(UpdateSettings(**{**base, **settings}), model, optimizer, _constant_schedule(optimizer), logprobs, kl, 0)
+
+
+@pytest.mark.parametrize("micro_batch_size", [2, 1])
+def test_top_entropy_quantile_trains_on_the_high_entropy_tokens_of_each_micro_batch(micro_batch_size):
+    """As TRL: the entropy threshold is the quantile over the tokens of one micro-batch (on every
+    rank), and only the tokens at or above it carry the policy gradient."""
+    from rlvr.losses import LossNorm, entropy_threshold, high_entropy_mask, policy_loss
+
+    tokenizer = make_tokenizer()
+    model = make_tiny_model(len(tokenizer))
+    batch = _two_completions(tokenizer)
+    update = _policy_update(model, top_entropy_quantile=0.5, micro_batch_size=micro_batch_size)
+    update.accumulate_gradients(batch)
+    got = [p.grad.clone() for p in model.parameters()]
+
+    # By hand: the same loss with the mask of each micro-batch's own median entropy.
+    model.zero_grad()
+    norm = LossNorm(2, batch.num_tokens, 3, 2 // micro_batch_size)
+    kept = 0
+    for lo in range(0, 2, micro_batch_size):
+        micro = batch.select(slice(lo, lo + micro_batch_size))
+        logp, entropy = update.logprobs(model, micro)
+        mask = micro.completion_mask
+        keep = high_entropy_mask(entropy, mask, entropy_threshold(entropy[mask], 0.5))
+        kept += int(keep.sum())
+        loss, _ = policy_loss(logp, logp.detach(), micro.advantages, mask, norm, loss_type="dapo", entropy_mask=keep)
+        loss.backward()
+    # the median of 6 (or 3) distinct entropies keeps 3 (or 2 + 2) of the 6 tokens
+    assert kept == {2: 3, 1: 4}[micro_batch_size]
+    assert all(torch.allclose(g, p.grad, atol=1e-7) for g, p in zip(got, model.parameters()))
+    every = _policy_update(model, micro_batch_size=micro_batch_size)
+    every.accumulate_gradients(batch)
+    assert not all(torch.allclose(g, p.grad, atol=1e-7) for g, p in zip(got, model.parameters()))  # the mask mattered
+
+
+def test_sequence_mask_correction_and_its_metrics_by_hand():
+    """The default vllm_importance_sampling_mode: each completion weighted by its whole sampler
+    ratio, zero above clip_max; the metrics are TRL's."""
+    tokenizer = make_tokenizer()
+    model = make_tiny_model(len(tokenizer))
+    batch = _two_completions(tokenizer)
+    batch.advantages = torch.tensor([1.0, 1.0])
+    with torch.no_grad():
+        logp, _ = LogProbs(fast=True, temperature=1.0)(model, batch)
+    ln2 = math.log(2)
+    # trainer - sampler log-prob per token: row 0: ln 2, ln 2, ln 2 -> ratio 8 > 3: weight 0
+    #                                      row 1: ln 2, ln 2, -ln 16 -> ratio 4 * 1/16 = 0.25
+    diff = torch.tensor([[ln2, ln2, ln2], [ln2, ln2, -4 * ln2]])
+    batch.sampler_logprobs = logp - diff
+    metrics = _policy_update(model, sampler_correction="sequence_mask", sampler_clip_max=3.0)(batch, step=1)
+    assert metrics["sampling/importance_sampling_ratio/min"] == pytest.approx(0.0)
+    assert metrics["sampling/importance_sampling_ratio/mean"] == pytest.approx(0.125, rel=1e-5)  # (0 + 0.25) / 2 completions
+    assert metrics["sampling/importance_sampling_ratio/max"] == pytest.approx(0.25, rel=1e-5)
+    # |difference| over the 6 tokens: (5 ln 2 + 4 ln 2) / 6 = 1.5 ln 2 = 1.039721; the largest is 4 ln 2 = 2.772589
+    assert metrics["sampling/sampling_logp_difference/mean"] == pytest.approx(1.5 * ln2, rel=1e-5)
+    assert metrics["sampling/sampling_logp_difference/max"] == pytest.approx(4 * ln2, rel=1e-5)
+    # ratio 1 to the old log-probs, A = 1: per-token loss -v: row 0: 0 x 3, row 1: -0.25 x 3; dapo: -0.75 / 6 = -0.125
+    assert metrics["loss"] == pytest.approx(-0.125, rel=1e-5)
+
+
+def test_token_truncate_metrics_are_over_tokens():
+    tokenizer = make_tokenizer()
+    model = make_tiny_model(len(tokenizer))
+    batch = _two_completions(tokenizer)
+    with torch.no_grad():
+        logp, _ = LogProbs(fast=True, temperature=1.0)(model, batch)
+    ln2 = math.log(2)
+    # token ratios 2, 2, 2 / 2, 2, 1/16, truncated at 3 (none) and from below at 0.5: 2, 2, 2, 2, 2, 0.5
+    batch.sampler_logprobs = logp - torch.tensor([[ln2, ln2, ln2], [ln2, ln2, -4 * ln2]])
+    metrics = _policy_update(model, sampler_correction="token_truncate", sampler_clip_min=0.5, sampler_clip_max=3.0)(batch, step=1)
+    assert metrics["sampling/importance_sampling_ratio/min"] == pytest.approx(0.5, rel=1e-5)
+    assert metrics["sampling/importance_sampling_ratio/mean"] == pytest.approx(10.5 / 6, rel=1e-5)  # (5 x 2 + 0.5) / 6 tokens
+    assert metrics["sampling/importance_sampling_ratio/max"] == pytest.approx(2.0, rel=1e-5)

@@ -211,13 +211,15 @@ def test_client_times_out_on_a_server_that_never_answers(tiny):
 @pytest.mark.slow
 @pytest.mark.parametrize("max_staleness", [0, 1])
 def test_rlvr_train_with_vllm_colocate(tmp_path, max_staleness):
-    """Two steps from the command line: vLLM samples, the update sees its log-probs (TIS metrics).
+    """Two steps from the command line: vLLM samples, the update sees its log-probs (per-token truncated
+    importance weights, so the ratio's mean over tokens is compared; TRL's default is per sequence).
     With max_staleness=1, vLLM samples step 2's batch in a thread during step 1, before the update."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "rlvr.cli", "train", "use_vllm=true", "vllm_mode=colocate", "max_steps=2",
            f"vllm_kv_cache_gb={KV_GB}", "num_generations=4", "per_device_train_batch_size=8",
            "gradient_accumulation_steps=1", "max_completion_length=32", "learning_rate=1e-5", "eval_on_start=false",
            "eval_on_end=false", "report_steps=0", "logging_steps=1", f"output_dir={out}", f"max_staleness={max_staleness}",
+           "vllm_importance_sampling_mode=token_truncate", "vllm_importance_sampling_clip_max=2",
            f"reward_funcs=[{Path(__file__).parents[1] / 'benchmarks' / 'speed.py'}:bench_reward]"]  # every group has signal
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

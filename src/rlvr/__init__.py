@@ -1,3 +1,17 @@
-"""rlvr: train language models with reinforcement learning from verifiable rewards."""
+"""rlvr: train language models with reinforcement learning from verifiable rewards.
+
+`from rlvr import GRPOConfig, GRPOTrainer` is TRL's Python API on rlvr (api.py); the
+command line is `rlvr` (cli.py).
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["GRPOConfig", "GRPOTrainer"]
+
+
+def __getattr__(name: str):
+    if name in __all__:  # imported on first use, so `import rlvr` stays light
+        from rlvr import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'rlvr' has no attribute {name!r}")

@@ -1,7 +1,8 @@
 """Turning a prompt (plain text or chat messages) into the text the model sees.
 
-The tokenizer's chat template is applied to every prompt; a plain-text prompt
-becomes one user message.  A system prompt from the config is put first unless
+The tokenizer's chat template is applied to every prompt, with the config's
+chat_template_kwargs as the template's own variables (e.g. enable_thinking for
+Qwen3); a plain-text prompt becomes one user message.  A system prompt from the config is put first unless
 the prompt already carries its own system message.  A tokenizer without a
 chat template gets the messages' contents joined by blank lines.
 """
@@ -33,16 +34,18 @@ def to_messages(prompt: Prompt, system_prompt: str | None = None) -> list[Messag
     return messages
 
 
-def render_prompt(tokenizer, prompt: Prompt, system_prompt: str | None = None) -> str:
-    """The prompt text, ending where the assistant's completion begins."""
+def render_prompt(tokenizer, prompt: Prompt, system_prompt: str | None = None, template_kwargs: dict | None = None) -> str:
+    """The prompt text, ending where the assistant's completion begins.  template_kwargs: more
+    variables for the chat template (cfg.chat_template_kwargs)."""
     messages = to_messages(prompt, system_prompt)
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
     return "\n\n".join(m["content"] for m in messages) + "\n\n"
 
 
-def render_prompts(tokenizer, prompts: list[Prompt], system_prompt: str | None) -> list[str]:
-    return [render_prompt(tokenizer, p, system_prompt) for p in prompts]
+def render_prompts(tokenizer, prompts: list[Prompt], system_prompt: str | None,
+                   template_kwargs: dict | None = None) -> list[str]:
+    return [render_prompt(tokenizer, p, system_prompt, template_kwargs) for p in prompts]
 
 
 def tokenize_prompts(tokenizer, texts: list[str], max_prompt_length: int | None) -> list[list[int]]:
@@ -56,6 +59,7 @@ def tokenize_prompts(tokenizer, texts: list[str], max_prompt_length: int | None)
     return out
 
 
-def encode_prompts(tokenizer, prompts: list[Prompt], system_prompt: str | None, max_prompt_length: int | None):
+def encode_prompts(tokenizer, prompts: list[Prompt], system_prompt: str | None, max_prompt_length: int | None,
+                   template_kwargs: dict | None = None):
     """Token ids of each rendered prompt, cut from the left to max_prompt_length."""
-    return tokenize_prompts(tokenizer, render_prompts(tokenizer, prompts, system_prompt), max_prompt_length)
+    return tokenize_prompts(tokenizer, render_prompts(tokenizer, prompts, system_prompt, template_kwargs), max_prompt_length)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rlvr.config import Config, ConfigError, build_config, describe_settings, load_yaml, parse_overrides
 from rlvr.settings import resolve_config, split_args
+from rlvr.trl_settings import ignored_line
 
 USAGE_ERRORS = (ConfigError, FileNotFoundError, FileExistsError)
 
@@ -118,8 +119,11 @@ def cmd_train(args: list[str]) -> int:
 
     from rlvr.run import AlertStop, train
 
-    cfg = resolve_config(args, default_file=None if args else "demo")
+    ignored: list[str] = []
+    cfg = resolve_config(args, default_file=None if args else "demo", ignored=ignored)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints: the settings that differ from the defaults
+        if ignored:
+            print(ignored_line(ignored))
         defaults = Config().to_dict()
         changed = {k: v for k, v in cfg.to_dict().items() if v != defaults.get(k)}
         print("settings (the rest at their defaults; all of them go to config.yaml in the run directory):")
@@ -221,11 +225,13 @@ def compare_doc() -> str:
 
 
 def cmd_sample(args: list[str]) -> int:
+    import dataclasses
+
     import torch
 
     from rlvr.chat import render_prompts, tokenize_prompts
     from rlvr.models import eos_token_ids, load_model, pick_device
-    from rlvr.rollout import SamplingParams
+    from rlvr.rollout import training_params
     from rlvr.rollout.engine import make_sampler
     from rlvr.tasks import build_rewards
     from rlvr.types import Example
@@ -242,10 +248,9 @@ def cmd_sample(args: list[str]) -> int:
     cfg = build_config(load_yaml(config_file) if config_file else {}, values)
     model, tokenizer, path = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu))
     sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
-    texts = render_prompts(tokenizer, [prompt], cfg.system_prompt)
+    texts = render_prompts(tokenizer, [prompt], cfg.system_prompt, cfg.chat_template_kwargs)
     ids = tokenize_prompts(tokenizer, texts, cfg.max_prompt_length)
-    params = SamplingParams(n=n, max_tokens=cfg.max_completion_length, temperature=cfg.temperature,
-                            top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings)
+    params = dataclasses.replace(training_params(cfg), n=n)
     group = sampler.generate(ids, params, torch.Generator().manual_seed(cfg.seed))[0]
     example = Example(prompt=prompt, answer=None if answer is None else str(answer),
                       columns={"answer": None if answer is None else str(answer)})

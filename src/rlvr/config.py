@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from rlvr import trl_settings
+
 
 class ConfigError(ValueError):
     """A configuration that cannot run; the message says what to change."""
@@ -271,8 +273,11 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def build_config(*sources: dict[str, Any]) -> Config:
-    """Merge mappings left to right onto the defaults, then validate."""
+def build_config(*sources: dict[str, Any], ignored: list[str] | None = None) -> Config:
+    """Merge mappings left to right onto the defaults, then validate.  TRL settings that have no
+    effect here are dropped, and their names appended to `ignored` when it is given."""
+    if ignored is not None:
+        ignored.extend(trl_settings.ignored_keys(*sources))
     values: dict[str, Any] = {}
     for src in sources:
         for key, value in src.items():
@@ -295,14 +300,23 @@ def build_config(*sources: dict[str, Any]) -> Config:
     return cfg
 
 
-_MAPPINGS = {"task_args", "reward_args", "on_alert"}
+_MAPPINGS = {"task_args", "reward_args", "on_alert", "model_init_kwargs", "chat_template_kwargs", "generation_kwargs",
+             "lr_scheduler_kwargs"}
 
 
 def _set(values: dict[str, Any], key: str, value: Any) -> None:
     head, _, rest = key.partition(".")
+    if not rest:  # TRL's settings without an rlvr field of their name (trl_settings.py)
+        try:
+            translated = trl_settings.translate(head, value)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if translated is None:
+            return
+        head, value = translated
     head = ALIASES.get(head, head)
     if head not in FIELDS:
-        close = difflib.get_close_matches(head, list(FIELDS) + list(ALIASES), n=1, cutoff=0.6)
+        close = difflib.get_close_matches(head, list(FIELDS) + list(ALIASES) + trl_settings.known_names(), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"unknown setting {head!r}{hint} (see `rlvr train --help` for the list)")
     if head not in _MAPPINGS:
@@ -310,6 +324,8 @@ def _set(values: dict[str, Any], key: str, value: Any) -> None:
             raise ConfigError(f"{head!r} is not a mapping, so {key!r} cannot set a key inside it")
         values[head] = value
         return
+    if value is None and not rest:  # TRL's "unset" for its dict settings
+        value = {}
     if not rest and not isinstance(value, dict):
         raise ConfigError(f"{head} must be a mapping, got {value!r}")
     merged = _merge(values.get(head) or {}, value if not rest else _nest(rest.split("."), value))
@@ -375,23 +391,54 @@ def validate(cfg: Config) -> None:
     problems += _check_generation_batch(cfg)
     need(cfg.max_completion_length >= 1, "max_completion_length must be at least 1")
     need(cfg.max_prompt_length is None or cfg.max_prompt_length >= 1, "max_prompt_length must be at least 1 (or null for no limit)")
-    need(cfg.temperature > 0, f"temperature must be > 0 for training rollouts; got {cfg.temperature}")
+    from rlvr.rollout import generation_settings
+
+    sampling, bad = generation_settings(cfg)  # the sampling settings, generation_kwargs applied over them
+    problems += bad
+    need(sampling["temperature"] > 0, f"temperature must be > 0 for training rollouts; got {sampling['temperature']}")
     need(cfg.eval_temperature >= 0, "eval_temperature must be >= 0 (0 = greedy)")
-    need(0 < cfg.top_p <= 1, f"top_p must be in (0, 1]; got {cfg.top_p}")
-    need(cfg.top_k >= 0, f"top_k must be >= 0 (0 = off); got {cfg.top_k}")
-    need(all(isinstance(s, str) and s for s in cfg.stop_strings), "stop_strings must be non-empty strings")
+    need(0 < sampling["top_p"] <= 1, f"top_p must be in (0, 1]; got {sampling['top_p']}")
+    need(sampling["top_k"] >= 0, f"top_k must be >= 0 (0 = off); got {sampling['top_k']}")
+    need(sampling["min_p"] is None or 0 <= sampling["min_p"] <= 1, f"min_p must be in [0, 1] (or null: off); got {sampling['min_p']}")
+    need(sampling["repetition_penalty"] > 0,
+         f"repetition_penalty must be > 0 (1 = off, > 1 discourages repeated tokens); got {sampling['repetition_penalty']}")
+    need(all(isinstance(s, str) and s for s in sampling["stop_strings"]), "stop_strings must be non-empty strings")
+    reserved = sorted({"add_generation_prompt", "tokenize", "conversation"} & set(cfg.chat_template_kwargs))
+    need(not reserved, f"chat_template_kwargs cannot set {', '.join(reserved)}: rlvr sets it when it renders a prompt")
     need(cfg.beta >= 0, f"beta must be >= 0; got {cfg.beta}")
     need(cfg.epsilon > 0, f"epsilon must be > 0; got {cfg.epsilon}")
     need(cfg.epsilon_high is None or cfg.epsilon_high >= cfg.epsilon, "epsilon_high must be >= epsilon")
+    need(cfg.delta is None or cfg.delta > 1 + cfg.epsilon_high_value,
+         f"delta caps the unclipped ratio above the clip range: it must be > 1 + epsilon_high = {1 + cfg.epsilon_high_value:g} (or null); got {cfg.delta}")
+    need(0 <= cfg.top_entropy_quantile <= 1, f"top_entropy_quantile must be in [0, 1] (1 = train on every token); got {cfg.top_entropy_quantile}")
     need(cfg.num_iterations >= 1, "num_iterations must be at least 1")
     need(cfg.learning_rate > 0 and math.isfinite(cfg.learning_rate), f"learning_rate must be a finite number > 0; got {cfg.learning_rate}")
     need(0 <= cfg.warmup_ratio < 1, "warmup_ratio must be in [0, 1)")
     need(cfg.warmup_steps >= 0, "warmup_steps must be >= 0")
+    from rlvr.optim import schedule_problems
+
+    problems += schedule_problems(cfg.lr_scheduler_type, cfg.lr_scheduler_kwargs, cfg.learning_rate)
+    need(not (cfg.fp16 and cfg.bf16), "fp16 and bf16 cannot both be true: choose one autocast precision (bf16 needs no loss scaling)")
+    need(not (cfg.fp16 and cfg.fsdp), "fp16 with fsdp is not supported (its loss scaling would decide per shard); use bf16=true")
+    if cfg.sync_ref_model:
+        need(cfg.beta > 0, "sync_ref_model=true moves the reference model toward the policy, but beta=0 loads no reference; "
+             "set beta > 0 (e.g. beta=0.04) or sync_ref_model=false")
+        need(not cfg.use_peft, "sync_ref_model=true is not supported with use_peft (as in TRL): the reference is the policy "
+             "with its adapter switched off, not a model of its own to move; set one of them")
+        need(0 <= cfg.ref_model_mixup_alpha <= 1, f"ref_model_mixup_alpha must be in [0, 1]; got {cfg.ref_model_mixup_alpha}")
+        need(cfg.ref_model_sync_steps >= 1, f"ref_model_sync_steps must be at least 1; got {cfg.ref_model_sync_steps}")
     need(cfg.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 = no clipping)")
     need(cfg.max_steps == -1 or cfg.max_steps >= 1, "max_steps must be -1 (use num_train_epochs) or at least 1")
     need(cfg.max_steps != -1 or cfg.num_train_epochs > 0, "num_train_epochs must be > 0 when max_steps is -1")
     need(cfg.logging_steps >= 1, "logging_steps must be at least 1")
     need(cfg.save_steps >= 1, "save_steps must be at least 1")
+    need(cfg.save_strategy != "best", "save_strategy=best (TRL: keep the checkpoint with the best metric_for_best_model) "
+         "is not supported yet; use steps, epoch or no, and compare the runs' held-out accuracy (eval_strategy=steps)")
+    for key in ("dtype", "torch_dtype"):
+        value = cfg.model_init_kwargs.get(key, cfg.dtype)
+        need(value == cfg.dtype, f"model_init_kwargs.{key}={value!r} differs from dtype={cfg.dtype!r}: the weights' dtype is "
+             f"rlvr's own dtype setting (float32 or bfloat16; vLLM and `rlvr plan` read it too), so set dtype there and "
+             f"drop {key} from model_init_kwargs")
     need(cfg.save_total_limit is None or cfg.save_total_limit >= 1, "save_total_limit must be at least 1 (or null to keep all)")
     need(cfg.eval_max_examples >= 0, "eval_max_examples must be >= 0 (0 = all)")
     need(cfg.eval_batch_size >= 1, "eval_batch_size must be at least 1")
@@ -426,10 +473,26 @@ def validate(cfg: Config) -> None:
     need(cfg.lora_r >= 1 and cfg.lora_alpha > 0, "lora_r must be at least 1 and lora_alpha > 0")
     need(0 <= cfg.lora_dropout < 1, "lora_dropout must be in [0, 1)")
     need(0 < cfg.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization must be in (0, 1]")
+    need(cfg.vllm_tensor_parallel_size >= 1, f"vllm_tensor_parallel_size must be at least 1; got {cfg.vllm_tensor_parallel_size}")
+    if cfg.vllm_max_model_length is not None:
+        longest = (cfg.max_prompt_length or 1) + cfg.max_completion_length
+        sizes = "max_prompt_length + max_completion_length" if cfg.max_prompt_length else "1 + max_completion_length"
+        need(cfg.vllm_max_model_length >= longest,
+             f"vllm_max_model_length={cfg.vllm_max_model_length} has no room for a longest prompt and a full completion "
+             f"({sizes} = {longest} tokens); set it to at least {longest}, or null")
+    need(cfg.vllm_server_base_url is None or cfg.vllm_server_base_url.startswith(("http://", "https://")),
+         f"vllm_server_base_url must start with http:// or https://, e.g. http://host:8000; got {cfg.vllm_server_base_url!r}")
     need(cfg.vllm_server_timeout > 0, "vllm_server_timeout must be > 0 seconds")
     need(cfg.vllm_kv_cache_gb >= 0, "vllm_kv_cache_gb must be >= 0 (0 = from vllm_gpu_memory_utilization)")
     need(cfg.vllm_importance_sampling_clip_max is None or cfg.vllm_importance_sampling_clip_max > 0,
          "vllm_importance_sampling_clip_max must be > 0 (or null)")
+    clip_min, clip_max = cfg.vllm_importance_sampling_clip_min, cfg.vllm_importance_sampling_clip_max
+    need(clip_min is None or clip_max is None or clip_min < clip_max,
+         f"vllm_importance_sampling_clip_min ({clip_min}) must be less than vllm_importance_sampling_clip_max ({clip_max})")
+    need(not (cfg.vllm_importance_sampling_correction and cfg.vllm_importance_sampling_mode.endswith("_truncate")
+              and clip_min is None and clip_max is None),
+         f"vllm_importance_sampling_mode={cfg.vllm_importance_sampling_mode} truncates the ratio: set "
+         "vllm_importance_sampling_clip_max (e.g. 3.0) or vllm_importance_sampling_clip_min")
     need(cfg.rollout_workers >= 0, "rollout_workers must be >= 0 (0 = sample in the training process)")
     if cfg.rollout_workers > 0:
         import importlib.util
@@ -456,8 +519,11 @@ def validate(cfg: Config) -> None:
 def _check_generation_batch(cfg: Config) -> list[str]:
     """TRL's rules: generation_batch_size or steps_per_generation (not both) sets the completions of one
     generation, a whole number of optimizer steps' batches and of groups."""
-    if cfg.generation_batch_size is not None and cfg.steps_per_generation is not None:
-        return ["set generation_batch_size or steps_per_generation, not both (one follows from the other)"]
+    if cfg.generation_batch_size is not None and cfg.steps_per_generation is not None and \
+            cfg.generation_batch_size != cfg.per_device_train_batch_size * cfg.steps_per_generation:
+        return [f"generation_batch_size={cfg.generation_batch_size} and steps_per_generation={cfg.steps_per_generation} disagree "
+                f"(per_device_train_batch_size x steps_per_generation = {cfg.per_device_train_batch_size * cfg.steps_per_generation}); "
+                "set one of them: the other follows"]
     if cfg.per_device_train_batch_size < 1 or cfg.gradient_accumulation_steps < 1 or cfg.num_generations < 2:
         return []  # reported above
     if (cfg.generation_batch_size or 1) < 1 or (cfg.steps_per_generation or 1) < 1:

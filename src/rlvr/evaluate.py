@@ -15,6 +15,9 @@ examples from the train split (tasks/fewshot.py).  Reported:
 
 k > 1 with eval_temperature = 0 is an error (k identical greedy completions say
 nothing more than one); greedy pass@1 is the default run, eval_num_samples=1.
+Sampled evaluation keeps the training rollouts' truncation (top_k, top_p, min_p)
+and stop strings, generation_kwargs included; the repetition penalty is left out:
+it changes what the model would say, and evaluation measures the model.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from rlvr.passk import ks_to_report, maj_at_k, pass_at_k
 from rlvr.rewards import RewardSet
 from rlvr.rewards.answers import DEFAULT_SOURCES
 from rlvr.rewards.math import accuracy, answer_key, extract_answer, numeric_accuracy, plain_last_box, signed_accuracy
-from rlvr.rollout import SamplingParams
+from rlvr.rollout import SamplingParams, generation_settings
 from rlvr.tasks.fewshot import pick_shots, with_shots
 from rlvr.types import Example
 
@@ -71,14 +74,16 @@ def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, ve
     shots = pick_shots(shot_pool or [], cfg.eval_num_shots, cfg.seed)
     k = cfg.eval_num_samples
     sampled = cfg.eval_temperature > 0
+    train, _ = generation_settings(cfg)  # validated with the config
     params = SamplingParams(n=k, max_tokens=cfg.max_completion_length, temperature=cfg.eval_temperature,
-                            top_p=cfg.top_p if sampled else 1.0, top_k=cfg.top_k if sampled else 0,
-                            stop_strings=cfg.stop_strings)
+                            top_p=train["top_p"] if sampled else 1.0, top_k=train["top_k"] if sampled else 0,
+                            min_p=(train["min_p"] or 0.0) if sampled else 0.0, stop_strings=train["stop_strings"])
     per_func: dict[str, list] = {name: [] for name in rewards.names}
     completions, lengths, truncated, samples = [], [], 0, []
     for lo in range(0, len(examples), cfg.eval_batch_size):
         chunk = examples[lo : lo + cfg.eval_batch_size]
-        texts = render_prompts(tokenizer, [with_shots(ex.prompt, shots) for ex in chunk], cfg.system_prompt)
+        texts = render_prompts(tokenizer, [with_shots(ex.prompt, shots) for ex in chunk], cfg.system_prompt,
+                               cfg.chat_template_kwargs)
         groups = sampler.generate(tokenize_prompts(tokenizer, texts, cfg.max_prompt_length), params, generator)
         scores = rewards.score_groups(chunk, groups, texts, max_completion_length=cfg.max_completion_length)
         for name in rewards.names:

@@ -11,7 +11,10 @@ Mistral / Qwen2, same block) directly with torch ops, so that
   than once per completion, and its keys and values are shared by the group's
   completions in attention, with gradients flowing back through them;
 * the output layer is applied only where a completion token is predicted
-  (see logprobs.py), never to prompt positions.
+  (see logprobs.py), never to prompt positions;
+* with gradient checkpointing on (the model's own switch, model.gradient_checkpointing_enable(),
+  which sets it on each decoder layer), a layer keeps only its input for the backward pass and
+  runs again there (torch.utils.checkpoint, non-reentrant), as in the Hugging Face forward.
 
 It reads the parameters of the Hugging Face modules (no copies), so an
 optimizer step on the model is seen by the next call.  The result equals the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from rlvr.lora import adapters_enabled, effective_weight, is_adapted, unwrap
 
@@ -124,13 +128,19 @@ class LlamaRunner:
         x = self.inner.embed_tokens(layout.tokens)  # [n_prompt + n_completion, hidden], all real tokens
         cos, sin = self._rope(x, layout.positions)
         for layer in self.inner.layers:
-            attn = layer.self_attn
-            q, k, v = self._qkv(self._norm(x, layer.input_layernorm), attn, cos, sin)
-            out = layout.attention(q, k, v, self._attend)  # [n, H * D]
-            x = x + attn.o_proj(out)
-            x = x + self._mlp(self._norm(x, layer.post_attention_layernorm), layer.mlp)
+            if getattr(layer, "gradient_checkpointing", False) and torch.is_grad_enabled():
+                x = checkpoint(self._layer, x, layer, layout, cos, sin, use_reentrant=False)
+            else:
+                x = self._layer(x, layer, layout, cos, sin)
         x = self._norm(x, self.inner.norm)
         return x[layout.predictors]
+
+    def _layer(self, x, layer, layout: "_Layout", cos, sin):
+        """One decoder layer over the flat tokens x [n, hidden]."""
+        attn = layer.self_attn
+        q, k, v = self._qkv(self._norm(x, layer.input_layernorm), attn, cos, sin)
+        x = x + attn.o_proj(layout.attention(q, k, v, self._attend))  # attention output [n, H * D]
+        return x + self._mlp(self._norm(x, layer.post_attention_layernorm), layer.mlp)
 
     # --- rollout: prefill and decode with a static cache -----------------------------------
 

@@ -34,10 +34,12 @@ class LogProbs:
     """Per-token log-probs of completion tokens under a model, the same way everywhere.
 
     fast: rlvr's forward (llama.py; each group's prompt once, no padding) rather than the model's
-    own; bf16: matmuls in bfloat16 under autocast; micro_batch_size: rows per forward in `no_grad`."""
+    own; autocast: the dtype of the matmuls under autocast (torch.bfloat16 for bf16, torch.float16 for
+    fp16; None: the weights' own); micro_batch_size: rows per forward in `no_grad`."""
 
-    def __init__(self, fast: bool, temperature: float, bf16: bool = False, micro_batch_size: int = 8, device="cpu"):
-        self.fast, self.temperature, self.bf16 = fast, temperature, bf16
+    def __init__(self, fast: bool, temperature: float, autocast: torch.dtype | None = None, micro_batch_size: int = 8,
+                 device="cpu"):
+        self.fast, self.temperature, self.autocast_dtype = fast, temperature, autocast
         self.micro_batch_size, self.device = micro_batch_size, device
         self._runners: dict = {}
 
@@ -48,7 +50,7 @@ class LogProbs:
 
             runner = self._runners.setdefault(id(model), LlamaRunner(model))
             with self.autocast(model):
-                return batch_logprobs(runner, batch, self.temperature, torch.bfloat16 if self.bf16 else None)
+                return batch_logprobs(runner, batch, self.temperature, self.autocast_dtype)
         return self.padded(model, batch)
 
     def padded(self, model, batch):
@@ -68,9 +70,9 @@ class LogProbs:
         return out
 
     def autocast(self, model):
-        if not self.bf16:
+        if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=next(model.parameters()).device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=next(model.parameters()).device.type, dtype=self.autocast_dtype)
 
 
 def padded_logprobs(model, batch, temperature: float):

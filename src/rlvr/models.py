@@ -115,9 +115,9 @@ def hub_reachable() -> bool:
         return False
 
 
-def require_hub_model(name: str) -> None:
+def require_hub_model(name: str, revision: str | None = None) -> None:
     """For a hub id: when the Hub cannot be reached, use the local cache only (no minute of
-    retries), and fail at once if the model is not in it."""
+    retries), and fail at once if the model (at `revision`, if given) is not in it."""
     if name == DEFAULT_MODEL or Path(name).expanduser().exists():
         return
     import huggingface_hub
@@ -128,7 +128,7 @@ def require_hub_model(name: str) -> None:
     os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
     huggingface_hub.constants.HF_HUB_OFFLINE = True
     try:
-        cached = isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str)
+        cached = isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json", revision=revision), str)
     except Exception:  # not a valid repo id at all
         cached = False
     if not cached:
@@ -161,33 +161,53 @@ def pick_device(use_cpu: bool = False, local_rank: int = 0) -> str:
     return f"cuda:{local_rank}"
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, revision: str | None = None, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_model(name: str, dtype: str = "float32", device: str = "cpu"):
-    """(model on `device`, tokenizer, resolved path).  Errors say which model could not be found."""
+def load_model(name: str, dtype: str = "float32", device: str = "cpu", init_kwargs: dict | None = None,
+               trust_remote_code: bool = False):
+    """(model on `device`, tokenizer, resolved path).  Errors say which model could not be found.
+
+    init_kwargs (TRL's model_init_kwargs) go to the model's from_pretrained, and its `revision`
+    to the tokenizer's too; trust_remote_code to both.  The weights' dtype is `dtype`: a
+    dtype / torch_dtype among init_kwargs must agree with it (config.validate checks)."""
     from transformers import AutoModelForCausalLM
 
-    require_hub_model(name)
+    kwargs = {k: v for k, v in (init_kwargs or {}).items() if k not in ("dtype", "torch_dtype")}
+    kwargs.setdefault("trust_remote_code", trust_remote_code)  # TRL: model_init_kwargs' own value wins
+    revision = kwargs.get("revision")
+    require_hub_model(name, revision)
     path = resolve_model_path(name)
     try:
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(path, revision, kwargs["trust_remote_code"])
         if is_adapter_dir(path):  # a LoRA run's final model or checkpoint: merged onto its base
             model = load_merged(path, DTYPES[dtype])
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+            model = _from_pretrained(AutoModelForCausalLM, path, DTYPES[dtype], kwargs, init_kwargs)
     except OSError as e:
         raise ModelError(
             f"could not load model {name!r}: it is neither a local directory nor a reachable hub id "
             f"({e.__class__.__name__}: {str(e).splitlines()[0]})"
         ) from None
     return model.to(device), tokenizer, path
+
+
+def _from_pretrained(auto_class, path: str, dtype, kwargs: dict, init_kwargs: dict | None):
+    """from_pretrained, with an error that names model_init_kwargs when transformers refuses one of them."""
+    try:
+        return auto_class.from_pretrained(path, dtype=dtype, **kwargs)
+    except (TypeError, ValueError) as e:
+        if not init_kwargs:
+            raise
+        raise ModelError(f"could not load model {path} with model_init_kwargs={init_kwargs}: "
+                         f"{e.__class__.__name__}: {str(e).splitlines()[0]}; check model_init_kwargs "
+                         "(its keys go to transformers' from_pretrained)") from e
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:

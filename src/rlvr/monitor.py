@@ -172,7 +172,8 @@ class TensorBoardLogger:
         _require("tensorboard", "tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+        # With a run_name, its own directory: `tensorboard --logdir runs` lists the run under that name.
+        self.writer = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard" / (cfg.run_name or "")))
 
     def log(self, line: dict) -> None:
         for key, value in _scalars(line).items():
@@ -188,8 +189,8 @@ class WandbLogger:
 
     def __init__(self, cfg, output_dir: Path):
         self.wandb = _require("wandb", "wandb")
-        self.run = self.wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), name=Path(output_dir).name,
-                                   dir=str(output_dir), config=cfg.to_dict())
+        self.run = self.wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), name=run_name(cfg, output_dir),
+                                   dir=str(output_dir), config=_settings(cfg))
 
     def log(self, line: dict) -> None:
         self.run.log(_scalars(line), step=line["step"])
@@ -203,13 +204,24 @@ class TrackioLogger:
 
     def __init__(self, cfg, output_dir: Path):
         self.trackio = _require("trackio", "trackio")
-        self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlvr"), name=Path(output_dir).name, config=cfg.to_dict())
+        self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlvr"), name=run_name(cfg, output_dir), config=_settings(cfg))
 
     def log(self, line: dict) -> None:
         self.trackio.log(_scalars(line), step=line["step"])
 
     def close(self) -> None:
         self.trackio.finish()
+
+
+def run_name(cfg, output_dir: Path) -> str:
+    """The run's name in the loggers: run_name, else its directory's name."""
+    return cfg.run_name or Path(output_dir).name
+
+
+def _settings(cfg) -> dict:
+    from rlvr.hub import without_secrets
+
+    return without_secrets(cfg).to_dict()  # never the Hub token
 
 
 def _scalars(line: dict) -> dict:

@@ -6,7 +6,10 @@ The reference is a frozen copy of the starting model, or with LoRA the policy it
 adapter switched off (no copy).  With `placement="loss"` each update adds beta x the per-token
 estimate to the loss (GRPO); with `placement="reward"` each completion's reward is lowered by
 beta x its summed estimate before the advantages (RLHF with PPO).  With `target`, beta moves
-after every step toward the value that keeps the measured KL near it.
+after every step toward the value that keeps the measured KL near it.  With `sync_every` (TRL's
+sync_ref_model, from TR-DPO, https://arxiv.org/abs/2404.09656) the frozen copy moves toward the
+policy every sync_every optimizer steps, reference = alpha x policy + (1 - alpha) x reference;
+the moved reference is then part of the checkpoint state, so that a resumed run uses it.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ class KLSettings:
     placement: str = "loss"  # "loss" or "reward" (kl_penalty)
     target: float | None = None  # kl_target: adaptive beta
     horizon: int = 10000
+    sync_every: int = 0  # ref_model_sync_steps when sync_ref_model; 0: the reference never moves
+    sync_alpha: float = 0.6  # ref_model_mixup_alpha
 
     @classmethod
     def from_config(cls, cfg) -> "KLSettings":
-        return cls(cfg.beta, cfg.kl_estimator, cfg.kl_penalty, cfg.kl_target or None, cfg.kl_horizon)
+        return cls(cfg.beta, cfg.kl_estimator, cfg.kl_penalty, cfg.kl_target or None, cfg.kl_horizon,
+                   cfg.ref_model_sync_steps if cfg.sync_ref_model else 0, cfg.ref_model_mixup_alpha)
 
 
 class KLReference:
@@ -40,6 +46,9 @@ class KLReference:
         self.settings, self.policy, self.ref_model, self.logprobs = settings, policy, ref_model, logprobs
         self.beta = settings.beta
         self.control = AdaptiveKL(settings.beta, settings.target, settings.horizon) if settings.target else None
+        if settings.sync_every and ref_model is None:
+            raise ValueError("sync_ref_model needs a reference model of its own to move (beta > 0, without LoRA)")
+        self.steps = 0  # optimizer steps seen by after_step: when the reference is synced
 
     @property
     def in_reward(self) -> bool:
@@ -82,16 +91,40 @@ class KLReference:
         return [r - self.beta * k for r, k in zip(rewards, kls)], kls
 
     def after_step(self, metrics: dict) -> None:
-        """Record the beta this step used; with a target, move it for the next step."""
+        """After each optimizer step: record the beta this step used; with a target, move it for the
+        next step; every sync_every steps, move the reference toward the policy."""
         if self.beta > 0:
             metrics["beta"] = self.beta
         if self.control is not None:
             self.beta = self.control.update(metrics.get("kl"))
+        self.steps += 1
+        if self.settings.sync_every and self.steps % self.settings.sync_every == 0:
+            self.sync()
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """reference <- alpha x policy + (1 - alpha) x reference, parameter by parameter (TRL's
+        SyncRefModelCallback).  A sharded (fsdp) policy parameter is gathered whole first, on every rank."""
+        alpha, policy = self.settings.sync_alpha, dict(self.policy.named_parameters())
+        for name, ref in self.ref_model.named_parameters():
+            p = policy[name].full_tensor() if hasattr(policy[name], "full_tensor") else policy[name]
+            ref.mul_(1.0 - alpha).add_(p.to(ref.device, ref.dtype), alpha=alpha)
+
+    @property
+    def synced(self) -> bool:
+        """Whether the reference has moved from the starting model."""
+        return bool(self.settings.sync_every) and self.steps >= self.settings.sync_every
 
     def state_dict(self) -> dict:
-        return {"beta": self.beta, "kl_control": self.control.state_dict() if self.control else None}
+        state = {"beta": self.beta, "kl_control": self.control.state_dict() if self.control else None, "steps": self.steps}
+        if self.synced:  # else the reference is the starting model, which a resumed run loads anyway
+            state["ref_model"] = {k: v.detach().cpu() for k, v in self.ref_model.state_dict().items()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.beta = state.get("beta", self.beta)
         if self.control is not None and state.get("kl_control"):
             self.control.load_state_dict(state["kl_control"])
+        self.steps = state.get("steps", self.steps)
+        if state.get("ref_model") is not None and self.ref_model is not None:
+            self.ref_model.load_state_dict(state["ref_model"])

@@ -13,7 +13,8 @@ from rlvr.alerts import AlertEvent
 from rlvr.checkpoint import DiskFull
 from rlvr.config import Config, save_config
 from rlvr.evaluate import EvalResult, evaluate, write_result
-from rlvr.models import disable_dropout, latest_checkpoint, load_model, make_reference
+from rlvr.hub import without_secrets
+from rlvr.models import disable_dropout, latest_checkpoint, load_model, load_tokenizer, make_reference
 from rlvr.monitor import build_loggers, format_log_line, make_console, make_progress
 from rlvr.rundir import prepare_output_dir_once, save_final_model
 from rlvr.settings import check_runnable
@@ -29,20 +30,22 @@ class AlertStop(RuntimeError):
         self.event = event
 
 
-def train(cfg: Config, console=None) -> dict:
+def train(cfg: Config, console=None, objects=None) -> dict:
     """Train as configured: before/after evaluation, checkpoints, final model. Returns the summary.
     Under torchrun / accelerate launch, each process trains on its share of the groups
-    (distributed.py); only rank 0 prints, evaluates and writes files."""
+    (distributed.py); only rank 0 prints, evaluates and writes files.  `objects` (api.RunObjects):
+    the model, tokenizer, examples and callbacks given to GRPOTrainer as objects; the trained
+    model and tokenizer are left in it."""
     world = distributed.init(use_cpu=cfg.use_cpu)
     try:
-        summary = _train(cfg, console, world)
+        summary = _train(cfg, console, world, objects)
         distributed.wait_for_all(world)  # rank 0 is still writing the final model when the others finish
         return summary
     finally:
         distributed.shutdown(world)
 
 
-def _train(cfg: Config, console, world: distributed.World) -> dict:
+def _train(cfg: Config, console, world: distributed.World, objects=None) -> dict:
     console = console or make_console()
     if not world.is_main:
         from rich.console import Console
@@ -52,26 +55,37 @@ def _train(cfg: Config, console, world: distributed.World) -> dict:
     say = lambda text: console.print(f"[yellow]{text}[/]")  # noqa: E731
     cfg, output_dir, checkpoint, lock = prepare_output_dir_once(cfg, world, say=say)
     try:
-        return _train_in(cfg, output_dir, checkpoint, console, say, world)
+        return _train_in(cfg, output_dir, checkpoint, console, say, world, objects)
     finally:
         if lock is not None:
             lock.close()
 
 
-def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, say, world: distributed.World) -> dict:
+def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, say, world: distributed.World, objects=None) -> dict:
     """The run in its (locked) directory; `say` prints a warning."""
-    train_examples, test_examples = load_splits(cfg)
+    given = objects is not None and objects.train_examples is not None
+    train_examples, test_examples = (objects.train_examples, objects.test_examples) if given else load_splits(cfg)
     test_examples = test_examples[: cfg.eval_max_examples or None]
     loggers = build_loggers(cfg, output_dir) if world.is_main else []  # a missing logger package fails before the model loads
-    model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, world.device)
+    if objects is not None and objects.model is not None:  # a loaded model given to GRPOTrainer
+        model, model_path = objects.model.to(world.device), cfg.model
+        tokenizer = objects.tokenizer or load_tokenizer(model.name_or_path, trust_remote_code=cfg.trust_remote_code)
+    else:
+        model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, world.device, cfg.model_init_kwargs, cfg.trust_remote_code)
+    if objects is not None and objects.tokenizer is not None:
+        tokenizer = objects.tokenizer
+    callbacks = objects.callbacks if objects is not None else None
     if cfg.disable_dropout:
         disable_dropout(model)  # before LoRA: lora_dropout is the adapter's own setting
     if cfg.use_peft:
         model = lora.wrap(model, cfg, model_path)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        if cfg.use_peft:
-            model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grads
+    if cfg.gradient_checkpointing:  # on each decoder layer, for the Hugging Face forward and rlvr's own (llama.py)
+        # Non-reentrant (transformers 5's default): parameters inside a checkpointed layer get their
+        # gradients even when its input needs none (LoRA's frozen embeddings).
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
     total = total_steps_for(cfg, len(train_examples))
     full_model = model
     if cfg.fsdp:  # the trained model is sharded; the full copy samples, evaluates and is saved (fsdp.py)
@@ -82,7 +96,7 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
         trainer.resume(checkpoint)
         console.print(f"resumed from {checkpoint} at step {trainer.step}")
     if world.is_main:
-        save_config(cfg, output_dir / "config.yaml")
+        save_config(without_secrets(cfg), output_dir / "config.yaml")  # no hub_token on disk, nor on the Hub
     console.print(f"[bold]rlvr train[/] -> {output_dir}  model: {model_path} on {world.device}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
 
     verifier = verifier_name(cfg)
@@ -113,6 +127,9 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
         with interrupts.handling(say), make_progress(console) as progress:
             bar = progress.add_task("train", total=total, completed=trainer.step, reward="-")
             events: list = []
+            stop_asked = []  # a callback's control.should_training_stop (api.py)
+            if callbacks is not None:
+                callbacks.begin(trainer.step, total)
 
             def record(metrics: dict) -> None:  # the step's evaluation, alerts and metrics row, with the step itself
                 if cfg.eval_strategy == "steps" and trainer.step % eval_every == 0 and test_examples and world.is_main:
@@ -131,15 +148,19 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
                         logger.log(line)
                 for event in events:
                     progress.console.print(f"[{'red' if event.event == 'start' else 'green'}]{event.format()}[/]")
+                if callbacks is not None and callbacks.step_end(trainer.step, metrics.get("epoch", 0.0), line):
+                    stop_asked.append(trainer.step)
 
-            while trainer.step < total:
+            while trainer.step < total and not stop_asked:
+                epochs = trainer.prompts.epochs_completed
                 trainer.train_step(on_step=record)
-                # Also after the last step, so that resume=true with a larger max_steps can continue.
-                if trainer.step % cfg.save_steps == 0 or trainer.step == total:
+                if stop_asked or checkpoint_due(cfg, trainer.step, total, epoch_ended=trainer.prompts.epochs_completed > epochs):
                     with interrupts.deferred(f"checkpoint-{trainer.step} is being written"):
                         try:
-                            save()
+                            path = save()
                             saved_step = trainer.step
+                            if callbacks is not None and path is not None:
+                                callbacks.saved(path)
                         except DiskFull as e:
                             if cfg.on_save_error == "stop":
                                 raise
@@ -169,6 +190,8 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
     if not world.is_main:
         return {"output_dir": str(output_dir), "steps": trainer.step, "train_seconds": round(train_seconds, 1)}
     save_final_model(full_model, tokenizer, output_dir, cfg.lora_save)
+    if objects is not None:
+        objects.model, objects.tokenizer = full_model, tokenizer
     after = _brief(held_out("after")) if cfg.eval_on_end else None
     summary = {
         "output_dir": str(output_dir),
@@ -181,7 +204,28 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     report.refresh()
     print_summary(console, summary)
+    if cfg.push_to_hub:  # last, so the repository gets the evaluations, summary and report too
+        from rlvr.hub import push
+
+        console.print(f"pushing {output_dir} (without its checkpoints) to the Hugging Face Hub...")
+        summary["hub_url"] = push(cfg, output_dir)  # HubPushError: the run stays whole on disk
+        console.print(f"pushed to {summary['hub_url']}")
+    if callbacks is not None:
+        callbacks.end()
     return summary
+
+
+def checkpoint_due(cfg: Config, step: int, total: int, epoch_ended: bool) -> bool:
+    """Whether a checkpoint is saved after `step` (TRL's save_strategy).  steps: every save_steps;
+    epoch: after the step whose generation completed a pass over the train prompts (with
+    max_staleness=1 the next generation is sampled during the step, so one generation early);
+    both also after the last step, so that resume=true with a larger max_steps can continue.
+    no: never (the final model is still saved, and a stopped run still saves a checkpoint)."""
+    if cfg.save_strategy == "no":
+        return False
+    if step == total:
+        return True
+    return epoch_ended if cfg.save_strategy == "epoch" else step % cfg.save_steps == 0
 
 
 class LiveReport:

@@ -88,7 +88,7 @@ def prepare_output_dir(cfg: Config, say=print):
     elif cfg.resume:
         output_dir = Path(cfg.output_dir) if cfg.output_dir else latest_run_dir()
     else:
-        output_dir = Path(cfg.output_dir or f"runs/{_run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}")
+        output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
     lock = RunLock(output_dir, say)
     try:  # any error from here on lets go of the directory
         checkpoint = _checkpoint_to_resume(cfg, output_dir, say)
@@ -117,6 +117,11 @@ def _checkpoint_to_resume(cfg: Config, output_dir: Path, say) -> Path | None:
         if checkpoint is None and checkpoints(output_dir):
             raise CheckpointError(f"resume=true but no checkpoint in {output_dir} verifies (see above); "
                                   "resume_from_checkpoint=<dir> resumes from one you choose")
+        finished = any((output_dir / name).is_file() for name in ("config.json", "adapter_config.json"))  # its final model
+        if checkpoint is None and finished:  # starting over would drop its logs
+            raise CheckpointError(f"resume=true but {output_dir} holds a finished run without a checkpoint (save_strategy=no "
+                                  f"keeps none): there is nothing to continue from. Train on from its final model in a "
+                                  f"new run: model={output_dir} output_dir=<another dir>")
         if checkpoint is None:
             say(f"{output_dir} has no checkpoint yet: the run starts over there")
         return checkpoint
@@ -135,7 +140,8 @@ FREE_TO_CHANGE = {
     "eval_on_start", "eval_on_end", "eval_strategy", "eval_steps", "eval_num_samples", "eval_num_shots",
     "eval_max_examples", "eval_temperature", "eval_batch_size", "eval_output", "max_steps", "num_train_epochs",
     "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "ray_address", "rollout_workers",
-    "vllm_gpu_memory_utilization", "vllm_kv_cache_gb", "use_cpu",
+    "vllm_gpu_memory_utilization", "vllm_kv_cache_gb", "use_cpu", "save_strategy", "run_name", "push_to_hub",
+    "hub_model_id", "hub_token", "hub_private_repo",
 }
 
 
@@ -151,8 +157,10 @@ def compare_settings(cfg: Config, output_dir: Path, step: int, say=print) -> Non
         return
     import yaml
 
+    from rlvr.hub import without_secrets
+
     saved = yaml.safe_load(saved_path.read_text()) or {}
-    current = yaml.safe_load(yaml.safe_dump(cfg.to_dict(), sort_keys=False))  # the same YAML round trip
+    current = yaml.safe_load(yaml.safe_dump(without_secrets(cfg).to_dict(), sort_keys=False))  # the same YAML round trip
     changed = {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
     course = {k: d for k, d in changed.items() if k not in FREE_TO_CHANGE and not k.startswith("alert_")}
     free = {k: d for k, d in changed.items() if k not in course and k not in ("output_dir", "resume", "resume_checkpoint", "resume_override")}
@@ -207,8 +215,10 @@ def latest_run_dir(root: Path = Path("runs")) -> Path:
     return max(runs, key=lambda p: latest_checkpoint(p).stat().st_mtime)
 
 
-def _run_name(cfg: Config) -> str:
-    return Path(cfg.dataset).stem.replace("/", "-") if cfg.dataset else cfg.task
+def default_output_dir(cfg: Config) -> Path:
+    """runs/<run_name>-<date>-<time>; without a run_name, the dataset's or the task's name."""
+    name = cfg.run_name or (Path(cfg.dataset).stem if cfg.dataset else cfg.task)
+    return Path("runs") / f"{name.replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def save_final_model(model, tokenizer, output_dir: Path, how: str) -> None:

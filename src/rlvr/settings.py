@@ -31,12 +31,14 @@ def demo_config_path() -> Path:
     return Path(str(resources.files("rlvr") / "configs" / "demo.yaml"))
 
 
-def resolve_config(args: list[str], default_file: str | None = None, run_base: bool = False) -> Config:
+def resolve_config(args: list[str], default_file: str | None = None, run_base: bool = False,
+                   ignored: list[str] | None = None) -> Config:
     """defaults <- (a run's saved config) <- CONFIG_FILE <- key=value.
 
     The saved config of a run is the base when resuming it, and (run_base) when
     its directory is the model, so `rlvr eval model=runs/x` evaluates on the
-    task and settings the run trained with.
+    task and settings the run trained with.  `ignored` collects the TRL settings given that
+    have no effect here (config.build_config).
     """
     config_file, overrides = split_args(args)
     config_file = config_file or default_file
@@ -60,7 +62,7 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
         if (run_dir / "config.yaml").is_file():
             base = _saved_settings(run_dir)
         base["output_dir"] = str(run_dir)
-    return build_config(base, file_values, override_values)
+    return build_config(base, file_values, override_values, ignored=ignored)
 
 
 def _saved_settings(run_dir: Path) -> dict:
@@ -81,6 +83,9 @@ def check_runnable(cfg: Config, world: World) -> None:
                           "torchrun --nproc_per_node N -m rlvr.cli train ... (or set fsdp=false)")
     if cfg.fsdp and cfg.use_peft:
         raise ConfigError("fsdp and use_peft cannot be combined yet; set one of them")
+    if cfg.fp16 and not world.device.startswith("cuda"):
+        raise ConfigError(f"fp16=true needs a CUDA GPU (fp16 autocast with loss scaling), and this run is on {world.device}"
+                          f"{' (use_cpu=true)' if cfg.use_cpu else ''}; on a CPU use bf16=true")
     if world.enabled:
         if cfg.prompts_per_step % world.world_size:
             raise ConfigError(
@@ -96,7 +101,11 @@ def check_runnable(cfg: Config, world: World) -> None:
             raise ConfigError("max_staleness=1 is not supported with several training processes yet (set max_staleness=0)")
     from rlvr.models import require_hub_model
 
-    require_hub_model(cfg.model)  # offline, a hub id not in the cache fails now, not after a minute of retries
+    require_hub_model(cfg.model, cfg.model_init_kwargs.get("revision"))  # offline, a hub id not in the cache fails now
+    if cfg.push_to_hub:
+        from rlvr.hub import check_push
+
+        check_push(cfg)  # a token and a valid repository name now, not after training
     if cfg.use_peft:
         from rlvr.lora import require_peft
 

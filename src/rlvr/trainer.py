@@ -2,9 +2,10 @@
 with evaluation, logging, alerts and checkpoints around the steps, is run.py.)
 
 One *generation* samples G completions for each of `prompts_per_step` prompts and scores them
-(stages 1-3, rollout/generation.py), then `num_iterations` optimizer steps train on it (stage 4,
-update.py).  A step is one optimizer step, as in TRL, so max_steps and save_steps mean what they
-mean there.  The settings are read here, once, and each part gets its own.
+(stages 1-3, rollout/generation.py), then optimizer steps train on it (stage 4, update.py): one per
+part, when steps_per_generation splits it into parts of gradient_accumulation_steps micro-batches,
+and all of that num_iterations times.  A step is one optimizer step, as in TRL, so max_steps and
+save_steps mean what they mean there.  The settings are read here, once, and each part gets its own.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rlvr.config import Config
 from rlvr.llama import supports
 from rlvr.logprobs import LogProbs
 from rlvr.monitor import MetricsLog
-from rlvr.optim import apply_optimizer_settings, build_optimizer
+from rlvr.optim import apply_optimizer_settings, autocast_dtype, build_optimizer, loss_scaler
 from rlvr.reference import KLReference, KLSettings
 from rlvr.rollout.generation import Generations, GenerationSettings
 from rlvr.rollout.home import HomeThread
@@ -49,21 +50,25 @@ class Trainer:
         self.rollout = RolloutStage(cfg, model, self.full_model, tokenizer, world, self.home)  # 1. rollout, 2. reward
         self.weight_subscribers.append(self.rollout)
         # Log-probs by rlvr's own forward (llama.py) where it applies, else the generic one (always with fsdp).
-        self.logprobs = LogProbs(supports(model) and not cfg.fsdp, cfg.temperature, cfg.bf16,
-                                 cfg.per_device_train_batch_size, next(self.full_model.parameters()).device)
+        device = next(self.full_model.parameters()).device
+        self.logprobs = LogProbs(supports(model) and not cfg.fsdp, cfg.temperature, autocast_dtype(cfg),
+                                 cfg.per_device_train_batch_size, device)
         self.kl = KLReference(KLSettings.from_config(cfg), model, ref_model, self.logprobs)
-        self.prompts = PromptStream(train_examples, cfg.seed)
+        self.prompts = PromptStream(train_examples, cfg.seed, shuffle=cfg.shuffle_dataset)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.batches = Generations(GenerationSettings.from_config(cfg), self.rollout, self.prompts, self.generator,
                                    self.kl, world, self.home)  # 1-3: sampling rounds, advantages, sampling ahead
         self.optimizer, self.scheduler = build_optimizer(model, cfg, total_steps)
+        self.scaler = loss_scaler(cfg, device)  # fp16 only; disabled (a no-op) otherwise
         self.updater = PolicyUpdate(UpdateSettings.from_config(cfg, self.rollout.off_policy), model, self.optimizer,
                                     self.scheduler, self.logprobs, self.kl, self.rollout.pad_id, world,
-                                    sampler_model=self.full_model, between_micro_batches=self.home.serve)  # 4
+                                    sampler_model=self.full_model, between_micro_batches=self.home.serve,
+                                    scaler=self.scaler)  # 4
         self.log = MetricsLog(self.output_dir, cfg.logging_steps)
         self.alerts = AlertMonitor(cfg, self.output_dir / "alerts.jsonl" if world.is_main else None)
         self.log_completions = cfg.log_completions and world.is_main
-        self.num_iterations, self.sharded = cfg.num_iterations, cfg.fsdp
+        self.parts = cfg.steps_per_optimizer_step  # optimizer steps one pass over a generation takes
+        self.uses, self.sharded = cfg.num_iterations * self.parts, cfg.fsdp  # optimizer steps per generation
         self.save_total_limit, self.resume_override = cfg.save_total_limit, cfg.resume_override
         self.last_samples: list[dict] = []
         self.pending: Generation | None = None  # the generation being trained on
@@ -103,11 +108,11 @@ class Trainer:
     def _train_on(self, gen: Generation, t0: float) -> dict:
         if gen.iterations_done == 0 and len(gen.batch):
             self.updater.prepare(gen.batch)  # old and reference log-probs, with the weights it is first trained at
-        last_use, last_step = gen.iterations_done + 1 >= self.num_iterations, self.step + 1 >= self.total_steps
+        last_use, last_step = gen.iterations_done + 1 >= self.uses, self.step + 1 >= self.total_steps
         if self.batches.settings.sample_ahead and last_use and not last_step:
             self.batches.start_ahead(self._state())
         try:
-            metrics = {**gen.metrics, **self.update(gen.batch)}
+            metrics = {**gen.metrics, **self.update(self._part(gen))}
         except BaseException:
             if self.batches.ahead is not None:  # drop what was sampled ahead: a checkpoint saved now resumes exactly
                 self.batches.cancel_ahead()
@@ -123,13 +128,21 @@ class Trainer:
         if gen.iterations_done == 1 and gen.samples and self.log_completions:
             self.log.add_completions(self.step + 1, gen.samples)
         self.last_samples = gen.samples
-        if gen.iterations_done >= self.num_iterations:
+        if gen.iterations_done >= self.uses:
             self.pending = following
         self.step += 1
         metrics["epoch"] = self.prompts.epochs_done
         metrics["step_time"] = time.perf_counter() - t0
-        metrics["tokens_per_second"] = gen.metrics["num_tokens"] / metrics["step_time"]
+        metrics["tokens_per_second"] = gen.metrics["num_tokens"] / self.parts / metrics["step_time"]
         return metrics
+
+    def _part(self, gen: Generation) -> Batch:
+        """The rows this optimizer step trains on: the whole generation, or with steps_per_generation
+        its next part in turn (contiguous rows, so groups stay together where the sizes allow)."""
+        if self.parts == 1:
+            return gen.batch
+        rows = torch.tensor_split(torch.arange(len(gen.batch)), self.parts)[gen.iterations_done % self.parts]
+        return gen.batch.select(rows)
 
     def _state(self) -> TrainerState:
         return TrainerState(global_step=self.step, max_steps=self.total_steps)
@@ -150,7 +163,8 @@ class Trainer:
         """What a checkpoint restores, besides the weights, each with state_dict / load_state_dict."""
         optimizer = fsdp.FullOptimizerState(self.model, self.optimizer) if self.sharded else self.optimizer
         return {"optimizer": optimizer, "scheduler": self.scheduler, "prompts": self.prompts,
-                "generator": GeneratorState(self.generator), "log": self.log, "alerts": self.alerts, "kl": self.kl}
+                "generator": GeneratorState(self.generator), "log": self.log, "alerts": self.alerts, "kl": self.kl,
+                **({"scaler": self.scaler} if self.scaler.is_enabled() else {})}
 
     def state_dict(self, collective: bool = True) -> dict:
         """With several processes, `collective` gathers every rank's pending batch (all ranks must
@@ -195,4 +209,4 @@ def total_steps_for(cfg: Config, num_train_examples: int) -> int:
     if cfg.max_steps > 0:
         return cfg.max_steps
     generations = math.ceil(cfg.num_train_epochs * num_train_examples / cfg.prompts_per_step)
-    return max(1, generations * cfg.num_iterations)
+    return max(1, generations * cfg.num_iterations * cfg.steps_per_optimizer_step)

@@ -1,11 +1,12 @@
 """Stage 4 of a step: one optimizer step on a generated batch.
 
 The batch is split into micro-batches of `micro_batch_size` completions; each one's log-probs
-(logprobs.py), its clipped policy loss with the TIS weights of off-policy samples and the KL
-term (losses.py) are computed and backpropagated, each normalised by totals over the whole batch
-(over every rank's batch with several processes), so the accumulated gradient does not depend on
-the split.  Then `optimizer_step` sums gradients over ranks, clips their global norm, refuses
-non-finite values, and steps the optimizer and the learning-rate schedule.
+(logprobs.py), its clipped policy loss (weighted for samples from another engine, masked to the
+high-entropy tokens when asked) and the KL term (losses.py) are computed and backpropagated, each
+normalised by totals over the whole batch (over every rank's batch with several processes), so
+the accumulated gradient does not depend on the split.  Then `optimizer_step` sums gradients over
+ranks, clips their global norm, refuses non-finite values, and steps the optimizer and the
+learning-rate schedule.
 
 `LogProbs` and `optimizer_step` are what another objective (SFT, DPO) needs from here; the
 policy loss is GRPO's own.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr import distributed, fsdp
-from rlvr.losses import LossNorm, policy_loss, truncated_importance_weights
+from rlvr.losses import LossNorm, entropy_threshold, high_entropy_mask, policy_loss, sampler_importance_weights
 from rlvr.types import Batch
 
 
@@ -39,41 +40,81 @@ class UpdateSettings:
     max_completion_length: int
     max_grad_norm: float  # 0: no clipping
     num_iterations: int  # optimizer steps per generated batch: > 1 needs the old log-probs
-    tis_cap: float | None  # the truncated importance weights' cap; None: no correction
+    sampler_correction: str | None  # vllm_importance_sampling_mode; None: no correction (on-policy samples)
     fsdp: bool = False
+    sampler_clip_min: float | None = None  # vllm_importance_sampling_clip_min
+    sampler_clip_max: float | None = 3.0  # vllm_importance_sampling_clip_max
+    delta: float | None = None  # two-sided clipping: the unclipped ratio's cap
+    top_entropy_quantile: float = 1.0  # train on the tokens of this top fraction of entropy (1: all)
 
     @classmethod
     def from_config(cls, cfg, off_policy: bool) -> "UpdateSettings":
         """off_policy: the samples come from another engine or older weights (rollout/stage.py)."""
         corrects = cfg.vllm_importance_sampling_correction and off_policy
         return cls(cfg.loss_type, cfg.epsilon, cfg.epsilon_high, cfg.importance_sampling_level, cfg.per_device_train_batch_size,
-                   cfg.max_completion_length, cfg.max_grad_norm, cfg.num_iterations,
-                   cfg.vllm_importance_sampling_clip_max if corrects else None, cfg.fsdp)
+                   cfg.max_completion_length, cfg.max_grad_norm, cfg.num_iterations * cfg.steps_per_optimizer_step,
+                   cfg.vllm_importance_sampling_mode if corrects else None, cfg.fsdp,
+                   sampler_clip_min=cfg.vllm_importance_sampling_clip_min, sampler_clip_max=cfg.vllm_importance_sampling_clip_max,
+                   delta=cfg.delta, top_entropy_quantile=cfg.top_entropy_quantile)
 
 
 def optimizer_step(model, optimizer, scheduler, max_grad_norm: float, loss: float, step: int,
-                   world: distributed.World = distributed.SINGLE, sharded: bool = False) -> tuple[float, float]:
+                   world: distributed.World = distributed.SINGLE, sharded: bool = False,
+                   scaler: torch.amp.GradScaler | None = None) -> tuple[float, float]:
     """After the backward passes: sum the gradients over processes (FSDP has already: `sharded`),
     clip their global norm to max_grad_norm (0: no clipping), step the optimizer and the schedule.
     Returns (gradient norm, learning rate used).  Raises NonFinite, without applying the update,
     when the loss, gradient norm or learning rate is inf or nan; and after applying it when it made
-    a weight non-finite (`.poisoned` is then set on the exception)."""
+    a weight non-finite (`.poisoned` is then set on the exception).
+
+    With fp16's loss scaler (optim.loss_scaler; the backward passes went through `backward`) the
+    gradients are unscaled before their norm is taken, and gradients that overflowed are a normal
+    skipped step, as in TRL: no update, no step of the schedule, the scale halved, and the
+    non-finite norm returned.  Only a scale below MIN_LOSS_SCALE (overflow at every scale) stops the run."""
     lr = scheduler.get_last_lr()[0]
     if not sharded:
         distributed.sum_gradients(model.parameters(), world)  # before clipping: the global norm
+    scaling = scaler is not None and scaler.is_enabled()
+    if scaling:
+        scaler.unscale_(optimizer)  # the true gradients, before their norm is measured and clipped
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float("inf"))
     grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-    if not (math.isfinite(loss) and math.isfinite(grad_norm) and math.isfinite(lr)):
+    overflow = scaling and not math.isfinite(grad_norm)
+    if not math.isfinite(lr) or not (overflow or math.isfinite(loss) and math.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
         raise NonFinite(f"step {step}: the loss is {loss}, the gradient norm {grad_norm}, the learning "
                         f"rate {lr}; the update was not applied, so the weights are those of step {step - 1}")
-    optimizer.step()
+    if overflow:
+        _skip_overflow(optimizer, scaler, step)
+        return grad_norm, lr
+    if scaling:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
     if not all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad):
         error = NonFinite(f"step {step}'s update made weights non-finite (inf or nan); nothing after the last checkpoint is saved")
         error.poisoned = f"step {step}'s update made weights non-finite (inf or nan)"
         raise error
     scheduler.step()
     return grad_norm, lr
+
+
+MIN_LOSS_SCALE = 2.0**-24  # fp16's smallest subnormal: below it every scaled gradient underflows
+
+
+def backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None = None) -> None:
+    """loss.backward(), through fp16's loss scale when `scaler` is on (optim.loss_scaler)."""
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
+def _skip_overflow(optimizer, scaler: torch.amp.GradScaler, step: int) -> None:
+    """An fp16 step whose gradients overflowed: no update, and GradScaler halves its scale."""
+    scaler.update()  # reads the inf or nan that unscale_ found
+    optimizer.zero_grad(set_to_none=True)
+    if scaler.get_scale() < MIN_LOSS_SCALE:
+        raise NonFinite(f"step {step}: the gradients overflow fp16 at every loss scale (now {scaler.get_scale():.3g}); "
+                        f"the update was not applied, so the weights are those of step {step - 1}. Try bf16=true")
 
 
 def skip_step(scheduler) -> None:
@@ -85,15 +126,17 @@ def skip_step(scheduler) -> None:
 
 class PolicyUpdate:
     def __init__(self, settings: UpdateSettings, model, optimizer, scheduler, logprobs, kl, pad_id: int,
-                 world: distributed.World = distributed.SINGLE, sampler_model=None, between_micro_batches=None):
+                 world: distributed.World = distributed.SINGLE, sampler_model=None, between_micro_batches=None, scaler=None):
         """logprobs: a logprobs.LogProbs; kl: a reference.KLReference; sampler_model: the unsharded
         model with the same weights (fsdp), for the old log-probs; between_micro_batches: called
-        after each backward pass (the reward calls of a batch sampled ahead, rollout/home.py)."""
+        after each backward pass (the reward calls of a batch sampled ahead, rollout/home.py);
+        scaler: fp16's loss scaler (optim.loss_scaler), or None."""
         self.settings, self.model, self.optimizer, self.scheduler = settings, model, optimizer, scheduler
         self.logprobs, self.kl, self.pad_id, self.world = logprobs, kl, pad_id, world
         self.sampler_model = sampler_model if sampler_model is not None else model
         self.between_micro_batches = between_micro_batches or (lambda: None)
         self.poisoned: str | None = None  # why the weights may no longer be saved
+        self.scaler = scaler
 
     @torch.no_grad()
     def prepare(self, batch: Batch) -> None:
@@ -113,14 +156,18 @@ class PolicyUpdate:
             lr = self.scheduler.get_last_lr()[0]
             skip_step(self.scheduler)
             return {"learning_rate": lr, "skipped_update": 1.0, "timing/update": 0.0}
-        # With fsdp every rank runs as many micro-batches as the busiest one, and FSDP sums the gradients.
-        lockstep = distributed.max_count(math.ceil(len(batch) / size), self.world) if s.fsdp else 0
+        # With fsdp every rank runs as many micro-batches as the busiest one, and FSDP sums the gradients;
+        # so does every rank when the entropy threshold of each micro-batch is taken over all ranks.
+        together = s.fsdp or (self.world.enabled and s.top_entropy_quantile < 1)
+        lockstep = distributed.max_count(math.ceil(len(batch) / size), self.world) if together else 0
         sums = self.accumulate_gradients(batch, LossNorm(rows, num_tokens, s.max_completion_length, micro), lockstep)
         if self.world.enabled:
-            sums = distributed.merge_sums(distributed.gather(sums, self.world))
+            parts = distributed.gather(sums, self.world)
+            sums = distributed.merge_sums(parts)
+            sums.update({k: min(p[k] for p in parts if k in p) for k in sums if k.endswith("/min")})
         try:
             grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler, s.max_grad_norm, sums["loss"], step,
-                                           self.world, sharded=s.fsdp)
+                                           self.world, sharded=s.fsdp, scaler=self.scaler)
         except NonFinite as e:
             self.poisoned = getattr(e, "poisoned", None)
             raise
@@ -131,17 +178,20 @@ class PolicyUpdate:
             metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / tokens
         if "kl" in sums:
             metrics["kl"] = sums["kl"] / tokens
-        if "sampling/importance_sampling_ratio" in sums:
-            metrics["sampling/importance_sampling_ratio/mean"] = sums["sampling/importance_sampling_ratio"] / tokens
-            metrics["sampling/importance_sampling_ratio/max"] = sums["sampling/importance_sampling_ratio/max"]
+        if sums.get("sampling/importance_sampling_ratio/count"):
+            key = "sampling/importance_sampling_ratio"
+            metrics[key + "/min"], metrics[key + "/max"] = sums[key + "/min"], sums[key + "/max"]
+            metrics[key + "/mean"] = sums[key] / sums[key + "/count"]
             metrics["sampling/sampling_logp_difference/mean"] = sums["sampling/sampling_logp_difference"] / tokens
+            metrics["sampling/sampling_logp_difference/max"] = sums["sampling/sampling_logp_difference/max"]
         metrics["timing/update"] = time.perf_counter() - t0
         return metrics
 
     def accumulate_gradients(self, batch: Batch, norm: LossNorm | None = None, num_micro_batches: int = 0) -> dict:
         """Backward over micro-batches; returns metric sums.  `norm`: the totals the loss of each
         micro-batch is normalised by (this batch's when None); num_micro_batches: at least this many
-        backward passes, empty ones past the batch's end (fsdp's lockstep)."""
+        backward passes, empty ones past the batch's end (fsdp's lockstep; without fsdp, such a pass
+        only joins the other ranks' entropy threshold)."""
         s = self.settings
         self.model.train()
         size = s.micro_batch_size
@@ -149,6 +199,9 @@ class PolicyUpdate:
         sums = {"loss": 0.0, "entropy": 0.0, "update_tokens": 0.0, "update_flops": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
         for lo in range(0, max(len(batch), num_micro_batches * size), size):
+            if lo >= len(batch) and not s.fsdp:
+                self._entropy_mask(None, None)
+                continue
             micro = (batch.select(slice(lo, lo + size)) if lo < len(batch) else self._empty_micro_batch()).to(self.logprobs.device)
             tokens, flops = work(self.model, micro, self.logprobs.fast)
             sums["update_tokens"] += tokens
@@ -156,22 +209,35 @@ class PolicyUpdate:
             logprobs, entropy = self.logprobs(self.model, micro)
             old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             weights = None
-            if s.tis_cap is not None and micro.sampler_logprobs is not None:
-                weights = truncated_importance_weights(old, micro.sampler_logprobs, micro.completion_mask, s.tis_cap)
+            if s.sampler_correction is not None and micro.sampler_logprobs is not None:
+                weights = sampler_importance_weights(old, micro.sampler_logprobs, micro.completion_mask,
+                                                     s.sampler_correction, s.sampler_clip_min, s.sampler_clip_max)
                 _add_sampling_sums(sums, weights, old, micro)
             loss, m = policy_loss(
                 logprobs, old, micro.advantages, micro.completion_mask, norm,
-                loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high,
+                loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high, delta=s.delta,
                 importance_sampling_level=s.importance_sampling_level, ref_logprobs=micro.ref_logprobs,
                 beta=self.kl.loss_beta, kl_estimator=self.kl.settings.estimator, importance_weights=weights,
+                entropy_mask=self._entropy_mask(entropy, micro.completion_mask),
             )
-            loss.backward()
+            backward(loss, self.scaler)
             self.between_micro_batches()
             sums["loss"] += loss.item()
             sums["entropy"] += torch.where(micro.completion_mask, entropy, 0.0).sum().item()
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
         return sums
+
+    def _entropy_mask(self, entropy, mask):
+        """The tokens trained on, as TRL picks them: with top_entropy_quantile < 1, those whose entropy
+        reaches its quantile over this micro-batch's tokens on every rank (all ranks take part, with
+        entropy None past their batch's end); None (every token) otherwise."""
+        q = self.settings.top_entropy_quantile
+        if q >= 1:
+            return None
+        local = torch.zeros(0) if entropy is None else entropy.detach()[mask].float().cpu()
+        threshold = entropy_threshold(torch.cat(distributed.gather(local, self.world)), q)
+        return None if entropy is None else high_entropy_mask(entropy, mask, threshold)
 
     def _empty_micro_batch(self) -> Batch:
         """A micro-batch without tokens (zero loss and gradient) for a rank with fewer than the others (fsdp)."""
@@ -182,13 +248,21 @@ class PolicyUpdate:
 
 
 def _add_sampling_sums(sums: dict, weights, old, micro: Batch) -> None:
-    """The TIS metrics: sums of the weights and of |old - sampler| log-prob differences, and the largest weight."""
+    """The importance-sampling metrics (TRL's names): the weights' sum, count, min and max over the
+    masked tokens (token modes) or the completions with a token (sequence modes), and the sum and
+    max of |old - sampler| log-prob differences over the masked tokens."""
     mask = micro.completion_mask
+    values = weights[mask] if weights.shape == mask.shape else weights[mask.any(-1)].flatten()
     key = "sampling/importance_sampling_ratio"
-    sums[key] = sums.get(key, 0.0) + weights[mask].sum().item()
-    sums[key + "/max"] = max(sums.get(key + "/max", 0.0), weights[mask].max().item() if mask.any() else 0.0)
+    sums[key] = sums.get(key, 0.0) + values.sum().item()
+    sums[key + "/count"] = sums.get(key + "/count", 0.0) + values.numel()
     diff = (old.detach() - micro.sampler_logprobs).abs()[mask]
-    sums["sampling/sampling_logp_difference"] = sums.get("sampling/sampling_logp_difference", 0.0) + diff.sum().item()
+    diff_key = "sampling/sampling_logp_difference"
+    sums[diff_key] = sums.get(diff_key, 0.0) + diff.nansum().item()
+    if values.numel():
+        sums[key + "/min"] = min(sums.get(key + "/min", math.inf), values.min().item())
+        sums[key + "/max"] = max(sums.get(key + "/max", -math.inf), values.max().item())
+        sums[diff_key + "/max"] = max(sums.get(diff_key + "/max", -math.inf), diff.nan_to_num(nan=0.0).max().item())
 
 
 def work(model, batch: Batch, fast: bool) -> tuple[int, float]:

@@ -49,9 +49,12 @@ class RewardError(RuntimeError):
 
 
 def resolve_reward(name: str) -> RewardFn:
-    """A built-in name or a dotted / file path to a function; errors list the choices."""
+    """A built-in name, a function given as an object (register_reward), or a dotted / file path
+    to a function or a callable class (made with no arguments); errors list the choices."""
     if name in REWARDS:
         return REWARDS[name]
+    if name in GIVEN:
+        return GIVEN[name]
     if ":" not in name:
         raise ValueError(
             f"unknown reward function {name!r}; built-in: {', '.join(REWARDS)}, "
@@ -71,7 +74,45 @@ def resolve_reward(name: str) -> RewardFn:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"reward function {name!r}: {target!r} has no function {attr!r}")
+    return _instance(fn, name) if inspect.isclass(fn) else fn
+
+
+def _instance(cls, name: str):
+    """A reward written as a callable class, made once with no arguments."""
+    try:
+        fn = cls()
+    except TypeError as e:
+        raise ValueError(f"reward function {name!r} is a class and could not be made with no arguments ({e}); "
+                         "give its arguments defaults, or pass an instance to GRPOTrainer") from None
+    if not callable(fn):
+        raise ValueError(f"reward function {name!r}: instances of {cls.__name__} are not callable (define __call__)")
     return fn
+
+
+# Reward functions and callable objects given as objects (GRPOTrainer), by the name they are logged under.
+GIVEN: dict[str, RewardFn] = {}
+
+
+def register_reward(fn, taken: set[str] = frozenset()) -> str:
+    """The name a reward given as an object is known and logged by: TRL's (the function's
+    __name__, else its class's), with a suffix where a built-in or another of the same run's
+    functions (`taken`) has it.  A later function given under the same name replaces the earlier
+    one: a notebook that redefines `my_reward` and makes a new trainer trains with the new one."""
+    if isinstance(fn, type):
+        fn = _instance(fn, fn.__name__)
+    if not callable(fn):
+        raise ValueError(f"reward_funcs: {fn!r} is not callable; give functions, callable objects, built-in names "
+                         "or module:function paths")
+    builtin = [n for n, f in REWARDS.items() if f is fn]
+    if builtin:  # a built-in passed as a function (rlvr.rewards.accuracy_reward)
+        return builtin[0]
+    base = getattr(fn, "__name__", None) or type(fn).__name__
+    name, k = base, 1
+    while name in REWARDS or name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    GIVEN[name] = fn
+    return name
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,6 +269,9 @@ def _check_output(name: str, values, n: int) -> list[float | None]:
             raise RewardError(f"reward function {name!r} returned {v!r}; rewards must be finite numbers or None")
     return out
 
+
+# TRL's name for the math verifier (trl.rewards.accuracy_reward): `from rlvr.rewards import accuracy_reward`.
+accuracy_reward = accuracy
 
 REWARDS: dict[str, RewardFn] = {
     "accuracy": accuracy,

@@ -4,6 +4,10 @@ Every sampler takes token ids of prompts and SamplingParams and returns, per
 prompt, `n` Rollouts (token ids, sampling log-probs, finish reason, text).
 The in-process engine (rollout/engine.py) runs a Hugging Face model with a KV
 cache; vLLM (rollout/vllm.py) implements the same `generate`.
+
+`generation_settings` is the one place where the config's sampling settings
+and `generation_kwargs` (TRL's extra GenerationConfig / vLLM SamplingParams
+arguments) become the settings the samplers use.
 """
 
 from __future__ import annotations
@@ -23,7 +27,73 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one; 0 = off
+    repetition_penalty: float = 1.0  # CTRL's penalty on tokens already in the prompt or completion; 1 = off
     stop_strings: tuple = ()
+
+
+# generation_kwargs keys, by their transformers / vLLM names -> the rlvr setting each one sets
+GENERATION_KWARGS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                     "repetition_penalty": "repetition_penalty", "stop_strings": "stop_strings", "stop": "stop_strings"}
+LENGTH_KWARGS = ("max_new_tokens", "max_tokens")  # max_completion_length by other names: accepted only equal to it
+
+
+def generation_settings(cfg) -> tuple[dict, list[str]]:
+    """(settings, problems): the training rollouts' sampling settings by rlvr name, with
+    cfg.generation_kwargs applied over the config's own, as TRL lets them override; and what is wrong
+    with generation_kwargs (a key rlvr does not support yet, a value of the wrong kind), that key
+    then left out.  min_p None means off, as in the config."""
+    settings = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k, "min_p": cfg.min_p,
+                "repetition_penalty": cfg.repetition_penalty, "stop_strings": tuple(cfg.stop_strings)}
+    problems = []
+    for key, value in cfg.generation_kwargs.items():
+        name, where = GENERATION_KWARGS.get(key), f"generation_kwargs.{key}"
+        if name == "stop_strings":
+            value = [value] if isinstance(value, str) else value
+            if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+                settings[name] = tuple(value)
+            else:
+                problems.append(f"{where} must be a string or a list of strings; got {value!r}")
+        elif name == "top_k":
+            value = 0 if value in (None, -1) else value  # transformers' None and vLLM's -1: no top-k, rlvr's 0
+            if _is_number(value, whole=True):
+                settings[name] = value
+            else:
+                problems.append(f"{where} must be a whole number; got {value!r}")
+        elif name is not None:
+            if _is_number(value) or (name == "min_p" and value is None):
+                settings[name] = None if value is None else float(value)
+            else:
+                problems.append(f"{where} must be a number; got {value!r}")
+        elif key in LENGTH_KWARGS:
+            if value != cfg.max_completion_length:
+                problems.append(f"{where}={value!r}: set max_completion_length={value} instead (it also sets the "
+                                "length rewards' limit and vLLM's context)")
+        elif key == "do_sample":
+            if value is not True:
+                problems.append(f"{where}={value!r}: training rollouts are always sampled (evaluation is greedy "
+                                "with eval_temperature=0)")
+        else:
+            known = ", ".join([*GENERATION_KWARGS, *LENGTH_KWARGS, "do_sample"])
+            problems.append(f"{where} is not supported yet; generation_kwargs may set: {known}")
+    return settings, problems
+
+
+def training_params(cfg) -> SamplingParams:
+    """SamplingParams of the training rollouts: num_generations completions of each prompt."""
+    settings, problems = generation_settings(cfg)
+    if problems:  # config.validate reports these before a model loads
+        from rlvr.config import ConfigError
+
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    return SamplingParams(n=cfg.num_generations, max_tokens=cfg.max_completion_length,
+                          **{**settings, "min_p": settings["min_p"] or 0.0})
+
+
+def _is_number(value, whole: bool = False) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (not whole and isinstance(value, float))
 
 
 def pad_token_id(tokenizer, eos_token_ids: list[int]) -> int:

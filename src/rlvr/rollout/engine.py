@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 from rlvr.llama import LlamaRunner, supports
 from rlvr.rollout import SamplingParams, pad_token_id
-from rlvr.rollout.sampling import GroupGenerators, sample_next
+from rlvr.rollout.sampling import GroupGenerators, sample_next, seen_tokens
 from rlvr.runtime import configure_allocator
 from rlvr.types import Rollout
 
@@ -73,9 +73,16 @@ class HFSampler:
         tokens = [[] for _ in range(total)]
         logps = [[] for _ in range(total)]
         finish: list[str | None] = [None] * total
+        # The repetition penalty's memory: which tokens each live row's prompt and completion hold.
+        seen = None
+        if params.repetition_penalty != 1.0:
+            seen = seen_tokens(prompts, logits.shape[-1], logits.device).repeat_interleave(params.n, dim=0)
         for step in range(params.max_tokens):
             u = generator.rand((rows // params.n).tolist()) if isinstance(generator, GroupGenerators) else None
-            tok, lp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator, u)
+            tok, lp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator, u,
+                                  params.min_p, params.repetition_penalty, seen)
+            if seen is not None:
+                seen[torch.arange(len(tok), device=seen.device), tok.to(seen.device)] = True
             for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
                 tokens[r].append(t)
                 logps[r].append(l)
@@ -88,6 +95,7 @@ class HFSampler:
                 keep = torch.tensor(live)
                 state = self._drop(state, keep.to(logits.device))
                 rows, tok = rows[keep], tok[keep.to(tok.device)]
+                seen = None if seen is None else seen[keep.to(seen.device)]
             logits = self._step(tok, state)
         return tokens, logps, finish
 

@@ -19,7 +19,7 @@ from rlvr import distributed
 from rlvr.chat import render_prompts, tokenize_prompts
 from rlvr.models import WeightCopy, eos_token_ids
 from rlvr.rewards import Scores
-from rlvr.rollout import SamplingParams
+from rlvr.rollout import training_params
 from rlvr.rollout.engine import make_sampler
 from rlvr.rollout.home import HomeThread
 from rlvr.rollout.sampling import GroupGenerators
@@ -70,8 +70,7 @@ class RolloutStage:
         # importance correction (losses.py).
         self.off_policy = cfg.use_vllm or cfg.rollout_workers > 0 or cfg.max_staleness > 0
         self._stream = None  # see side_stream
-        self.params = SamplingParams(n=cfg.num_generations, max_tokens=cfg.max_completion_length, temperature=cfg.temperature,
-                                     top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings)
+        self.params = training_params(cfg)
 
     @property
     def pad_id(self) -> int:
@@ -83,7 +82,7 @@ class RolloutStage:
         streams = self._streams(len(examples), generator)
         mine = distributed.shard(len(examples), self.world)
         examples = examples[mine.start : mine.stop]
-        texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt)
+        texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt, cfg.chat_template_kwargs)
         prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
         if self.workers is not None:  # rollout and reward on the Ray actors; the rollout time then includes the reward
             groups, scores = self.workers.generate_and_score(examples, texts, prompt_ids, self.params, streams.seeds, state)

@@ -6,13 +6,14 @@ Both samplers have the in-process engine's interface (`generate`, `pad_id`) and
 
 Log-probs.  vLLM is started with logprobs_mode="processed_logprobs" and asked for
 logprobs=0 (the sampled token only): the log-probability of the sampled token
-under the distribution vLLM sampled from, after temperature.  With top_k=0 and
-top_p=1 that is log softmax(logits / temperature), the quantity in
-Rollout.logprobs.  With top-k / top-p on, vLLM renormalises over the kept tokens
-first, so its values are the truncated distribution's (each larger by minus the
-log of the kept mass); the default "raw_logprobs" would instead ignore the
-temperature.  The trainer corrects what is left of the difference (numerics,
-bf16) with the truncated importance weight (losses.truncated_importance_weights).
+under the distribution vLLM sampled from, after temperature.  With top_k=0,
+top_p=1, min_p=0 and repetition_penalty=1 that is log softmax(logits / temperature),
+the quantity in Rollout.logprobs.  With top-k / top-p / min-p on, vLLM renormalises
+over the kept tokens first, and with a repetition penalty it reports the penalised
+distribution, so its values are those of the distribution it really sampled from;
+the default "raw_logprobs" would instead ignore the temperature.  The trainer
+corrects the difference (and numerics, bf16) with an importance weight
+(losses.sampler_importance_weights, vllm_importance_sampling_mode).
 
 Seeds.  Each prompt gets a seed drawn from the trainer's generator (vLLM gives its
 n completions seed, seed + 1, ...), so a run with a fixed seed is reproducible.
@@ -65,9 +66,11 @@ def draw_seeds(count: int, generator: torch.Generator | None) -> list[int]:
 
 
 def engine_args(cfg) -> dict:
-    """vLLM's engine settings from the run configuration (colocate and `rlvr vllm-serve` alike)."""
+    """vLLM's engine settings from the run configuration (colocate and `rlvr vllm-serve` alike).
+    The context is vllm_max_model_length, else room for a longest prompt and a full completion."""
+    max_model_len = cfg.vllm_max_model_length or (cfg.max_prompt_length or 1536) + cfg.max_completion_length
     args = {"dtype": "bfloat16" if cfg.bf16 else cfg.dtype, "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization,
-            "max_model_len": (cfg.max_prompt_length or 1536) + cfg.max_completion_length, "seed": cfg.seed,
+            "max_model_len": max_model_len, "tensor_parallel_size": cfg.vllm_tensor_parallel_size, "seed": cfg.seed,
             "enforce_eager": cfg.vllm_enforce_eager}
     if cfg.vllm_kv_cache_gb:
         args["kv_cache_memory_bytes"] = int(cfg.vllm_kv_cache_gb * 2**30)
@@ -97,8 +100,8 @@ def run_generate(llm, prompt_ids: list[list[int]], params: dict, seeds: list[int
 
     requests = [
         VSampling(n=params["n"], max_tokens=params["max_tokens"], temperature=params["temperature"], top_p=params["top_p"],
-                  top_k=params["top_k"] or -1, stop=list(params["stop_strings"]) or None,
-                  stop_token_ids=params["eos_token_ids"], logprobs=0, seed=seed)
+                  top_k=params["top_k"] or -1, min_p=params["min_p"], repetition_penalty=params["repetition_penalty"],
+                  stop=list(params["stop_strings"]) or None, stop_token_ids=params["eos_token_ids"], logprobs=0, seed=seed)
         for seed in seeds
     ]
     outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], requests, use_tqdm=False)
@@ -147,7 +150,8 @@ def policy_weights(model) -> dict[str, torch.Tensor]:
 
 def _params_dict(params: SamplingParams, eos_token_ids: list[int]) -> dict:
     return {"n": params.n, "max_tokens": params.max_tokens, "temperature": params.temperature, "top_p": params.top_p,
-            "top_k": params.top_k, "stop_strings": list(params.stop_strings), "eos_token_ids": eos_token_ids}
+            "top_k": params.top_k, "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
+            "stop_strings": list(params.stop_strings), "eos_token_ids": eos_token_ids}
 
 
 def _check_prompts(prompt_ids) -> None:
@@ -178,9 +182,8 @@ class VLLMClient:
     Every call waits at most `timeout` seconds; a server that is not there fails
     with an error naming its address and how to start it."""
 
-    def __init__(self, host: str, port: int, tokenizer, eos_token_ids: list[int], timeout: float = 240.0):
-        host = "127.0.0.1" if host in ("0.0.0.0", "") else host  # the listening address reached locally
-        self.url, self.timeout = f"http://{host}:{port}", timeout
+    def __init__(self, url: str, tokenizer, eos_token_ids: list[int], timeout: float = 240.0):
+        self.url, self.timeout = url.rstrip("/"), timeout
         self.eos = list(eos_token_ids)
         self.pad_id = pad_token_id(tokenizer, self.eos)
         self.info = self.wait_ready()
@@ -226,8 +229,17 @@ class VLLMClient:
             raise VLLMError(f"vLLM server {self.url}{path}: {reason} (waited at most {timeout or self.timeout:g} s)") from None
 
 
+def server_url(cfg) -> str:
+    """Where the trainer finds `rlvr vllm-serve`: vllm_server_base_url, else vllm_server_host and _port
+    (a server listening on every address, 0.0.0.0, is reached locally)."""
+    if cfg.vllm_server_base_url:
+        return cfg.vllm_server_base_url.rstrip("/")
+    host = "127.0.0.1" if cfg.vllm_server_host in ("0.0.0.0", "") else cfg.vllm_server_host
+    return f"http://{host}:{cfg.vllm_server_port}"
+
+
 def make_vllm_sampler(cfg, model_path: str, tokenizer, eos_token_ids: list[int]):
     """The sampler cfg.vllm_mode asks for."""
     if cfg.vllm_mode == "colocate":
         return VLLMColocateSampler(model_path, tokenizer, eos_token_ids, **engine_args(cfg))
-    return VLLMClient(cfg.vllm_server_host, cfg.vllm_server_port, tokenizer, eos_token_ids, cfg.vllm_server_timeout)
+    return VLLMClient(server_url(cfg), tokenizer, eos_token_ids, cfg.vllm_server_timeout)

@@ -51,12 +51,13 @@ TASKS = {ArithmeticTask.name: ArithmeticTask, HumanEvalTask.name: HumanEvalTask}
 
 
 class PromptStream:
-    """Train examples in a seeded shuffled order, epoch after epoch; its position is resumable."""
+    """Train examples epoch after epoch, each epoch in a new seeded random order (or, with
+    shuffle=False, in dataset order: TRL's shuffle_dataset=false); its position is resumable."""
 
-    def __init__(self, examples: list[Example], seed: int):
+    def __init__(self, examples: list[Example], seed: int, shuffle: bool = True):
         if not examples:
             raise ValueError("the train split is empty")
-        self.examples, self.seed = examples, seed
+        self.examples, self.seed, self.shuffle = examples, seed, shuffle
         self.epoch, self.index = 0, 0
         self._order = self._shuffle(0)
 
@@ -64,7 +65,8 @@ class PromptStream:
         import random
 
         order = list(range(len(self.examples)))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
     def take(self, k: int) -> list[Example]:
@@ -80,6 +82,11 @@ class PromptStream:
     @property
     def epochs_done(self) -> float:
         return self.epoch + self.index / len(self.examples)
+
+    @property
+    def epochs_completed(self) -> int:
+        """Whole passes over the examples taken so far (exact, where epochs_done is a float)."""
+        return self.epoch + (self.index == len(self.examples))
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "index": self.index}

@@ -142,6 +142,17 @@ def _examples(ds, prompt_col: str, answer_col: str | None, split: str, where) ->
     return out
 
 
+def examples_from_rows(rows: list, prompt_column: str | None, answer_column: str | None, name: str) -> list[Example]:
+    """Examples from rows given in memory (GRPOTrainer's train_dataset / eval_dataset), with the
+    same column rules and checks as a dataset loaded by name."""
+    if not all(isinstance(row, dict) for row in rows):
+        raise DatasetError(f"{name}: each row must be a mapping of columns, got {type(next(r for r in rows if not isinstance(r, dict))).__name__}")
+    columns = list(dict.fromkeys(k for row in rows[:100] for k in row))
+    prompt_col = _pick(columns, prompt_column, PROMPT_COLUMNS, "prompt", name)
+    answer_col = _pick(columns, answer_column, ANSWER_COLUMNS, "answer", name, required=False)
+    return _examples(rows, prompt_col, answer_col, name, lambda split, row, i: f"{name} row {i}")
+
+
 def _check_prompt(prompt, where: str) -> None:
     if isinstance(prompt, str):
         if not prompt.strip():

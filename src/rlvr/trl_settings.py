@@ -1,0 +1,159 @@
+"""Every setting of TRL's GRPOConfig (TRL 1.16, with the TrainingArguments it inherits), and what
+rlvr does with it, so that a TRL recipe loads unchanged:
+
+- most are rlvr settings of the same name and meaning (`TRL_NAMES`, the Config fields of that name);
+- some are TRL's spelling of an rlvr setting (`translate`: activation_checkpointing, fsdp="full_shard", ...);
+- some have no meaning here (`IGNORED`: dataloader workers, logging levels, DeepSpeed's gather, ...):
+  accepted, and named in one printed line at the start of a run;
+- some would change training in a way rlvr does not do yet (`UNSUPPORTED`): accepted at their
+  inert value (TRL's default: a recipe that dumps every setting still loads), refused otherwise.
+
+`TRL_DEFAULTS_DIFFER` lists the settings whose default here is deliberately not TRL's, with why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Config fields that are TRL settings of the same name and meaning (and TRL's default, except
+# TRL_DEFAULTS_DIFFER). The rest of Config is rlvr's own.
+TRL_NAMES = frozenset("""
+output_dir per_device_train_batch_size num_train_epochs max_steps learning_rate lr_scheduler_type
+lr_scheduler_kwargs warmup_steps optim weight_decay adam_beta1 adam_beta2 adam_epsilon gradient_accumulation_steps
+max_grad_norm bf16 fp16 gradient_checkpointing logging_steps report_to run_name eval_strategy eval_steps
+eval_on_start save_strategy save_steps save_total_limit push_to_hub hub_model_id hub_token hub_private_repo seed
+use_cpu fsdp model_init_kwargs trust_remote_code disable_dropout num_generations max_completion_length
+shuffle_dataset generation_batch_size steps_per_generation temperature top_p top_k min_p generation_kwargs
+chat_template_kwargs repetition_penalty use_vllm vllm_mode vllm_server_base_url vllm_server_host vllm_server_port
+vllm_server_timeout vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size beta
+num_iterations epsilon delta epsilon_high importance_sampling_level reward_weights scale_rewards loss_type
+mask_truncated_completions sync_ref_model ref_model_mixup_alpha ref_model_sync_steps top_entropy_quantile
+vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max
+vllm_importance_sampling_clip_min log_completions num_completions_to_print
+""".split())
+
+# Accepted and without effect in rlvr; the reason is what `rlvr train --help` and the README say.
+IGNORED = {
+    **dict.fromkeys("""dataloader_drop_last dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers
+        dataloader_prefetch_factor dataloader_multiprocessing_context dataloader_in_order remove_unused_columns
+        label_names train_sampling_strategy length_column_name pad_to_multiple_of""".split(),
+                    "rlvr reads the prompts itself, with no DataLoader or collator"),
+    **dict.fromkeys("""logging_strategy logging_first_step log_on_each_node logging_nan_inf_filter include_num_input_tokens_seen
+        log_level log_level_replica disable_tqdm skip_memory_metrics debug project trackio_space_id trackio_bucket_id
+        trackio_static_space_id log_multimodal log_unique_prompts""".split(),
+                    "rlvr logs every logging_steps steps to metrics.jsonl and the loggers of report_to"),
+    **dict.fromkeys("""eval_delay per_device_eval_batch_size prediction_loss_only eval_do_concat_batches eval_use_gather_object
+        eval_accumulation_steps include_for_metrics batch_eval_metrics bf16_full_eval fp16_full_eval num_generations_eval
+        metric_for_best_model greater_is_better do_train do_eval do_predict""".split(),
+                    "rlvr evaluates held-out accuracy with its own eval_* settings"),
+    **dict.fromkeys("""ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout
+        local_rank accelerator_config fsdp_config ds3_gather_for_generation average_tokens_across_devices
+        save_on_each_node""".split(),
+                    "rlvr sums gradients over processes itself and normalises by the totals of all of them"),
+    **dict.fromkeys("""tf32 use_cache torch_empty_cache_steps cache_implementation use_transformers_continuous_batching
+        transformers_continuous_batching_config use_transformers_paged torch_compile_backend torch_compile_mode
+        liger_kernel_config gradient_checkpointing_kwargs activation_checkpointing_kwargs router_aux_loss_coef
+        vllm_model_impl vllm_group_port use_bias_correction_kl""".split(),
+                    "rlvr's own forward and sampler decide this"),
+    **dict.fromkeys("""full_determinism data_seed ignore_data_skip restore_callback_states_from_checkpoint enable_jit_checkpoint
+        hub_strategy hub_always_push hub_revision""".split(),
+                    "rlvr is deterministic from seed, resumes exactly, saves on SIGTERM and pushes the final model"),
+    **dict.fromkeys("""sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
+        entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target max_tool_calling_iterations""".split(),
+                    "a knob of a loss or feature rlvr does not have (see loss_type, entropy_coef)"),
+    # Older TRL / transformers versions' settings that recipes still carry.
+    **dict.fromkeys("""logging_dir overwrite_output_dir use_mps_device past_index ray_scope jit_mode_eval use_ipex
+        push_to_hub_model_id push_to_hub_organization push_to_hub_token mp_parameters include_inputs_for_metrics
+        include_tokens_per_second split_batches dispatch_batches torchdynamo fsdp_min_num_params
+        fsdp_transformer_layer_cls_to_wrap tpu_num_cores tpu_metrics_debug xpu_backend vllm_device vllm_dtype
+        vllm_enable_prefix_caching wandb_log_unique_prompts use_liger_loss""".split(),
+                    "a setting of an older TRL or transformers version, without effect in TRL 1.16 too"),
+}
+
+# Accepted only at an inert value (the first is TRL's default); any other refused with the reason.
+UNSUPPORTED = {
+    "deepspeed": ((None, ""), "DeepSpeed is not supported; for sharding use fsdp=true under torchrun (FSDP2)"),
+    "parallelism_config": ((None,), "context / tensor parallelism is not supported; use fsdp=true"),
+    "torch_compile": ((False,), "torch.compile of the trained model is not supported yet (rlvr's own forward is used instead)"),
+    "use_liger_kernel": ((False,), "Liger kernels are not supported yet"),
+    "neftune_noise_alpha": ((None, 0), "NEFTune noise is not supported"),
+    "label_smoothing_factor": ((0.0,), "label smoothing has no meaning for a policy-gradient loss"),
+    "optim_args": ((None, ""), "optimizer arguments beyond the adam_* settings are not supported yet"),
+    "optim_target_modules": ((None,), "optimizers for some modules only (GaLore, APOLLO) are not supported"),
+    "auto_find_batch_size": ((False,), "a batch that shrinks on out-of-memory would split prompt groups (TRL refuses it too)"),
+    "save_only_model": ((False,), "checkpoints always hold the optimizer state, so that resume is exact"),
+    "load_best_model_at_end": ((False,), "keeping the best checkpoint is not supported yet; evaluate checkpoints with rlvr eval"),
+    "cast_lm_head_to_fp32": ((False,), "an fp32 LM head under bf16 is not supported yet"),
+    "vllm_enable_sleep_mode": ((False,), "vLLM's sleep mode is not supported yet"),
+    "vllm_structured_outputs_regex": ((None,), "structured outputs are not supported yet"),
+    "multi_objective_aggregation": (("sum_then_normalize",), "only sum_then_normalize (weighted sum, then group normalisation)"),
+    "entropy_coef": ((0.0,), "an entropy bonus in the loss is not supported yet"),
+    "use_adaptive_entropy": ((False,), "adaptive entropy control is not supported yet"),
+    "off_policy_mask_threshold": ((None,), "off-policy sequence masking is not supported yet"),
+    "log_completions_hub_repo": ((None,), "uploading completions to the Hub is not supported; they are in completions.jsonl"),
+}
+
+# Settings whose rlvr default is deliberately not TRL 1.16's: name -> (TRL's default, why).
+TRL_DEFAULTS_DIFFER = {
+    "disable_dropout": (False, "dropout makes the log-probs of the same tokens differ between passes, so the policy ratio "
+                               "is noise and resume is not exact"),
+    "bf16": (True, "TRL's default assumes a GPU (its own TrainingArguments refuse bf16 on a CPU without use_cpu); "
+                   "fp32 is exact and reproducible, bf16=true is one setting away"),
+    "gradient_checkpointing": (True, "recomputing activations costs about a third more compute per update; the memory it saves "
+                                     "matters from about 1B parameters: turn it on there"),
+    "eval_on_start": (False, "held-out accuracy before and after training is the first thing a run should tell"),
+    "log_completions": (False, "completions.jsonl is cheap and is where reward hacking is seen first"),
+    "output_dir": ("trainer_output", "each run gets its own directory, runs/<run_name or task>-<date>-<time>, so runs never mix"),
+}
+
+
+def _inert(value: Any, allowed: tuple) -> bool:
+    """An unset value (None, False, empty) or one of `allowed`; True is never 1 here."""
+    if value is None or value is False or value in ("", [], {}, ()):
+        return True
+    return any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed)
+
+
+def translate(key: str, value: Any) -> tuple[str, Any] | None:
+    """A TRL setting as (rlvr name, value), or None when it has no effect here (IGNORED, or an
+    inert value of UNSUPPORTED, or TRL's to_dict() placeholders).  Raises ValueError for an
+    UNSUPPORTED setting at a value that would change training.  Keys unknown to TRL are returned as they are."""
+    if key in IGNORED:
+        return None
+    if key in UNSUPPORTED:
+        allowed, why = UNSUPPORTED[key]
+        if _inert(value, allowed):
+            return None
+        raise ValueError(f"{key}={value!r} is not supported yet: {why}")
+    if key == "activation_checkpointing":  # transformers 5's new name
+        return "gradient_checkpointing", value
+    if key == "evaluation_strategy":  # transformers' older name
+        return "eval_strategy", value
+    if key == "no_cuda":  # transformers' older name
+        return "use_cpu", value
+    if key == "fsdp":  # TRL: "", None, "full_shard auto_wrap" or a list of such words
+        return "fsdp", bool(value) if not isinstance(value, bool) else value
+    if key in ("resume_from_checkpoint", "vllm_importance_sampling_cap") and value is None:
+        return None  # TRL's default: nothing to resume; the deprecated cap unset
+    if key == "hub_token" and value == "<HUB_TOKEN>":  # to_dict() hides the token behind this
+        return None
+    if key == "warmup_steps" and isinstance(value, float) and 0 < value < 1:  # transformers 5: a float < 1 is a ratio
+        return "warmup_ratio", value
+    return key, value
+
+
+def ignored_keys(*sources: dict[str, Any]) -> list[str]:
+    """The keys of these mappings that rlvr accepts without effect, for the one line printed at the start
+    (an UNSUPPORTED key that got this far had its inert value)."""
+    return sorted({k for src in sources for k in src if k in IGNORED or k in UNSUPPORTED})
+
+
+def ignored_line(keys: list[str]) -> str:
+    return (f"ignored: {len(keys)} TRL setting{'s' * (len(keys) != 1)} with no effect in rlvr (see `rlvr train --help`): "
+            + ", ".join(keys))
+
+
+def known_names() -> list[str]:
+    """Every TRL name rlvr accepts, for "did you mean" hints."""
+    return sorted(TRL_NAMES | set(IGNORED) | set(UNSUPPORTED) | {"activation_checkpointing", "resume_from_checkpoint",
+                                                                   "vllm_importance_sampling_cap", "evaluation_strategy", "no_cuda"})

@@ -1,0 +1,224 @@
+"""`from rlvr import GRPOConfig, GRPOTrainer`: TRL's Python API, run as TRL's documentation and the
+two guides use it, on the tiny model.  The scripts below are written like the guides' TRL
+scripts, with `from trl import ...` changed to `from rlvr import ...` and nothing else but the
+model (the tiny one) and the dataset (made in memory: there is no hub here)."""
+
+import json
+import re
+
+import pytest
+import yaml
+
+from rlvr import GRPOConfig, GRPOTrainer
+from rlvr.config import ConfigError
+
+
+@pytest.fixture
+def math_rows():
+    """Rows shaped like trl-lib/DeepMath-103K's: a chat prompt and a `solution`."""
+    return [{"prompt": [{"role": "user", "content": f"what is {a}+{b}? put the answer in \\boxed{{}}"}], "solution": str(a + b)}
+            for a, b in [(1, 2), (3, 4), (2, 2), (5, 1), (6, 3), (7, 2), (1, 1), (4, 4)]]
+
+
+def test_trl_quick_start_runs_with_the_import_changed(tiny_model_dir, math_rows, tmp_path, monkeypatch):
+    """TRL's documented quick start (GRPOTrainer's docstring), TRL's defaults and all: no args."""
+    from datasets import Dataset
+
+    from rlvr.rewards import accuracy_reward  # was: from trl.rewards import accuracy_reward
+
+    monkeypatch.chdir(tmp_path)
+    dataset = Dataset.from_list(math_rows[:1])  # 1 prompt x 3 epochs (TRL's default) = 3 steps of 8 completions
+
+    trainer = GRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=accuracy_reward,
+        train_dataset=dataset,
+    )
+    trainer.train()
+
+    # TRL's default output_dir: <model name>-GRPO in the working directory
+    out = tmp_path / f"{tiny_model_dir.name}-GRPO"
+    assert (out / "config.json").is_file() and (out / "metrics.jsonl").is_file()
+    assert trainer.state.global_step == 3
+    rows = trainer.state.log_history
+    assert [r["step"] for r in rows] == [3]  # logging_steps=10 (TRL's): the last step is always logged
+    assert "rewards/accuracy/mean" in rows[0] and rows[0]["completions/max_length"] <= 512
+
+
+def test_guide_script_with_two_rewards_kwargs_and_save_model(tiny_model_dir, math_rows, tmp_path):
+    """The hands-on guide's script: reward functions reading completion[0]["content"] and
+    kwargs["ground_truth"], TRL settings incl. remove_unused_columns, then save_model."""
+    from datasets import Dataset
+
+    calls = []
+
+    def format_reward(completions, **kwargs):
+        rewards = []
+        for completion in completions:
+            content = completion[0]["content"]
+            has_think = bool(re.search(r"<think>.*?</think>", content, re.DOTALL))
+            has_answer = bool(re.search(r"<answer>.*?</answer>", content, re.DOTALL))
+            rewards.append(1.0 if has_think and has_answer else 0.5 if has_think or has_answer else 0.0)
+        return rewards
+
+    def accuracy_reward(completions, **kwargs):
+        solutions = kwargs["ground_truth"]
+        calls.append((len(completions), len(solutions), kwargs["trainer_state"].global_step))
+        return [1.0 if solution in completion[0]["content"] else -0.5 for completion, solution in zip(completions, solutions)]
+
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["solution"]} for r in math_rows])
+    training_args = GRPOConfig(
+        output_dir=str(tmp_path / "qwen2.5-0.5b-grpo-deepmath"),
+        num_generations=4, temperature=0.8, max_completion_length=8,
+        per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=5e-7, num_train_epochs=1,
+        beta=0.04, epsilon=0.2, bf16=True, logging_steps=1, save_steps=2, save_total_limit=3,
+        remove_unused_columns=False,
+    )
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[accuracy_reward, format_reward],
+                          args=training_args, train_dataset=dataset)
+    result = trainer.train()
+    trainer.save_model(str(tmp_path / "final"))
+
+    # 8 prompts, 2 per step (4 x 2 completions / 4 per group), one epoch: 4 steps
+    assert result.global_step == 4 and len(trainer.state.log_history) == 4
+    assert calls[0] == (8, 8, 0)  # one call per generation, with the dataset column aligned to the completions
+    assert {"rewards/accuracy_reward/mean", "rewards/format_reward/mean"} <= set(trainer.state.log_history[-1])
+    assert any("kl" in row for row in trainer.state.log_history)  # beta=0.04: a reference, on the steps that trained
+    assert (tmp_path / "final" / "config.json").is_file() and (tmp_path / "final" / "tokenizer_config.json").is_file()
+    from rlvr.models import load_model
+
+    load_model(str(tmp_path / "final"))  # loads as a plain model
+
+
+def test_textbook_script_with_plain_prompts_and_a_loaded_model(tiny_model_dir, tmp_path):
+    """The textbook's script: a reward with a named column argument (ground_truth) over plain-text
+    completions, loss_type grpo; the model passed loaded, the tokenizer as processing_class."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def accuracy_reward(completions, ground_truth, **kwargs):
+        rewards = []
+        for comp, gt in zip(completions, ground_truth):
+            match = re.search(r"\\boxed\{(.*?)\}", comp)
+            extracted = match.group(1) if match else ""
+            rewards.append(1.0 if extracted.strip() == gt.strip() else 0.0)
+        return rewards
+
+    dataset = Dataset.from_list([{"prompt": f"{a}+{a}=", "ground_truth": str(2 * a)} for a in range(6)])
+    config = GRPOConfig(output_dir=str(tmp_path / "grpo-math-output"), per_device_train_batch_size=4, num_generations=4,
+                        max_completion_length=6, learning_rate=1e-5, beta=0.0, loss_type="grpo", max_steps=2)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    trainer = GRPOTrainer(model=model, args=config, reward_funcs=accuracy_reward, train_dataset=dataset,
+                          processing_class=tokenizer)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert trainer.model is model  # trained in place, as in TRL (the random model never boxes: no reward signal here)
+    assert trainer.state.log_history[-1]["rewards/accuracy_reward/mean"] == 0.0, trainer.state.log_history
+
+
+class LengthReward:
+    """A reward written as a callable class."""
+
+    def __init__(self, target=5):
+        self.target = target
+
+    def __call__(self, completions, **kwargs):
+        return [-abs(self.target - len(c)) for c in completions]
+
+
+def test_callable_objects_callbacks_resume_and_evaluate(tiny_model_dir, tmp_path):
+    """Rewards as a callable object, a callback that stops training (it is saved), resume_from_checkpoint
+    continuing to the end, evaluate() with eval_ metrics, log_history across both."""
+    from datasets import Dataset
+
+    events = []
+
+    class StopAtTwo:  # a transformers TrainerCallback by duck type
+        def on_step_end(self, args, state, control, **kwargs):
+            events.append(("step", state.global_step))
+            if state.global_step == 2:
+                control.should_training_stop = True
+
+        def on_save(self, args, state, control, **kwargs):
+            events.append(("save", state.global_step))
+
+    rows = [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(8)]
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4, max_completion_length=6,
+                      max_steps=4, learning_rate=1e-3, logging_steps=1, save_steps=100, eval_on_start=False)
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[LengthReward(), "boxed_format"], args=args,
+                          train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:4]), callbacks=[StopAtTwo()])
+    trainer.train()
+    assert trainer.state.global_step == 2 and ("save", 2) in events
+    assert (tmp_path / "run" / "checkpoint-2").is_dir()
+
+    again = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[LengthReward(), "boxed_format"], args=args,
+                        train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:4]))
+    again.train(resume_from_checkpoint=True)
+    assert again.state.global_step == 4
+    assert [r["step"] for r in again.state.log_history] == [1, 2, 3, 4]
+    assert "rewards/LengthReward/mean" in again.state.log_history[-1]
+    metrics = again.evaluate()
+    assert set(metrics) >= {"eval_accuracy", "eval_mean_completion_length"} and 0 <= metrics["eval_accuracy"] <= 1
+
+
+def test_iterable_dataset_needs_max_steps_and_streams_what_it_uses(tiny_model_dir, tmp_path):
+    from datasets import IterableDataset
+
+    def rows():
+        for a in range(10**6):  # endless, as a streamed hub dataset can be
+            yield {"prompt": f"{a}+1=", "answer": str(a + 1)}
+
+    stream = IterableDataset.from_generator(rows)
+    with pytest.raises(Exception, match="IterableDataset, which has no length: set max_steps"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs="boxed_format", train_dataset=stream,
+                    args=GRPOConfig(output_dir=str(tmp_path / "a")))
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs="boxed_format", train_dataset=stream,
+                          args=GRPOConfig(output_dir=str(tmp_path / "b"), max_steps=3, per_device_train_batch_size=4,
+                                          num_generations=4, max_completion_length=4))
+    assert len(trainer.train_examples) == 3  # 3 steps x 1 prompt
+
+
+def test_grpo_config_checks_settings_when_made_and_set():
+    args = GRPOConfig(output_dir="x", learning_rate=3e-6, remove_unused_columns=False, logging_dir="logs")
+    assert args.learning_rate == 3e-6 and args.remove_unused_columns is False
+    with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
+        GRPOConfig(learnin_rate=1e-5)
+    with pytest.raises(ConfigError, match="deepspeed=.* is not supported yet"):
+        GRPOConfig(deepspeed="ds_config.json")
+    with pytest.raises(ConfigError, match="num_generations must be at least 2"):
+        args.num_generations = 1
+    assert args.num_generations == 8  # a refused change leaves the config as it was
+    args.num_generations = 4
+    assert args.to_dict()["num_generations"] == 4
+
+
+def test_trainer_refuses_what_it_cannot_do_before_loading_anything(tiny_model_dir):
+    with pytest.raises(ConfigError, match="needs reward_funcs"):
+        GRPOTrainer(model=str(tiny_model_dir), train_dataset=[{"prompt": "a"}])
+    with pytest.raises(ConfigError, match="optimizers=.* is not supported"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs="boxed_format", train_dataset=[{"prompt": "a"}],
+                    optimizers=(object(), None))
+    with pytest.raises(Exception, match="no prompt column"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs="boxed_format", train_dataset=[{"text": "a"}])
+    with pytest.raises(ValueError, match="is not callable"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[42], train_dataset=[{"prompt": "a"}])
+
+
+def test_every_setting_of_trls_grpo_config_loads_and_trains_a_step(tiny_model_dir, tmp_path, capsys):
+    """TRL 1.16's GRPOConfig().to_dict(), all 191 settings as TRL writes them, trains one step;
+    the settings that do nothing here are named in one line."""
+    from rlvr.cli import main
+
+    trl = tmp_path / "trl.yaml"
+    trl.write_text((__import__("pathlib").Path(__file__).parent / "data" / "trl_grpo_config.yaml").read_text())
+    code = main(["train", str(trl), f"model={tiny_model_dir}", f"output_dir={tmp_path / 'run'}", "max_steps=1",
+                 "max_completion_length=8", "per_device_train_batch_size=8", "eval_on_start=false", "eval_on_end=false",
+                 "task_args.num_train=8", "task_args.num_test=2"])
+    assert code == 0
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if l.startswith("ignored:"))
+    assert "dataloader_num_workers" in line and "remove_unused_columns" in line and "deepspeed" in line
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["gradient_checkpointing"] is True and saved["bf16"] is True  # TRL's values, honoured
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
