@@ -66,3 +66,40 @@ def test_generation_metrics_without_kl_and_with_nothing_scored():
     assert metrics["reward_std"] == pytest.approx(math.sqrt(0.5))
     assert metrics["frac_reward_zero_std"] == 0.0 and metrics["completions/clipped_ratio"] == 1.0
     assert (metrics["completions/mean_length"], metrics["num_tokens"], metrics["timing/rollout"]) == (3.0, 6.0, 0.5)
+
+
+# --- run_name -----------------------------------------------------------------------------------
+
+
+def test_run_name_names_the_default_output_dir():
+    import re
+
+    from rlvr.config import build_config
+    from rlvr.rundir import default_output_dir
+
+    assert re.fullmatch(r"runs/grpo-arith-\d{8}-\d{6}", default_output_dir(build_config({"run_name": "grpo-arith"})).as_posix())
+    assert re.fullmatch(r"runs/arithmetic-\d{8}-\d{6}", default_output_dir(build_config({})).as_posix())  # else the task's name
+
+
+@pytest.mark.parametrize("run_name", [None, "grpo-arith"])
+def test_loggers_name_the_run_and_never_get_the_hub_token(run_name, tmp_path, monkeypatch):
+    import sys
+    import types
+
+    from rlvr.config import build_config
+    from rlvr.monitor import build_loggers
+
+    pytest.importorskip("tensorboard")
+    inits = []
+    for module in ("wandb", "trackio"):
+        fake = types.ModuleType(module)
+        fake.init = lambda **kw: inits.append(kw)
+        monkeypatch.setitem(sys.modules, module, fake)
+    cfg = build_config({"run_name": run_name, "hub_token": "hf_secret", "report_to": ["wandb", "trackio", "tensorboard"]})
+    loggers = build_loggers(cfg, tmp_path / "run-20250101-000000")
+    loggers[2].close()
+    name = run_name or "run-20250101-000000"  # else the output dir's name
+    assert [kw["name"] for kw in inits] == [name, name]
+    assert all(kw["config"]["hub_token"] is None for kw in inits)
+    events = list((tmp_path / "run-20250101-000000" / "tensorboard").rglob("events.out.tfevents.*"))
+    assert [e.parent.name for e in events] == [run_name or "tensorboard"]  # with a run_name: tensorboard/<run_name>

@@ -210,22 +210,25 @@ def test_a_batch_moves_whole_to_the_models_device(tiny, tmp_path):
 def test_steps_per_generation_splits_one_generation_over_optimizer_steps(tiny, tmp_path, monkeypatch):
     """TRL's steps_per_generation = 2 x gradient_accumulation_steps: one generation of 8 completions
     feeds two optimizer steps of 4, the second against the old log-probs of the first's weights."""
+    import rlvr.rewards as rewards
+
+    monkeypatch.setitem(rewards.REWARDS, "boxed_format", lambda completions, **kw: [float(i % 2) for i in range(len(completions))])
     model, tokenizer = tiny
     cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "num_generations": 4, "per_device_train_batch_size": 4,
-                        "steps_per_generation": 2, "max_completion_length": 4, "learning_rate": 5e-2})
+                        "steps_per_generation": 2, "max_completion_length": 4, "learning_rate": 5e-2,
+                        "reward_funcs": ["boxed_format"]})
     assert (cfg.prompts_per_step, cfg.steps_per_optimizer_step) == (2, 2)
     trainer = Trainer(cfg, model, tokenizer, [Example(f"{i}+1?", str(i + 1)) for i in range(6)], tmp_path, 4)
     generated, trained = [], []
-    real_generate, real_update = trainer.batches.generate_or_rewind, trainer.updater.__call__
+    real_generate, real_update = trainer.batches.generate_or_rewind, trainer.update
 
     def generate(state):
         gen = real_generate(state)
-        gen.batch.advantages = torch.tensor([1.0, -1.0] * (len(gen.batch) // 2))  # every row trains
         generated.append(gen)
         return gen
 
     monkeypatch.setattr(trainer.batches, "generate_or_rewind", generate)
-    monkeypatch.setattr(trainer, "updater", lambda batch, step: trained.append(batch) or real_update(batch, step))
+    monkeypatch.setattr(trainer, "update", lambda batch: trained.append(batch) or real_update(batch))
     metrics = [trainer.train_step() for _ in range(4)]
     assert len(generated) == 2 and [len(b) for b in trained] == [4, 4, 4, 4]
     whole = generated[0].batch

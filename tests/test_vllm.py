@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def server(policy, tmp_path_factory):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
         t0 = time.perf_counter()
-        client = VLLMClient("127.0.0.1", port, tokenizer, eos, timeout=400)
+        client = VLLMClient(f"http://127.0.0.1:{port}", tokenizer, eos, timeout=400)
         print(f"\nvLLM server start (client waited): {time.perf_counter() - t0:.1f} s")
         yield client
     except VLLMError:
@@ -174,6 +175,18 @@ def test_colocate_weight_push_changes_what_vllm_samples(colocate, policy):
 
 
 @needs_vllm
+def test_colocate_applies_the_repetition_penalty_as_the_trainers_sampler_does(colocate, policy):
+    """Greedy with a repetition penalty over the prompt and completion: vLLM's tokens are rlvr's own."""
+    from rlvr.rollout.engine import make_sampler
+
+    model, tokenizer, eos, prompt_ids, _ = policy
+    params = SamplingParams(n=1, max_tokens=24, temperature=0.0, repetition_penalty=1.5)
+    ours = [g[0].completion_ids for g in make_sampler(model, tokenizer, eos).generate(prompt_ids, params)]
+    assert ours != greedy(colocate, prompt_ids)  # the penalty changes what is said
+    assert [g[0].completion_ids for g in colocate.generate(prompt_ids, params, torch.Generator().manual_seed(0))] == ours
+
+
+@needs_vllm
 def test_server_samples_with_the_trainers_logprobs(server, policy):
     check_sampling(server, policy)
 
@@ -186,11 +199,16 @@ def test_server_weight_push_changes_what_vllm_samples(server, policy):
 
 
 def test_client_fails_fast_when_no_server_is_there(tiny):
+    from rlvr.config import build_config
+    from rlvr.rollout.vllm import make_vllm_sampler
+
     _, tokenizer = tiny
     port = free_port()  # nothing listens there
+    cfg = build_config({"use_vllm": True, "vllm_mode": "server", "vllm_server_host": "0.0.0.0", "vllm_server_port": port,
+                        "vllm_server_timeout": 2})
     t0 = time.perf_counter()
     with pytest.raises(VLLMError, match=f"no vLLM server answered at http://127.0.0.1:{port} within vllm_server_timeout=2 s"):
-        VLLMClient("0.0.0.0", port, tokenizer, [2], timeout=2.0)
+        make_vllm_sampler(cfg, "unused", tokenizer, [2])
     assert time.perf_counter() - t0 < 6
 
 
@@ -203,8 +221,90 @@ def test_client_times_out_on_a_server_that_never_answers(tiny):
         port = listener.getsockname()[1]
         t0 = time.perf_counter()
         with pytest.raises(VLLMError, match=f"127.0.0.1:{port}"):
-            VLLMClient("127.0.0.1", port, tokenizer, [2], timeout=2.0)
+            VLLMClient(f"http://127.0.0.1:{port}", tokenizer, [2], timeout=2.0)
         assert time.perf_counter() - t0 < 8
+
+
+# --- the settings that reach vLLM, checked on a stand-in for it (these run without vLLM) ----------
+
+
+class FakeLLM:
+    """vllm.LLM's part that rlvr uses: keeps its engine arguments and the SamplingParams it is given."""
+
+    def __init__(self, **engine_args):
+        self.engine_args, self.requests = engine_args, []
+
+    def generate(self, prompts, requests, use_tqdm=False):
+        self.requests += requests
+        step = {7: types.SimpleNamespace(logprob=-0.5)}
+        return [types.SimpleNamespace(outputs=[types.SimpleNamespace(index=i, token_ids=[7], logprobs=[step], finish_reason="length",
+                                                                     text="x") for i in range(r.kwargs["n"])])
+                for r in requests]
+
+
+class FakeSamplingParams:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """`import vllm` gives FakeLLM and FakeSamplingParams; start_llm's environment settings are undone afterwards."""
+    module = types.ModuleType("vllm")
+    module.LLM, module.SamplingParams = FakeLLM, FakeSamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    return module
+
+
+def test_colocate_starts_vllm_with_the_engine_settings(fake_vllm, tiny):
+    from rlvr.config import build_config
+    from rlvr.rollout.vllm import make_vllm_sampler
+
+    _, tokenizer = tiny
+    cfg = build_config({"use_vllm": True, "vllm_tensor_parallel_size": 4, "vllm_max_model_length": 8192})
+    llm = make_vllm_sampler(cfg, "some/model", tokenizer, [2]).llm
+    assert llm.engine_args["model"] == "some/model" and llm.engine_args["logprobs_mode"] == "processed_logprobs"
+    assert llm.engine_args["tensor_parallel_size"] == 4 and llm.engine_args["max_model_len"] == 8192
+    # by default one GPU, and room for a longest prompt and a full completion (TRL's defaults: 512 + 512)
+    llm = make_vllm_sampler(build_config({"use_vllm": True}), "some/model", tokenizer, [2]).llm
+    assert llm.engine_args["tensor_parallel_size"] == 1 and llm.engine_args["max_model_len"] == 1024
+
+
+def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
+    """repetition_penalty, min_p and the rest (generation_kwargs applied) reach vLLM's SamplingParams,
+    in this process and through `rlvr vllm-serve`'s HTTP server, found at vllm_server_base_url."""
+    import threading
+
+    from rlvr.config import build_config
+    from rlvr.rollout import training_params
+    from rlvr.rollout.vllm import make_vllm_sampler
+    from rlvr.rollout.vllm_server import VLLMServer
+
+    _, tokenizer = tiny
+    settings = {"use_vllm": True, "num_generations": 2, "per_device_train_batch_size": 4, "top_k": 5, "min_p": 0.1,
+                "repetition_penalty": 1.3, "stop_strings": ["</answer>"], "generation_kwargs": {"temperature": 0.6}}
+    expected = {"n": 2, "temperature": 0.6, "top_k": 5, "top_p": 1.0, "min_p": 0.1, "repetition_penalty": 1.3,
+                "stop": ["</answer>"], "max_tokens": 512, "stop_token_ids": [2], "logprobs": 0}
+    colocate = make_vllm_sampler(build_config(settings), "some/model", tokenizer, [2])
+    groups = colocate.generate([[1, 5, 6], [1, 7]], training_params(build_config(settings)), torch.Generator().manual_seed(0))
+    assert [len(g) for g in groups] == [2, 2] and groups[0][0].logprobs == [-0.5]
+    assert [{k: r.kwargs[k] for k in expected} for r in colocate.llm.requests] == [expected, expected]
+
+    server = VLLMServer(FakeLLM(), "some/model", "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = build_config({**settings, "vllm_mode": "server", "vllm_server_port": free_port(),  # not where the server is
+                            "vllm_server_base_url": f"http://127.0.0.1:{server.server_address[1]}/"})
+        client = make_vllm_sampler(cfg, "some/model", tokenizer, [2])
+        assert client.url == f"http://127.0.0.1:{server.server_address[1]}"
+        groups = client.generate([[1, 5, 6]], training_params(cfg), torch.Generator().manual_seed(0))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [len(g) for g in groups] == [2] and groups[0][1].completion_ids == [7]
+    assert [{k: r.kwargs[k] for k in expected} for r in server.llm.requests] == [expected]
 
 
 @needs_vllm

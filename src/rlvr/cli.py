@@ -13,12 +13,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 from rlvr.config import Config, ConfigError, build_config, describe_settings, load_yaml, parse_overrides
 from rlvr.settings import resolve_config, split_args
+from rlvr.hub import HubPushError, without_secrets
 from rlvr.trl_settings import ignored_line
 
 USAGE_ERRORS = (ConfigError, FileNotFoundError, FileExistsError)
@@ -125,7 +128,7 @@ def cmd_train(args: list[str]) -> int:
         if ignored:
             print(ignored_line(ignored))
         defaults = Config().to_dict()
-        changed = {k: v for k, v in cfg.to_dict().items() if v != defaults.get(k)}
+        changed = {k: v for k, v in without_secrets(cfg).to_dict().items() if v != defaults.get(k)}
         print("settings (the rest at their defaults; all of them go to config.yaml in the run directory):")
         print(yaml.safe_dump(changed, sort_keys=False).rstrip())
     try:
@@ -133,6 +136,9 @@ def cmd_train(args: list[str]) -> int:
     except AlertStop as e:  # on_alert marked this rule `stop`; the run was saved
         print(f"rlvr train: {e}", file=sys.stderr)
         return 3
+    except HubPushError as e:  # the run is whole on disk; the message says how to push it later
+        print(f"rlvr train: {e}", file=sys.stderr)
+        return 4
     return 0
 
 
@@ -155,7 +161,8 @@ def cmd_eval(args: list[str]) -> int:
     for cfg, label, (train, test) in zip(cfgs, labels, splits):
         test = test[: cfg.eval_max_examples or None]
         if (cfg.model, cfg.dtype) not in models:
-            models[cfg.model, cfg.dtype] = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu))
+            models[cfg.model, cfg.dtype] = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu), cfg.model_init_kwargs,
+                                                      cfg.trust_remote_code)
         model, tokenizer, path = models[cfg.model, cfg.dtype]
         sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
         how = (f", {cfg.eval_num_samples} samples each" if cfg.eval_num_samples > 1 else "") + (
@@ -164,7 +171,7 @@ def cmd_eval(args: list[str]) -> int:
         verifier = verifier_name(cfg)
         result = evaluate(sampler, tokenizer, test, build_rewards(cfg, with_verifier=True), verifier, cfg,
                           generator=torch.Generator().manual_seed(cfg.seed), shot_pool=train)
-        results.append({"model": str(path), "task": label, "verifier": verifier, "config": cfg.to_dict(), **result.to_dict()})
+        results.append({"model": str(path), "task": label, "verifier": verifier, "config": without_secrets(cfg).to_dict(), **result.to_dict()})
     model_dir = Path(cfgs[0].model)
     out = Path(cfgs[0].eval_output) if cfgs[0].eval_output else (model_dir / "eval.json" if model_dir.is_dir() and is_run_dir(model_dir) else Path("eval.json"))
     write_results(results, out)
@@ -246,7 +253,7 @@ def cmd_sample(args: list[str]) -> int:
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"n must be a positive integer, got {n!r}")
     cfg = build_config(load_yaml(config_file) if config_file else {}, values)
-    model, tokenizer, path = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu))
+    model, tokenizer, path = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu), cfg.model_init_kwargs, cfg.trust_remote_code)
     sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
     texts = render_prompts(tokenizer, [prompt], cfg.system_prompt, cfg.chat_template_kwargs)
     ids = tokenize_prompts(tokenizer, texts, cfg.max_prompt_length)
@@ -307,18 +314,26 @@ def cmd_report(run_dir: str | None) -> int:
 
 
 def settings_help() -> str:
-    lines, section = ["settings (key=value, or in the YAML file):"], None
+    from rlvr.trl_settings import IGNORED, TRL_NAMES, UNSUPPORTED
+
+    lines, section = ["settings (key=value, or in the YAML file); [TRL]: TRL's GRPOConfig has it, same name and meaning;",
+                      "[rlvr]: rlvr's own"], None
     for sec, name, default, help_text in describe_settings():
         if sec != section:
             lines.append(f"\n  {sec}:")
             section = sec
-        lines.append(f"    {name} = {default}" + (f"   # {help_text}" if help_text else ""))
+        origin = "[TRL] " if name in TRL_NAMES else "[rlvr]"
+        lines.append(f"    {origin} {name} = {default}" + (f"   # {help_text}" if help_text else ""))
+    wrap = functools.partial(textwrap.fill, width=110, initial_indent="    ", subsequent_indent="    ")
+    lines += ["", "  TRL settings accepted without effect here (README: Configuration reference):", wrap(", ".join(sorted(IGNORED))),
+              "  TRL settings accepted only at TRL's default (another value is refused with the reason):", wrap(", ".join(UNSUPPORTED))]
     return "\n".join(lines)
 
 
 def cmd_vllm_serve(args: list[str]) -> int:
-    """model, dtype / bf16, vllm_server_host / vllm_server_port, vllm_gpu_memory_utilization and
-    the length limits come from the same settings as training."""
+    """model, dtype / bf16, vllm_server_host / vllm_server_port, vllm_gpu_memory_utilization,
+    vllm_tensor_parallel_size and the length limits (vllm_max_model_length) come from the same
+    settings as training."""
     from rlvr.models import resolve_model_path
     from rlvr.rollout.vllm import import_vllm
     from rlvr.rollout.vllm_server import serve

@@ -313,6 +313,8 @@ def _set(values: dict[str, Any], key: str, value: Any) -> None:
             raise ConfigError(str(e)) from None
         if translated is None:
             return
+        if "." in translated[0]:  # a TRL setting that is a key of one of rlvr's mappings
+            return _set(values, *translated)
         head, value = translated
     head = ALIASES.get(head, head)
     if head not in FIELDS:
@@ -648,14 +650,16 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
 
 
 def settings_markdown() -> str:
-    """The configuration reference as a Markdown table (README: `python -m rlvr.config`)."""
-    out, section = ["| setting | default | meaning |", "|---|---|---|"], None
+    """The configuration reference as a Markdown table (README: `python -m rlvr.config`), then
+    what rlvr does with TRL's other settings (trl_settings.py)."""
+    out, section = ["| setting | default | meaning | from |", "|---|---|---|---|"], None
     for sec, name, default, help_text in describe_settings():
         if sec != section:
-            out.append(f"| **{sec}** | | |")
+            out.append(f"| **{sec}** | | | |")
             section = sec
-        out.append(f"| `{name}` | `{default}` | {help_text.replace('|', '&#124;')} |")
-    return "\n".join(out)
+        origin = "TRL" if name in trl_settings.TRL_NAMES else "rlvr"
+        out.append(f"| `{name}` | `{default}` | {help_text.replace('|', '&#124;')} | {origin} |")
+    return "\n".join(out) + "\n\n" + trl_settings.other_settings_markdown()
 
 
 if __name__ == "__main__":

@@ -104,10 +104,20 @@ def build_optimizer(model, cfg, total_steps: int):
         weight_decay=cfg.weight_decay,
         **OPTIMIZERS[cfg.optim],
     )
+    if optimizer.defaults.get("fused"):
+        optimizer.register_step_post_hook(_mark_written)
     warmup = warmup_steps_for(cfg, total_steps)
     kind, kwargs, lr = cfg.lr_scheduler_type, dict(cfg.lr_scheduler_kwargs), cfg.learning_rate
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, warmup, kind, lr, **kwargs))
     return optimizer, scheduler
+
+
+def _mark_written(optimizer, args, kwargs) -> None:
+    """The fused kernel writes the parameters without bumping their version counters, by which
+    llama.py's sampler sees that the weights changed (and rebuilds its copy): bump them here."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            torch.autograd.graph.increment_version(p)
 
 
 def apply_optimizer_settings(optimizer, scheduler, cfg) -> None:

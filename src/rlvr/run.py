@@ -204,14 +204,14 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     report.refresh()
     print_summary(console, summary)
+    if callbacks is not None:
+        callbacks.end()
     if cfg.push_to_hub:  # last, so the repository gets the evaluations, summary and report too
         from rlvr.hub import push
 
         console.print(f"pushing {output_dir} (without its checkpoints) to the Hugging Face Hub...")
         summary["hub_url"] = push(cfg, output_dir)  # HubPushError: the run stays whole on disk
         console.print(f"pushed to {summary['hub_url']}")
-    if callbacks is not None:
-        callbacks.end()
     return summary
 
 

@@ -30,7 +30,9 @@ num_iterations epsilon delta epsilon_high importance_sampling_level reward_weigh
 mask_truncated_completions sync_ref_model ref_model_mixup_alpha ref_model_sync_steps top_entropy_quantile
 vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max
 vllm_importance_sampling_clip_min log_completions num_completions_to_print
-""".split())
+""".split()) | frozenset(  # the ModelConfig / ScriptArguments of TRL's scripts (trl/scripts/grpo.py)
+    "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules dataset_config dataset_train_split "
+    "dataset_test_split reward_funcs".split())
 
 # Accepted and without effect in rlvr; the reason is what `rlvr train --help` and the README say.
 IGNORED = {
@@ -68,6 +70,8 @@ IGNORED = {
         fsdp_transformer_layer_cls_to_wrap tpu_num_cores tpu_metrics_debug xpu_backend vllm_device vllm_dtype
         vllm_enable_prefix_caching wandb_log_unique_prompts use_liger_loss""".split(),
                     "a setting of an older TRL or transformers version, without effect in TRL 1.16 too"),
+    **dict.fromkeys("""bnb_4bit_quant_type use_bnb_nested_quant ignore_bias_buffers gradient_checkpointing_use_reentrant
+        lora_task_type""".split(), "a knob of TRL scripts' ModelConfig that rlvr's loading and LoRA decide"),
 }
 
 # Accepted only at an inert value (the first is TRL's default); any other refused with the reason.
@@ -91,6 +95,13 @@ UNSUPPORTED = {
     "use_adaptive_entropy": ((False,), "adaptive entropy control is not supported yet"),
     "off_policy_mask_threshold": ((None,), "off-policy sequence masking is not supported yet"),
     "log_completions_hub_repo": ((None,), "uploading completions to the Hub is not supported; they are in completions.jsonl"),
+    "load_in_4bit": ((False,), "quantized (QLoRA) training is not supported yet"),
+    "load_in_8bit": ((False,), "quantized (QLoRA) training is not supported yet"),
+    "use_rslora": ((False,), "rank-stabilised LoRA is not supported yet"),
+    "use_dora": ((False,), "DoRA is not supported yet"),
+    "lora_modules_to_save": ((None,), "training whole modules beside the LoRA adapter is not supported yet"),
+    "dataset_streaming": ((False,), "streamed datasets from the command line are not supported; GRPOTrainer takes an IterableDataset"),
+    "reward_model_name_or_path": ((None,), "reward models are not supported yet: rewards are verifiers and functions"),
 }
 
 # Settings whose rlvr default is deliberately not TRL 1.16's: name -> (TRL's default, why).
@@ -131,6 +142,8 @@ def translate(key: str, value: Any) -> tuple[str, Any] | None:
         return "eval_strategy", value
     if key == "no_cuda":  # transformers' older name
         return "use_cpu", value
+    if key in ("attn_implementation", "model_revision"):  # TRL scripts' ModelConfig: arguments of from_pretrained
+        return f"model_init_kwargs.{key.removeprefix('model_')}", value
     if key == "fsdp":  # TRL: "", None, "full_shard auto_wrap" or a list of such words
         return "fsdp", bool(value) if not isinstance(value, bool) else value
     if key in ("resume_from_checkpoint", "vllm_importance_sampling_cap") and value is None:
@@ -156,4 +169,27 @@ def ignored_line(keys: list[str]) -> str:
 def known_names() -> list[str]:
     """Every TRL name rlvr accepts, for "did you mean" hints."""
     return sorted(TRL_NAMES | set(IGNORED) | set(UNSUPPORTED) | {"activation_checkpointing", "resume_from_checkpoint",
-                                                                   "vllm_importance_sampling_cap", "evaluation_strategy", "no_cuda"})
+                                                                   "vllm_importance_sampling_cap", "evaluation_strategy", "no_cuda",
+                                                                   "attn_implementation", "model_revision"})
+
+
+def defaults_markdown() -> str:
+    """README: the settings whose default is deliberately not TRL's, with why."""
+    from rlvr.config import Config
+
+    rows = ["| setting | TRL 1.16 | rlvr | why |", "|---|---|---|---|"]
+    for name, (trl, why) in TRL_DEFAULTS_DIFFER.items():
+        rows.append(f"| `{name}` | `{trl!r}` | `{getattr(Config(), name)!r}` | {why} |")
+    return "\n".join(rows)
+
+
+def other_settings_markdown() -> str:
+    """README: TRL's settings without an rlvr field of their name: ignored, or refused unless inert."""
+    by_reason: dict[str, list[str]] = {}
+    for key, why in IGNORED.items():
+        by_reason.setdefault(why, []).append(key)
+    rows = ["TRL settings accepted without effect (named in one line when a run starts):", ""]
+    rows += [f"- {why}: " + ", ".join(f"`{k}`" for k in sorted(keys)) for why, keys in by_reason.items()]
+    rows += ["", "TRL settings accepted only at TRL's default (any other value is refused with the reason):", ""]
+    rows += [f"- `{key}`: {why}" for key, (_, why) in UNSUPPORTED.items()]
+    return "\n".join(rows)

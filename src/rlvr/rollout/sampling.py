@@ -17,7 +17,7 @@ import math
 
 import torch
 
-PREFILTER = 256  # candidates examined first for top-p; widened when a row's nucleus is larger
+PREFILTER = 256  # candidates examined first for top-p / min-p; widened when a row's kept set is larger
 
 
 def sample_next(

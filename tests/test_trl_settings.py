@@ -1,0 +1,92 @@
+"""Every setting of TRL 1.16's GRPOConfig is known, with TRL's default unless the README's table of
+deliberate differences says otherwise.  tests/data/trl_grpo_config.yaml is TRL's own
+GRPOConfig(use_cpu=True).to_dict(), dumped once, so TRL is not needed to run these."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlvr import trl_settings
+from rlvr.config import FIELDS, Config, ConfigError, build_config
+
+TRL = yaml.safe_load((Path(__file__).parent / "data" / "trl_grpo_config.yaml").read_text())
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_trl_setting_is_classified():
+    handled = {"activation_checkpointing", "resume_from_checkpoint", "vllm_importance_sampling_cap"}  # translate()
+    unknown = [k for k in TRL if k not in trl_settings.TRL_NAMES | set(trl_settings.IGNORED) | set(trl_settings.UNSUPPORTED) | handled]
+    assert not unknown and len(TRL) == 191
+    assert trl_settings.TRL_NAMES <= set(FIELDS)  # each TRL name rlvr claims is a real setting
+    assert not set(trl_settings.IGNORED) & set(FIELDS) and not set(trl_settings.UNSUPPORTED) & set(FIELDS)
+
+
+def _same(ours, theirs) -> bool:
+    """Equal as a user means it: () and [] and None for an unset list, {} and None for an unset mapping."""
+    if ours in ((), {}) and theirs in (None, [], {}):
+        return True
+    return list(ours) == theirs if isinstance(ours, tuple) else ours == theirs
+
+
+def test_shared_defaults_are_trls_except_the_documented_differences():
+    ours = Config()
+    derived = {"steps_per_generation", "generation_batch_size"}  # TRL's __post_init__ fills them in: compared below
+    special = {"use_cpu": "the fixture was dumped with use_cpu=True", "hub_token": "to_dict() masks it as <HUB_TOKEN>",
+               "fsdp": "TRL: None; rlvr: False", "output_dir": "in the table"}
+    differ = []
+    for name in sorted(trl_settings.TRL_NAMES & set(TRL)):
+        if name in derived or name in special:
+            continue
+        if not _same(getattr(ours, name), TRL[name]):
+            differ.append(name)
+    assert sorted(differ) == sorted(n for n in trl_settings.TRL_DEFAULTS_DIFFER if n != "output_dir")
+    for name, (trl_default, why) in trl_settings.TRL_DEFAULTS_DIFFER.items():
+        assert TRL[name] == trl_default and why
+    assert (ours.completions_per_generation, ours.steps_per_optimizer_step) == (TRL["generation_batch_size"], TRL["steps_per_generation"])
+    assert ours.fsdp is False and not TRL["fsdp"] and ours.use_cpu is False and ours.hub_token is None
+
+
+def test_readme_lists_the_differences_and_what_happens_to_the_other_settings():
+    readme = (ROOT / "README.md").read_text()
+    assert trl_settings.defaults_markdown() in readme
+    assert trl_settings.other_settings_markdown() in readme
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("deepspeed", "ds_zero3.json", "deepspeed='ds_zero3.json' is not supported yet: DeepSpeed is not supported"),
+    ("torch_compile", True, "torch_compile=True is not supported yet"),
+    ("entropy_coef", 0.01, "entropy_coef=0.01 is not supported yet"),
+    ("load_in_4bit", True, "quantized"),
+])
+def test_settings_rlvr_cannot_honour_are_refused_by_name(key, value, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_config({key: value})
+    build_config({key: TRL.get(key, False if key == "load_in_4bit" else None)})  # TRL's default is accepted
+
+
+def test_trl_spellings_and_ignored_settings():
+    ignored: list[str] = []
+    cfg = build_config({"activation_checkpointing": True, "evaluation_strategy": "steps", "fsdp": "full_shard auto_wrap",
+                        "attn_implementation": "sdpa", "model_revision": "main", "warmup_steps": 0.1,
+                        "dataloader_num_workers": 4, "logging_dir": "logs", "hub_token": "<HUB_TOKEN>"}, ignored=ignored)
+    assert cfg.gradient_checkpointing and cfg.eval_strategy == "steps" and cfg.fsdp is True
+    assert cfg.model_init_kwargs == {"attn_implementation": "sdpa", "revision": "main"}
+    assert cfg.warmup_ratio == 0.1 and cfg.warmup_steps == 0  # transformers 5: a float below 1 is a ratio
+    assert cfg.hub_token is None
+    assert ignored == ["dataloader_num_workers", "logging_dir"]
+    assert "2 TRL settings with no effect" in trl_settings.ignored_line(ignored)
+    with pytest.raises(ConfigError, match="did you mean 'dataloader_num_workers'"):
+        build_config({"dataloader_num_worker": 4})
+
+
+def test_generation_batch_size_and_steps_per_generation_follow_trls_rules():
+    cfg = build_config({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "generation_batch_size": 24,
+                        "num_generations": 4})
+    assert (cfg.prompts_per_step, cfg.steps_per_optimizer_step) == (6, 3)
+    with pytest.raises(ConfigError, match="not a whole number of optimizer steps"):
+        build_config({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "generation_batch_size": 12,
+                      "num_generations": 4})
+    with pytest.raises(ConfigError, match="disagree"):
+        build_config({"per_device_train_batch_size": 4, "generation_batch_size": 8, "steps_per_generation": 4, "num_generations": 4})
+    build_config({"per_device_train_batch_size": 8, "generation_batch_size": 8, "steps_per_generation": 1})  # to_dict() has both
