@@ -222,3 +222,20 @@ def test_every_setting_of_trls_grpo_config_loads_and_trains_a_step(tiny_model_di
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["gradient_checkpointing"] is True and saved["bf16"] is True  # TRL's values, honoured
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
+
+
+def test_peft_config_trains_a_lora_adapter(tiny_model_dir, tmp_path):
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    rows = [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(4)]
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=LengthReward(), train_dataset=Dataset.from_list(rows),
+                          args=GRPOConfig(output_dir=str(tmp_path / "lora"), per_device_train_batch_size=4, num_generations=4,
+                                          max_completion_length=6, max_steps=2, learning_rate=1e-2),
+                          peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
+    assert (trainer.cfg.use_peft, trainer.cfg.lora_r, trainer.cfg.lora_alpha, trainer.cfg.lora_target_modules) == \
+        (True, 4, 8, ("q_proj", "v_proj"))
+    trainer.train()
+    assert (tmp_path / "lora" / "adapter_config.json").is_file()  # the final model is the adapter (lora_save=adapter)
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
