@@ -258,3 +258,18 @@ def test_an_fp16_trainer_steps_through_its_scaler_and_checkpoints_it(tiny, tmp_p
     restore_trainer_state(state, resumed._parts())
     assert resumed.scaler.get_scale() == 128.0
     assert "scaler" not in trainer().state_dict()
+
+
+def test_weight_decay_spares_biases_and_norm_weights_as_transformers_does(tiny):
+    """The decayed parameters are exactly those transformers' Trainer decays (get_decay_parameter_names)."""
+    from transformers import Trainer
+
+    from rlvr.optim import param_groups
+
+    model, _ = tiny
+    groups = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    theirs = {id(model.get_parameter(n)) for n in Trainer.get_decay_parameter_names(None, model)}  # tied weights: one
+    assert {id(p) for p in groups[0]["params"]} == theirs
+    assert groups[1]["weight_decay"] == 0.0 and any("norm" in names[id(p)] for p in groups[1]["params"])
+    assert len(param_groups(model, 0.0)) == 1  # no decay: one group, as checkpoints before this had

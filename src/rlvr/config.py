@@ -73,7 +73,7 @@ class Config:
     vllm_mode: str = "colocate"  # server: a separate `rlvr vllm-serve` | colocate: vLLM inside the training process
     vllm_gpu_memory_utilization: float = 0.3  # colocate: the share of accelerator memory vLLM may take
     vllm_kv_cache_gb: float = 0.0  # vLLM's KV cache in GiB; 0 = from vllm_gpu_memory_utilization (on CPU: that share of RAM, minus the whole process)
-    vllm_tensor_parallel_size: int = 1  # colocate: GPUs vLLM shards the model over (vllm-serve has its own flag)
+    vllm_tensor_parallel_size: int = 1  # GPUs vLLM shards the model over (colocate, and `rlvr vllm-serve`)
     vllm_max_model_length: int | None = None  # vLLM's context length; default the model's
     vllm_enforce_eager: bool = True  # run vLLM without torch.compile: starts in seconds instead of minutes on CPU
     vllm_server_host: str = "0.0.0.0"  # server mode: where `rlvr vllm-serve` listens

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 
 import torch
 
@@ -94,10 +95,27 @@ def warmup_steps_for(cfg, total_steps: int) -> int:
     return cfg.warmup_steps if cfg.warmup_steps > 0 else math.ceil(cfg.warmup_ratio * total_steps)
 
 
+# transformers' rule (Trainer.get_decay_parameter_names), so weight_decay means what it means in TRL:
+# no decay for biases and normalisation weights.
+_NO_DECAY = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
+
+
+def param_groups(model, weight_decay: float) -> list[dict]:
+    """The trainable parameters as AdamW groups: one group without weight decay; with it, the
+    decayed weights and a group of biases and norm weights at weight_decay 0 (marked no_decay)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if weight_decay == 0:
+        return [{"params": [p for _, p in named]}]
+    in_layer_norm = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters(recurse=False)}
+    exempt = [_NO_DECAY.search(n.lower()) is not None or id(p) in in_layer_norm for n, p in named]
+    groups = [{"params": [p for (_, p), e in zip(named, exempt) if not e], "weight_decay": weight_decay},
+              {"params": [p for (_, p), e in zip(named, exempt) if e], "weight_decay": 0.0, "no_decay": True}]
+    return [g for g in groups if g["params"]]
+
+
 def build_optimizer(model, cfg, total_steps: int):
-    params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        params,
+        param_groups(model, cfg.weight_decay),
         lr=cfg.learning_rate,
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         eps=cfg.adam_epsilon,
@@ -126,7 +144,8 @@ def apply_optimizer_settings(optimizer, scheduler, cfg) -> None:
     scheduler.base_lrs = [cfg.learning_rate] * len(optimizer.param_groups)
     for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
         group.update(initial_lr=cfg.learning_rate, lr=cfg.learning_rate * factor(scheduler.last_epoch),
-                     weight_decay=cfg.weight_decay, eps=cfg.adam_epsilon, betas=(cfg.adam_beta1, cfg.adam_beta2))
+                     weight_decay=0.0 if group.get("no_decay") else cfg.weight_decay, eps=cfg.adam_epsilon,
+                     betas=(cfg.adam_beta1, cfg.adam_beta2))
     scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
 
 

@@ -26,8 +26,8 @@ Trainable parameters T = P, or with LoRA r (in + out) summed over every adapted 
                        RoPE, attention output HD, MLP gate up silu product 4I:
                        e = 4d + 3HD + 3KD + 4I elements, so L N e a, plus attention
                        probabilities L H (B Lc (Lp + Lc) + ceil(B/G) Lp^2) x 4
-    ...checkpointed    L N d 4 (layer inputs) + one layer's activations; only on the
-                       generic transformers path: rlvr's fast Llama path never checkpoints
+    ...checkpointed    L N d 4 (layer inputs) + one layer's activations, recomputed in the
+                       backward pass: what gradient_checkpointing=true leaves (both paths)
     logits chunk       2 x 512 x V x 4 (the chunked log-softmax's two buffers)
     bf16 casts         with bf16=true and fp32 weights: the bf16 copy of each weight
                        autocast keeps during a forward, P x 2
@@ -35,7 +35,7 @@ Trainable parameters T = P, or with LoRA r (in + out) summed over every adapted 
                        samples from while the policy trains, P w
 
     total = policy + reference + gradients + optimizer + rollout weights + sampler copy
-            + max(KV cache + rollout logits, activations + logits chunk + bf16 casts)
+            + max(KV cache + rollout logits, activations (checkpointed or not) + logits chunk + bf16 casts)
     (with max_staleness=1 and the in-process sampler, rollout and update overlap in time:
     the sum of the two instead of the max)
 
@@ -152,7 +152,7 @@ def estimate(size: ModelSize, cfg) -> dict[str, float]:
         "bf16 casts": P * 2 if cfg.bf16 and w == 4 else 0,
         "sampler copy": P * w if overlap else 0,
     }
-    act = out["activations"]  # Llama-family models train on the fast path, which never checkpoints
+    act = out["activations, checkpointed"] if cfg.gradient_checkpointing else out["activations"]
     resident = sum(out[k] for k in ("policy", "reference", "gradients", "optimizer", "rollout weights", "sampler copy"))
     rollout, update = out["KV cache"] + out["rollout logits"], act + out["logits chunk"] + out["bf16 casts"]
     out["total"] = resident + (rollout + update if overlap else max(rollout, update))
@@ -170,7 +170,8 @@ def format_plan(size: ModelSize, cfg, est: dict[str, float]) -> str:
              f"dtype={cfg.dtype}, bf16={cfg.bf16}, AdamW", ""]
     for key in ("policy", "reference", "gradients", "optimizer", "rollout weights", "KV cache", "rollout logits",
                 "activations", "activations, checkpointed", "logits chunk", "bf16 casts", "sampler copy", "total"):
-        note = "  (generic path only)" if key == "activations, checkpointed" else ""
+        counted = "activations, checkpointed" if cfg.gradient_checkpointing else "activations"
+        note = "  (in the total)" if key == counted else ""
         lines.append(f"  {key:<26} {est[key] / gib:9.3f} GiB{note}")
     lines.append("\n(estimates; add about 0.5-0.7 GiB for the Python process itself)")
     return "\n".join(lines)

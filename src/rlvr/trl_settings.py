@@ -60,6 +60,7 @@ IGNORED = {
     **dict.fromkeys("""full_determinism data_seed ignore_data_skip restore_callback_states_from_checkpoint enable_jit_checkpoint
         hub_strategy hub_always_push hub_revision""".split(),
                     "rlvr is deterministic from seed, resumes exactly, saves on SIGTERM and pushes the final model"),
+    "optim_args": "transformers passes it to none of torch's AdamW variants (the adam_* settings are theirs)",
     **dict.fromkeys("""sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
         entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target max_tool_calling_iterations""".split(),
                     "a knob of a loss or feature rlvr does not have (see loss_type, entropy_coef)"),
@@ -82,7 +83,6 @@ UNSUPPORTED = {
     "use_liger_kernel": ((False,), "Liger kernels are not supported yet"),
     "neftune_noise_alpha": ((None, 0), "NEFTune noise is not supported"),
     "label_smoothing_factor": ((0.0,), "label smoothing has no meaning for a policy-gradient loss"),
-    "optim_args": ((None, ""), "optimizer arguments beyond the adam_* settings are not supported yet"),
     "optim_target_modules": ((None,), "optimizers for some modules only (GaLore, APOLLO) are not supported"),
     "auto_find_batch_size": ((False,), "a batch that shrinks on out-of-memory would split prompt groups (TRL refuses it too)"),
     "save_only_model": ((False,), "checkpoints always hold the optimizer state, so that resume is exact"),
@@ -110,8 +110,9 @@ TRL_DEFAULTS_DIFFER = {
                                "is noise and resume is not exact"),
     "bf16": (True, "TRL's default assumes a GPU (its own TrainingArguments refuse bf16 on a CPU without use_cpu); "
                    "fp32 is exact and reproducible, bf16=true is one setting away"),
-    "gradient_checkpointing": (True, "recomputing activations costs about a third more compute per update; the memory it saves "
-                                     "matters from about 1B parameters: turn it on there"),
+    "gradient_checkpointing": (True, "speed first: recomputing each layer made the update 20-30% slower on the default model; "
+                                     "turn it on when memory binds (it kept 80 MB of activations instead of 1.66 GB for 8 "
+                                     "completions of 128 tokens)"),
     "eval_on_start": (False, "held-out accuracy before and after training is the first thing a run should tell"),
     "log_completions": (False, "completions.jsonl is cheap and is where reward hacking is seen first"),
     "output_dir": ("trainer_output", "each run gets its own directory, runs/<run_name or task>-<date>-<time>, so runs never mix"),
