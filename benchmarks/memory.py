@@ -61,7 +61,8 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int) 
     cfg = build_config(settings(model, lora, steps, str(scratch / "run"), staleness))
     tokenizer = load_tokenizer(resolve_model_path(cfg.model))
     train_examples, _ = load_splits(cfg)
-    texts = render_prompts(tokenizer, [e.prompt for e in train_examples[:200]], cfg.system_prompt, cfg.chat_template_kwargs)
+    texts = render_prompts(tokenizer, [e.prompt for e in train_examples[:200]], cfg.system_prompt, cfg.chat_template_kwargs,
+                          cfg.text_prompts == "raw")
     longest = max(len(p) for p in tokenize_prompts(tokenizer, texts, cfg.max_prompt_length))
     import dataclasses
 

@@ -29,6 +29,7 @@ from pathlib import Path
 SCRIPT = '''
 import time
 from datasets import Dataset
+from transformers import TrainerCallback
 from {library} import GRPOConfig, GRPOTrainer
 
 from rlvr.models import load_model
@@ -37,7 +38,7 @@ def reward_len(completions, **kwargs):
     """Every completion a different score, so every group carries signal and both do the full update."""
     return [min(len(c), 300) / 100.0 for c in completions]
 
-class StepTimes:
+class StepTimes(TrainerCallback):
     def __init__(self):
         self.times = []
     def on_step_end(self, args, state, control, **kwargs):

@@ -134,7 +134,9 @@ def test_callable_objects_callbacks_resume_and_evaluate(tiny_model_dir, tmp_path
 
     events = []
 
-    class StopAtTwo:  # a transformers TrainerCallback by duck type
+    from transformers import TrainerCallback
+
+    class StopAtTwo(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             events.append(("step", state.global_step))
             if state.global_step == 2:
@@ -239,3 +241,22 @@ def test_peft_config_trains_a_lora_adapter(tiny_model_dir, tmp_path):
     assert (tmp_path / "lora" / "adapter_config.json").is_file()  # the final model is the adapter (lora_save=adapter)
     trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_plain_text_prompts_reach_the_model_as_they_are_as_in_trl(tiny_model_dir, tmp_path):
+    """TRL's "standard" format: a text prompt is the model's input with no chat template; chat
+    prompts get the template. (The command line keeps rlvr's text_prompts=chat unless set.)"""
+    seen = []
+
+    def spy(completions, prompt_texts, **kwargs):
+        seen.extend(prompt_texts)
+        return [float(len(c)) for c in completions]
+
+    rows = [{"prompt": "1+1="}, {"prompt": [{"role": "user", "content": "2+2="}]}]
+    GRPOTrainer(model=str(tiny_model_dir), reward_funcs=spy, train_dataset=rows,
+                args=GRPOConfig(output_dir=str(tmp_path / "raw"), per_device_train_batch_size=8, num_generations=4,
+                                max_completion_length=4, max_steps=1, shuffle_dataset=False)).train()
+    assert set(seen) == {"1+1=", "<|im_start|>user\n2+2=<|im_end|>\n<|im_start|>assistant\n"}
+    with pytest.raises(ConfigError, match="system_prompt needs text_prompts=chat"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=spy, train_dataset=rows,
+                    args=GRPOConfig(output_dir=str(tmp_path / "x"), system_prompt="be brief"))

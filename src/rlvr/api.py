@@ -138,6 +138,7 @@ class GRPOTrainer:
             names.append(f if isinstance(f, str) else register_reward(f, taken=set(names)))
         settings["reward_funcs"] = names
         settings["dataset"] = "<train_dataset>"  # given as an object: the verifier is `accuracy`, as for any dataset
+        settings.setdefault("text_prompts", "raw")  # TRL: a plain-text prompt is the model's input as it is
         if eval_dataset is None:  # as TRL: no evaluation without an eval_dataset
             settings.update(eval_on_start=False, eval_on_end=False, eval_strategy="no")
         if self.model is not None and settings.get("rollout_workers"):

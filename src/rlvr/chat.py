@@ -2,7 +2,8 @@
 
 The tokenizer's chat template is applied to every prompt, with the config's
 chat_template_kwargs as the template's own variables (e.g. enable_thinking for
-Qwen3); a plain-text prompt becomes one user message.  A system prompt from the config is put first unless
+Qwen3); a plain-text prompt becomes one user message, or with raw=True (text_prompts=raw, TRL's
+"standard" format) is the model's input as it is.  A system prompt from the config is put first unless
 the prompt already carries its own system message.  A tokenizer without a
 chat template gets the messages' contents joined by blank lines.
 """
@@ -34,9 +35,12 @@ def to_messages(prompt: Prompt, system_prompt: str | None = None) -> list[Messag
     return messages
 
 
-def render_prompt(tokenizer, prompt: Prompt, system_prompt: str | None = None, template_kwargs: dict | None = None) -> str:
+def render_prompt(tokenizer, prompt: Prompt, system_prompt: str | None = None, template_kwargs: dict | None = None,
+                  raw: bool = False) -> str:
     """The prompt text, ending where the assistant's completion begins.  template_kwargs: more
-    variables for the chat template (cfg.chat_template_kwargs)."""
+    variables for the chat template (cfg.chat_template_kwargs); raw: a plain-text prompt as it is."""
+    if raw and isinstance(prompt, str):
+        return prompt
     messages = to_messages(prompt, system_prompt)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
@@ -44,8 +48,8 @@ def render_prompt(tokenizer, prompt: Prompt, system_prompt: str | None = None, t
 
 
 def render_prompts(tokenizer, prompts: list[Prompt], system_prompt: str | None,
-                   template_kwargs: dict | None = None) -> list[str]:
-    return [render_prompt(tokenizer, p, system_prompt, template_kwargs) for p in prompts]
+                   template_kwargs: dict | None = None, raw: bool = False) -> list[str]:
+    return [render_prompt(tokenizer, p, system_prompt, template_kwargs, raw) for p in prompts]
 
 
 def tokenize_prompts(tokenizer, texts: list[str], max_prompt_length: int | None) -> list[list[int]]:

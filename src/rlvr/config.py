@@ -53,6 +53,7 @@ class Config:
     prompt_column: str | None = None  # default: the first of prompt, question, problem
     answer_column: str | None = None  # default: the first of answer, solution, ground_truth
     system_prompt: str | None = None  # text, or "r1" for the built-in think/answer prompt
+    text_prompts: str = "chat"  # a plain-text prompt: chat = one user message of the chat template | raw = the text as it is (TRL's; GRPOTrainer's default)
     max_prompt_length: int | None = 512  # longer prompts are cut from the left
     shuffle_dataset: bool = True  # draw the train prompts in a new random order each epoch; false: in file order
     chat_template_kwargs: dict = field(default_factory=dict)  # extra arguments for the chat template, e.g. {enable_thinking: false} (Qwen3)
@@ -239,6 +240,7 @@ _CHOICES = {
     "lora_save": ("adapter", "merged"),
     "vllm_mode": ("server", "colocate"),
     "on_save_error": ("stop", "continue"),
+    "text_prompts": ("chat", "raw"),
 }
 
 
@@ -512,6 +514,8 @@ def validate(cfg: Config) -> None:
          f"eval_num_samples={cfg.eval_num_samples} with eval_temperature=0 (greedy) would give identical completions; "
          "set eval_temperature > 0 to sample (e.g. eval_temperature=0.6), or eval_num_samples=1 for greedy pass@1")
     need(cfg.eval_num_shots >= 0, "eval_num_shots must be >= 0")
+    need(not (cfg.text_prompts == "raw" and cfg.system_prompt), "system_prompt needs text_prompts=chat: a raw text prompt has no "
+         "system message to put it in (put the instruction in the prompt text instead)")
     problems += _check_names(cfg)
     problems += _check_paths(cfg)
     if problems:

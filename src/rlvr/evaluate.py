@@ -83,7 +83,7 @@ def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, ve
     for lo in range(0, len(examples), cfg.eval_batch_size):
         chunk = examples[lo : lo + cfg.eval_batch_size]
         texts = render_prompts(tokenizer, [with_shots(ex.prompt, shots) for ex in chunk], cfg.system_prompt,
-                               cfg.chat_template_kwargs)
+                               cfg.chat_template_kwargs, cfg.text_prompts == "raw")
         groups = sampler.generate(tokenize_prompts(tokenizer, texts, cfg.max_prompt_length), params, generator)
         scores = rewards.score_groups(chunk, groups, texts, max_completion_length=cfg.max_completion_length)
         for name in rewards.names:

@@ -82,7 +82,8 @@ class RolloutStage:
         streams = self._streams(len(examples), generator)
         mine = distributed.shard(len(examples), self.world)
         examples = examples[mine.start : mine.stop]
-        texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt, cfg.chat_template_kwargs)
+        texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt, cfg.chat_template_kwargs,
+                              cfg.text_prompts == "raw")
         prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
         if self.workers is not None:  # rollout and reward on the Ray actors; the rollout time then includes the reward
             groups, scores = self.workers.generate_and_score(examples, texts, prompt_ids, self.params, streams.seeds, state)
