@@ -178,9 +178,9 @@ def test_prompts_per_step_must_divide_by_the_number_of_processes():
         check_runnable(build_config({"rollout_workers": 2, "num_generations": 4, "per_device_train_batch_size": 16}), World(0, 2))
 
 
-def test_metric_sums_merge_by_sum_and_max():
-    parts = [{"loss": 1.0, "a/max": 2.0}, {"loss": 0.5, "a/max": 3.0, "kl": 1.0}, {}]
-    assert distributed.merge_sums(parts) == {"loss": 1.5, "a/max": 3.0, "kl": 1.0}
+def test_metric_sums_merge_by_sum_max_and_min():
+    parts = [{"loss": 1.0, "a/max": 2.0, "a/min": 0.5}, {"loss": 0.5, "a/max": 3.0, "kl": 1.0, "a/min": 0.25}, {}]
+    assert distributed.merge_sums(parts) == {"loss": 1.5, "a/max": 3.0, "kl": 1.0, "a/min": 0.25}
 
 
 @pytest.mark.parametrize("sampler_cls", [HFSampler, FastSampler])

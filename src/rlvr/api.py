@@ -194,12 +194,8 @@ class GRPOTrainer:
     def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Held-out accuracy (and pass@k etc., as configured) of the current model on the eval
         dataset, with the same verifier as training: {"eval_accuracy": ..., ...}."""
-        import torch
-
-        from rlvr.evaluate import evaluate
-        from rlvr.models import eos_token_ids, load_model, pick_device
-        from rlvr.rollout.engine import make_sampler
-        from rlvr.tasks import build_rewards, verifier_name
+        from rlvr.evaluate import evaluate_model
+        from rlvr.models import load_model, pick_device
 
         examples = _examples(eval_dataset, self.cfg, "eval_dataset") if eval_dataset is not None else self.test_examples
         if not examples:
@@ -209,12 +205,8 @@ class GRPOTrainer:
             model, tokenizer, _ = load_model(self.cfg.model, self.cfg.dtype, pick_device(self.cfg.use_cpu),
                                              self.cfg.model_init_kwargs, self.cfg.trust_remote_code)
             self.model, self.processing_class = model, self.processing_class or tokenizer
-        tokenizer = self.processing_class or tokenizer
-        sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=self.cfg.eval_batch_size,
-                               bf16=self.cfg.bf16)
-        result = evaluate(sampler, tokenizer, examples[: self.cfg.eval_max_examples or None],
-                          build_rewards(self.cfg, with_verifier=True), verifier_name(self.cfg), self.cfg,
-                          generator=torch.Generator().manual_seed(self.cfg.seed), shot_pool=self.train_examples)
+        result = evaluate_model(model, self.processing_class or tokenizer, examples[: self.cfg.eval_max_examples or None],
+                                self.cfg, shot_pool=self.train_examples)
         metrics = {f"{metric_key_prefix}_{k}": v for k, v in result.metrics().items()}
         self.state.log_history.append({**metrics, "step": self.state.global_step})
         self.callbacks.call("on_evaluate", metrics=metrics)

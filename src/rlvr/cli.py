@@ -144,13 +144,10 @@ def cmd_train(args: list[str]) -> int:
 
 def cmd_eval(args: list[str]) -> int:
     """Each CONFIG_FILE is one task (the key=value settings apply to all); one JSON, one table."""
-    import torch
-
-    from rlvr.evaluate import evaluate, write_results
-    from rlvr.models import eos_token_ids, is_run_dir, load_model, pick_device
+    from rlvr.evaluate import evaluate_model, write_results
+    from rlvr.models import is_run_dir, load_model, pick_device
     from rlvr.monitor import make_console
-    from rlvr.rollout.engine import make_sampler
-    from rlvr.tasks import build_rewards, load_splits, verifier_name
+    from rlvr.tasks import load_splits, verifier_name
 
     files = [a for a in args if "=" not in a] or [None]
     overrides = [a for a in args if "=" in a]
@@ -164,14 +161,11 @@ def cmd_eval(args: list[str]) -> int:
             models[cfg.model, cfg.dtype] = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu), cfg.model_init_kwargs,
                                                       cfg.trust_remote_code)
         model, tokenizer, path = models[cfg.model, cfg.dtype]
-        sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
         how = (f", {cfg.eval_num_samples} samples each" if cfg.eval_num_samples > 1 else "") + (
             f", {cfg.eval_num_shots}-shot" if cfg.eval_num_shots else "")
         console.print(f"evaluating {path} on {len(test)} {label} problems{how}...")
-        verifier = verifier_name(cfg)
-        result = evaluate(sampler, tokenizer, test, build_rewards(cfg, with_verifier=True), verifier, cfg,
-                          generator=torch.Generator().manual_seed(cfg.seed), shot_pool=train)
-        results.append({"model": str(path), "task": label, "verifier": verifier, "config": without_secrets(cfg).to_dict(), **result.to_dict()})
+        result = evaluate_model(model, tokenizer, test, cfg, shot_pool=train)
+        results.append({"model": str(path), "task": label, "verifier": verifier_name(cfg), "config": without_secrets(cfg).to_dict(), **result.to_dict()})
     model_dir = Path(cfgs[0].model)
     out = Path(cfgs[0].eval_output) if cfgs[0].eval_output else (model_dir / "eval.json" if model_dir.is_dir() and is_run_dir(model_dir) else Path("eval.json"))
     write_results(results, out)

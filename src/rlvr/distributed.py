@@ -128,11 +128,16 @@ def sum_gradients(params, world: World) -> None:
 
 
 def merge_sums(parts: list[dict]) -> dict:
-    """Metric sums from every rank: summed, except keys ending in /max (the maximum)."""
+    """Metric sums from every rank: summed, except keys ending in /max or /min (the maximum, the minimum)."""
     out: dict = {}
     for part in parts:
         for k, v in part.items():
-            out[k] = max(out[k], v) if k in out and k.endswith("/max") else out.get(k, 0.0) + v
+            if k not in out:
+                out[k] = v
+            elif k.endswith(("/max", "/min")):
+                out[k] = max(out[k], v) if k.endswith("/max") else min(out[k], v)
+            else:
+                out[k] += v
     return out
 
 

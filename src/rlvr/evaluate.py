@@ -61,6 +61,20 @@ class EvalResult:
         return asdict(self)
 
 
+def evaluate_model(model, tokenizer, examples: list[Example], cfg, shot_pool: list[Example] | None = None) -> EvalResult:
+    """evaluate() of a loaded model outside a run (`rlvr eval`, GRPOTrainer.evaluate): its own
+    in-process sampler, the configured rewards with the verifier, the config's seed."""
+    import torch
+
+    from rlvr.models import eos_token_ids
+    from rlvr.rollout.engine import make_sampler
+    from rlvr.tasks import build_rewards, verifier_name
+
+    sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
+    return evaluate(sampler, tokenizer, examples, build_rewards(cfg, with_verifier=True), verifier_name(cfg), cfg,
+                    generator=torch.Generator().manual_seed(cfg.seed), shot_pool=shot_pool)
+
+
 def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, verifier: str, cfg, generator=None,
              on_batch=None, shot_pool: list[Example] | None = None) -> EvalResult:
     """Sample cfg.eval_num_samples completions per example and score them with the verifier.

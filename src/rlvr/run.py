@@ -67,13 +67,12 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
     train_examples, test_examples = (objects.train_examples, objects.test_examples) if given else load_splits(cfg)
     test_examples = test_examples[: cfg.eval_max_examples or None]
     loggers = build_loggers(cfg, output_dir) if world.is_main else []  # a missing logger package fails before the model loads
-    if objects is not None and objects.model is not None:  # a loaded model given to GRPOTrainer
-        model, model_path = objects.model.to(world.device), cfg.model
-        tokenizer = objects.tokenizer or load_tokenizer(model.name_or_path, trust_remote_code=cfg.trust_remote_code)
+    given_model, given_tokenizer = (objects.model, objects.tokenizer) if objects is not None else (None, None)
+    if given_model is not None:  # a loaded model given to GRPOTrainer
+        model, model_path, tokenizer = given_model.to(world.device), cfg.model, None
     else:
         model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, world.device, cfg.model_init_kwargs, cfg.trust_remote_code)
-    if objects is not None and objects.tokenizer is not None:
-        tokenizer = objects.tokenizer
+    tokenizer = given_tokenizer or tokenizer or load_tokenizer(model.name_or_path, trust_remote_code=cfg.trust_remote_code)
     callbacks = objects.callbacks if objects is not None else None
     if cfg.disable_dropout:
         disable_dropout(model)  # before LoRA: lora_dropout is the adapter's own setting

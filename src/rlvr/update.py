@@ -162,9 +162,7 @@ class PolicyUpdate:
         lockstep = distributed.max_count(math.ceil(len(batch) / size), self.world) if together else 0
         sums = self.accumulate_gradients(batch, LossNorm(rows, num_tokens, s.max_completion_length, micro), lockstep)
         if self.world.enabled:
-            parts = distributed.gather(sums, self.world)
-            sums = distributed.merge_sums(parts)
-            sums.update({k: min(p[k] for p in parts if k in p) for k in sums if k.endswith("/min")})
+            sums = distributed.merge_sums(distributed.gather(sums, self.world))
         try:
             grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler, s.max_grad_norm, sums["loss"], step,
                                            self.world, sharded=s.fsdp, scaler=self.scaler)
