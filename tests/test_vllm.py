@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from rlvr.rollout import SamplingParams
-from rlvr.rollout.vllm import VLLMClient, VLLMError
+from rlvr.rollout.vllm import VLLMError
+from rlvr.rollout.vllm_client import VLLMServers
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -70,7 +71,7 @@ def server(policy, tmp_path_factory):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
         t0 = time.perf_counter()
-        client = VLLMClient(f"http://127.0.0.1:{port}", tokenizer, eos, timeout=400)
+        client = VLLMServers([f"http://127.0.0.1:{port}"], tokenizer, eos, timeout=400)
         print(f"\nvLLM server start (client waited): {time.perf_counter() - t0:.1f} s")
         yield client
     except VLLMError:
@@ -193,9 +194,11 @@ def test_server_samples_with_the_trainers_logprobs(server, policy):
 
 @needs_vllm
 def test_server_weight_push_changes_what_vllm_samples(server, policy):
-    before = server.wait_ready()["weight_updates"]
+    health = lambda: server.servers[0].call("GET", "/health")  # noqa: E731
+    before = health()["weight_updates"]
     check_weight_push(server, policy)
-    assert server.wait_ready()["weight_updates"] == before + 2
+    assert health()["weight_updates"] == before + 2
+    assert health()["version"] == server.version
 
 
 def test_client_fails_fast_when_no_server_is_there(tiny):
@@ -221,7 +224,7 @@ def test_client_times_out_on_a_server_that_never_answers(tiny):
         port = listener.getsockname()[1]
         t0 = time.perf_counter()
         with pytest.raises(VLLMError, match=f"127.0.0.1:{port}"):
-            VLLMClient(f"http://127.0.0.1:{port}", tokenizer, [2], timeout=2.0)
+            VLLMServers([f"http://127.0.0.1:{port}"], tokenizer, [2], timeout=2.0)
         assert time.perf_counter() - t0 < 8
 
 
@@ -280,6 +283,7 @@ def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
     from rlvr.config import build_config
     from rlvr.rollout import training_params
     from rlvr.rollout.vllm import make_vllm_sampler
+    from rlvr.rollout.vllm import VLLMEngine
     from rlvr.rollout.vllm_server import VLLMServer
 
     _, tokenizer = tiny
@@ -292,19 +296,19 @@ def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
     assert [len(g) for g in groups] == [2, 2] and groups[0][0].logprobs == [-0.5]
     assert [{k: r.kwargs[k] for k in expected} for r in colocate.llm.requests] == [expected, expected]
 
-    server = VLLMServer(FakeLLM(), "some/model", "127.0.0.1", 0)
+    server = VLLMServer(VLLMEngine("some/model", llm=FakeLLM()), "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         cfg = build_config({**settings, "vllm_mode": "server", "vllm_server_port": free_port(),  # not where the server is
                             "vllm_server_base_url": f"http://127.0.0.1:{server.server_address[1]}/"})
         client = make_vllm_sampler(cfg, "some/model", tokenizer, [2])
-        assert client.url == f"http://127.0.0.1:{server.server_address[1]}"
+        assert [s.url for s in client.servers] == [f"http://127.0.0.1:{server.server_address[1]}"]
         groups = client.generate([[1, 5, 6]], training_params(cfg), torch.Generator().manual_seed(0))
     finally:
         server.shutdown()
         server.server_close()
     assert [len(g) for g in groups] == [2] and groups[0][1].completion_ids == [7]
-    assert [{k: r.kwargs[k] for k in expected} for r in server.llm.requests] == [expected]
+    assert [{k: r.kwargs[k] for k in expected} for r in server.engine.llm.requests] == [expected]
 
 
 @needs_vllm

@@ -53,7 +53,9 @@ class Trainer:
         device = next(self.full_model.parameters()).device
         self.logprobs = LogProbs(supports(model) and not cfg.fsdp, cfg.temperature, autocast_dtype(cfg),
                                  cfg.per_device_train_batch_size, device)
-        self.kl = KLReference(KLSettings.from_config(cfg), model, ref_model, self.logprobs)
+        # With LoRA the reference is the policy with its adapter off: with fsdp, the full copy's, whose
+        # forward is no collective (the ranks' batches differ in size), as for the old log-probs.
+        self.kl = KLReference(KLSettings.from_config(cfg), self.full_model, ref_model, self.logprobs)
         self.prompts = PromptStream(train_examples, cfg.seed, shuffle=cfg.shuffle_dataset)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.batches = Generations(GenerationSettings.from_config(cfg), self.rollout, self.prompts, self.generator,
@@ -131,6 +133,7 @@ class Trainer:
         if gen.iterations_done >= self.uses:
             self.pending = following
         self.step += 1
+        metrics.update(self.rollout.metrics())
         metrics["epoch"] = self.prompts.epochs_done
         metrics["step_time"] = time.perf_counter() - t0
         metrics["tokens_per_second"] = gen.metrics["num_tokens"] / self.parts / metrics["step_time"]

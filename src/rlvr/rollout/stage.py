@@ -48,12 +48,13 @@ class RolloutStage:
         self.rewards = build_rewards(cfg)
         eos = eos_token_ids(model, tokenizer)
         self.subscribers: list = []  # the engines outside this model, sent the weights after each update
-        if cfg.use_vllm:
+        self.source = sampler_model  # whole weights to send them (with fsdp the unsharded copy, refreshed first)
+        if cfg.use_vllm and cfg.rollout_workers == 0:  # with rollout workers, vLLM runs in each of them
             from rlvr.models import resolve_model_path
             from rlvr.rollout.vllm import make_vllm_sampler
 
-            self.sampler = make_vllm_sampler(cfg, resolve_model_path(cfg.model), tokenizer, eos)
-            self.sampler.update_weights(model)
+            self.sampler = make_vllm_sampler(cfg, resolve_model_path(cfg.model), tokenizer, eos, world)
+            self.sampler.update_weights(self.source)
             self.subscribers.append(self.sampler)
         else:
             if cfg.max_staleness:  # it samples while the policy trains: from a copy, refreshed after each update
@@ -110,8 +111,18 @@ class RolloutStage:
         return GroupGenerators([base + i for i in mine])
 
     def update_weights(self, model) -> None:
+        """After an optimizer step: every engine outside this model gets the new weights, from the
+        whole model (`model` itself is sharded under fsdp)."""
         for subscriber in self.subscribers:
-            subscriber.update_weights(model)
+            subscriber.update_weights(self.source)
+
+    def metrics(self) -> dict:
+        """The samplers' own counters (vLLM servers left and dropped, weight sync), for the step's row."""
+        out = {}
+        for part in (self.sampler, self.workers):
+            if hasattr(part, "metrics"):
+                out.update(part.metrics())
+        return out
 
     def side_stream(self):
         """Where sampling ahead runs on a GPU: a CUDA stream of its own, so its kernels can overlap
@@ -125,7 +136,9 @@ class RolloutStage:
         return torch.cuda.stream(self._stream)
 
     def close(self) -> None:
-        """Stop the rollout workers, if any."""
+        """Stop the rollout workers, if any, and what the sampler holds outside Python's reach."""
+        if hasattr(self.sampler, "close"):
+            self.sampler.close()
         if self.workers is not None:
             self.workers.close()
             self.subscribers.remove(self.workers)

@@ -1,8 +1,12 @@
-"""Sampling with vLLM, in the training process (colocate) or in `rlvr vllm-serve` (server).
+"""Sampling with vLLM: the engine, and the sampler that runs it in the training process (colocate).
 
-Both samplers have the in-process engine's interface (`generate`, `pad_id`) and
+Every sampler has the in-process engine's interface (`generate`, `pad_id`) and
 `update_weights(model)`, which the trainer calls after every optimizer step
-(Trainer.weight_subscribers), so vLLM always samples from the current policy.
+(Trainer.weight_subscribers), so vLLM always samples from the current policy.  The engine
+(VLLMEngine) is shared by the colocate sampler here, `rlvr vllm-serve` (rollout/vllm_server.py,
+whose trainer side is rollout/vllm_client.py) and the Ray rollout workers (rollout/workers.py):
+it loads weight updates (rollout/weights.py: the whole policy, or with LoRA only the adapter,
+which vLLM applies per request) and samples.
 
 Log-probs.  vLLM is started with logprobs_mode="processed_logprobs" and asked for
 logprobs=0 (the sampled token only): the log-probability of the sampled token
@@ -15,21 +19,23 @@ the default "raw_logprobs" would instead ignore the temperature.  The trainer
 corrects the difference (and numerics, bf16) with an importance weight
 (losses.sampler_importance_weights, vllm_importance_sampling_mode).
 
-Seeds.  Each prompt gets a seed drawn from the trainer's generator (vLLM gives its
-n completions seed, seed + 1, ...), so a run with a fixed seed is reproducible.
+Seeds.  Each prompt gets a seed from its group's own stream (request_seeds), so a run with a
+fixed seed is reproducible and a group's completions do not depend on which process, server or
+worker sampled it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
-import urllib.error
-import urllib.request
+import shutil
+import tempfile
+from pathlib import Path
 
 import torch
 
 from rlvr.rollout import SamplingParams, pad_token_id
+from rlvr.rollout.weights import weight_update, with_aliases
 from rlvr.types import Rollout
 
 INSTALL_HINT = (
@@ -38,6 +44,7 @@ INSTALL_HINT = (
     "pip uninstall -y torchvision torchaudio torchcodec; pip install -e .) and run rlvr from .venv-vllm/bin; "
     "on a GPU machine: pip install vllm"
 )
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the adapter ranks a vLLM engine can be sized for
 
 
 class VLLMError(RuntimeError):
@@ -65,15 +72,42 @@ def draw_seeds(count: int, generator: torch.Generator | None) -> list[int]:
     return torch.randint(0, 2**31 - 1, (count,), generator=generator).tolist()
 
 
-def engine_args(cfg) -> dict:
-    """vLLM's engine settings from the run configuration (colocate and `rlvr vllm-serve` alike).
-    The context is vllm_max_model_length, else room for a longest prompt and a full completion."""
+def request_seeds(count: int, generator) -> list[int]:
+    """One vLLM seed per prompt.  From a GroupGenerators (one seeded stream per group) each group's
+    seed is drawn from its own stream, so the completions of a group depend on its seed alone.
+    (vLLM gives a request's n completions seed, seed + 1, ...: hence drawn, not numbered in a row.)"""
+    from rlvr.rollout.sampling import GroupGenerators
+
+    if isinstance(generator, GroupGenerators):
+        return [int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(s))) for s in generator.seeds]
+    return draw_seeds(count, generator)
+
+
+def lora_rank_slot(r: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds an adapter of rank r."""
+    for slot in LORA_RANKS:
+        if slot >= r:
+            return slot
+    raise ValueError(f"lora_r={r} is larger than vLLM's largest LoRA rank ({LORA_RANKS[-1]})")
+
+
+def engine_args(cfg, several_processes: bool = False) -> dict:
+    """vLLM's engine settings from the run configuration (colocate, `rlvr vllm-serve` and the rollout
+    workers alike).  The context is vllm_max_model_length, else room for a longest prompt and a full
+    completion.  With use_peft the engine takes LoRA adapters of the run's rank.  Under torchrun
+    (several_processes) each process drives its own engine, as TRL's colocate mode does: vLLM's
+    external launcher joins the process group already there (each rank a replica of its own, on
+    its own GPU) instead of starting one."""
     max_model_len = cfg.vllm_max_model_length or (cfg.max_prompt_length or 1536) + cfg.max_completion_length
     args = {"dtype": "bfloat16" if cfg.bf16 else cfg.dtype, "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization,
             "max_model_len": max_model_len, "tensor_parallel_size": cfg.vllm_tensor_parallel_size, "seed": cfg.seed,
             "enforce_eager": cfg.vllm_enforce_eager}
     if cfg.vllm_kv_cache_gb:
         args["kv_cache_memory_bytes"] = int(cfg.vllm_kv_cache_gb * 2**30)
+    if cfg.use_peft:
+        args.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_slot(cfg.lora_r))
+    if several_processes:
+        args["distributed_executor_backend"] = "external_launcher"
     return args
 
 
@@ -94,7 +128,7 @@ def start_llm(model_path: str, **engine_args):
     return llm
 
 
-def run_generate(llm, prompt_ids: list[list[int]], params: dict, seeds: list[int]) -> list[list[dict]]:
+def run_generate(llm, prompt_ids: list[list[int]], params: dict, seeds: list[int], lora_request=None) -> list[list[dict]]:
     """params: SamplingParams fields plus eos_token_ids.  Per prompt, n rollouts as dicts (Rollout's fields)."""
     from vllm import SamplingParams as VSampling
 
@@ -104,7 +138,8 @@ def run_generate(llm, prompt_ids: list[list[int]], params: dict, seeds: list[int
                   stop=list(params["stop_strings"]) or None, stop_token_ids=params["eos_token_ids"], logprobs=0, seed=seed)
         for seed in seeds
     ]
-    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], requests, use_tqdm=False)
+    extra = {} if lora_request is None else {"lora_request": lora_request}
+    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], requests, use_tqdm=False, **extra)
     groups = []
     for prompt, out in zip(prompt_ids, outputs):
         group = []
@@ -118,128 +153,123 @@ def run_generate(llm, prompt_ids: list[list[int]], params: dict, seeds: list[int
     return groups
 
 
-def load_weights(llm, weights: dict[str, torch.Tensor]) -> None:
-    """Copy Hugging Face-named weights into vLLM's model, then drop the prefix cache, whose keys
-    and values came from the old weights.  vLLM's reload_weights takes checkpoint names (it fuses
-    q/k/v and gate/up itself) and redoes the kernel-specific repacking done after loading (on CPU
-    the linear weights are repacked, so the model's own load_weights no longer fits them)."""
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items()), "is_checkpoint_format": True})
+def load_weights(llm, weights) -> None:
+    """Copy Hugging Face-named weights (a dict, or (name, tensor) pairs consumed one at a time, as
+    they arrive from a stream) into vLLM's model, then drop the prefix cache, whose keys and values
+    came from the old weights.  vLLM's reload_weights takes checkpoint names (it fuses q/k/v and
+    gate/up itself) and redoes the kernel-specific repacking done after loading (on CPU the linear
+    weights are repacked, so the model's own load_weights no longer fits them)."""
+    pairs = weights.items() if isinstance(weights, dict) else weights
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs), "is_checkpoint_format": True})
     llm.reset_prefix_cache()
 
 
-def policy_weights(model) -> dict[str, torch.Tensor]:
-    """The policy's weights under Hugging Face names; a LoRA (peft) model's adapters are merged in.
+class VLLMEngine:
+    """One vLLM engine and the policy it samples: the weights loaded into it, or with LoRA the base
+    model it started from plus the latest adapter."""
 
-    A tied output layer is listed under its own name too: named_parameters() shows the shared
-    tensor once (as the embedding), and vLLM keeps the head as a separate tensor that it would
-    otherwise leave at its starting value."""
-    if hasattr(model, "merge_adapter"):
-        model.merge_adapter()
-        try:
-            prefix = "base_model.model."
-            weights = {name.removeprefix(prefix).replace(".base_layer", ""): p.detach().clone()
-                       for name, p in model.named_parameters() if "lora_" not in name}
-        finally:
-            model.unmerge_adapter()
-    else:
-        weights = {name: p.detach() for name, p in model.named_parameters()}
-    if "lm_head.weight" not in weights and getattr(model.config, "tie_word_embeddings", False):
-        weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()  # safetensors refuses shared tensors
-    return weights
+    def __init__(self, model_path: str, llm=None, **engine_args):
+        """Starts vLLM on model_path with engine_args, unless given an `llm` already started."""
+        self.llm = llm if llm is not None else start_llm(model_path, **engine_args)
+        self.model_path, self.dtype = model_path, engine_args.get("dtype", "float32")
+        self.adapters = bool(engine_args.get("enable_lora"))
+        self.version = 0  # the trainer's number of the update last loaded; 0: the weights it started with
+        self.lora = None  # the LoRARequest of the adapter in use
+        self._adapter_dir: tempfile.TemporaryDirectory | None = None
+
+    def load(self, meta: dict, tensors) -> int:
+        """Load one update: meta as rollout/weights.py writes it, tensors (name, tensor) pairs.
+        Returns how many tensors it held."""
+        count = 0
+
+        def counted():
+            nonlocal count
+            for pair in tensors:
+                count += 1
+                yield pair
+
+        if meta.get("adapter") is not None:
+            self._load_adapter(meta["adapter"], dict(counted()))
+        else:
+            load_weights(self.llm, with_aliases(counted(), meta.get("aliases") or {}))
+        self.version = meta.get("version", self.version + 1)
+        return count
+
+    def _load_adapter(self, config: dict, tensors: dict) -> None:
+        """vLLM reads adapters from a directory in peft's format: write this one there and give it a
+        new id; the old adapter is removed, and the prefix cache, computed with it, dropped."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        if self._adapter_dir is None:
+            self._adapter_dir = tempfile.TemporaryDirectory(prefix="rlvr-adapter-")
+        old = self.lora
+        new_id = 1 if old is None else old.lora_int_id + 1
+        path = Path(self._adapter_dir.name) / str(new_id)
+        path.mkdir()
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "adapter_model.safetensors"))
+        (path / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": self.model_path}))
+        self.lora = LoRARequest("rlvr-policy", new_id, str(path))
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+
+    def generate(self, prompt_ids, params: dict, seeds: list[int]) -> list[list[dict]]:
+        return run_generate(self.llm, prompt_ids, params, seeds, self.lora)
+
+    def close(self) -> None:
+        if self._adapter_dir is not None:
+            self._adapter_dir.cleanup()
+            self._adapter_dir = None
 
 
-def _params_dict(params: SamplingParams, eos_token_ids: list[int]) -> dict:
+def params_dict(params: SamplingParams, eos_token_ids: list[int]) -> dict:
     return {"n": params.n, "max_tokens": params.max_tokens, "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k, "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
             "stop_strings": list(params.stop_strings), "eos_token_ids": eos_token_ids}
 
 
-def _check_prompts(prompt_ids) -> None:
+def check_prompts(prompt_ids) -> None:
     if any(len(p) == 0 for p in prompt_ids):
         raise ValueError("cannot sample from an empty prompt")
 
 
 class VLLMColocateSampler:
-    """vLLM in the training process; update_weights copies the trainer's weights into it in memory."""
+    """vLLM in the training process; update_weights copies the trainer's weights (with LoRA, its
+    adapter) into it in memory."""
+
+    seeds_per_group = True  # takes the per-group streams (RolloutStage._streams)
 
     def __init__(self, model_path: str, tokenizer, eos_token_ids: list[int], **engine_args):
         self.eos = list(eos_token_ids)
         self.pad_id = pad_token_id(tokenizer, self.eos)
-        self.llm = start_llm(model_path, **engine_args)
+        self.engine = VLLMEngine(model_path, **engine_args)
+        self.version = 0
+
+    @property
+    def llm(self):
+        return self.engine.llm
 
     def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
-        _check_prompts(prompt_ids)
-        groups = run_generate(self.llm, prompt_ids, _params_dict(params, self.eos), draw_seeds(len(prompt_ids), generator))
+        check_prompts(prompt_ids)
+        groups = self.engine.generate(prompt_ids, params_dict(params, self.eos), request_seeds(len(prompt_ids), generator))
         return [[Rollout(**r) for r in group] for group in groups]
 
     def update_weights(self, model) -> None:
-        load_weights(self.llm, policy_weights(model))
+        self.version += 1
+        update = weight_update(model, self.engine.adapters, self.version)
+        self.engine.load({**update.meta, "version": update.version, "adapter": update.adapter}, update.tensors.items())
+
+    def close(self) -> None:
+        self.engine.close()
 
 
-class VLLMClient:
-    """The trainer's side of `rlvr vllm-serve`: generation and weight pushes over HTTP.
-
-    Every call waits at most `timeout` seconds; a server that is not there fails
-    with an error naming its address and how to start it."""
-
-    def __init__(self, url: str, tokenizer, eos_token_ids: list[int], timeout: float = 240.0):
-        self.url, self.timeout = url.rstrip("/"), timeout
-        self.eos = list(eos_token_ids)
-        self.pad_id = pad_token_id(tokenizer, self.eos)
-        self.info = self.wait_ready()
-
-    def wait_ready(self) -> dict:
-        """Poll /health until the server answers, for at most `timeout` seconds."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                return self._call("GET", "/health", timeout=min(5.0, self.timeout))
-            except VLLMError:
-                if time.monotonic() + 1.0 > deadline:
-                    raise VLLMError(
-                        f"no vLLM server answered at {self.url} within vllm_server_timeout={self.timeout:g} s; start one with "
-                        f"`rlvr vllm-serve model=<the same model> vllm_server_port=<port>` (or use vllm_mode=colocate)"
-                    ) from None
-                time.sleep(1.0)
-
-    def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
-        _check_prompts(prompt_ids)
-        body = {"prompt_ids": [list(p) for p in prompt_ids], "params": _params_dict(params, self.eos),
-                "seeds": draw_seeds(len(prompt_ids), generator)}
-        groups = self._call("POST", "/generate", json.dumps(body).encode(), "application/json")["groups"]
-        return [[Rollout(**r) for r in group] for group in groups]
-
-    def update_weights(self, model) -> None:
-        from safetensors.torch import save
-
-        data = save({k: v.cpu().contiguous() for k, v in policy_weights(model).items()})
-        self._call("POST", "/update_weights", data, "application/octet-stream")
-
-    def _call(self, method: str, path: str, data: bytes | None = None, content_type: str | None = None,
-              timeout: float | None = None) -> dict:
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": content_type} if content_type else {})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            raise VLLMError(f"vLLM server {self.url}{path} failed ({e.code}): {e.read().decode(errors='replace')[:2000]}") from None
-        except (urllib.error.URLError, OSError) as e:  # refused, unreachable, timed out
-            reason = getattr(e, "reason", e)
-            raise VLLMError(f"vLLM server {self.url}{path}: {reason} (waited at most {timeout or self.timeout:g} s)") from None
-
-
-def server_url(cfg) -> str:
-    """Where the trainer finds `rlvr vllm-serve`: vllm_server_base_url, else vllm_server_host and _port
-    (a server listening on every address, 0.0.0.0, is reached locally)."""
-    if cfg.vllm_server_base_url:
-        return cfg.vllm_server_base_url.rstrip("/")
-    host = "127.0.0.1" if cfg.vllm_server_host in ("0.0.0.0", "") else cfg.vllm_server_host
-    return f"http://{host}:{cfg.vllm_server_port}"
-
-
-def make_vllm_sampler(cfg, model_path: str, tokenizer, eos_token_ids: list[int]):
-    """The sampler cfg.vllm_mode asks for."""
+def make_vllm_sampler(cfg, model_path: str, tokenizer, eos_token_ids: list[int], world=None):
+    """The sampler cfg.vllm_mode asks for: vLLM in this process, or the `rlvr vllm-serve` servers."""
+    several = world is not None and world.enabled
     if cfg.vllm_mode == "colocate":
-        return VLLMColocateSampler(model_path, tokenizer, eos_token_ids, **engine_args(cfg))
-    return VLLMClient(server_url(cfg), tokenizer, eos_token_ids, cfg.vllm_server_timeout)
+        return VLLMColocateSampler(model_path, tokenizer, eos_token_ids, **engine_args(cfg, several))
+    from rlvr.rollout.vllm_client import VLLMServers, server_urls
+
+    return VLLMServers(server_urls(cfg), tokenizer, eos_token_ids, cfg.vllm_server_timeout, world)

@@ -1,12 +1,17 @@
 """`rlvr vllm-serve`: one vLLM engine behind a small HTTP server (standard library only).
 
-    GET  /health           {"ok": true, "model": ..., "weight_updates": k}
-    POST /generate         JSON {"prompt_ids", "params", "seeds"} -> {"groups": [[rollout, ...], ...]}
-    POST /update_weights   safetensors bytes of Hugging Face-named weights -> {"ok": true, "tensors": n}
+    GET  /health           {"ok": true, "model", "version", "weight_updates", "dtype", "adapters"}
+    POST /generate         JSON {"prompt_ids", "params", "seeds", "version"?} -> {"groups": [[rollout, ...], ...]};
+                           409 when "version" is not the version of the weights held here
+    POST /update_weights   a weight stream (rollout/weights.py) -> {"ok", "tensors", "version", "updated", "failed"}
 
-Requests are served one at a time (vLLM's LLM is not thread-safe), so a weight push
-waits for a running generation to finish and the next generation sees the new weights.
-The trainer's side is rollout/vllm.py (VLLMClient).
+Requests are served one at a time (vLLM's LLM is not thread-safe), so a weight push waits for a
+running generation to finish and the next generation sees the new weights.  A weight stream is
+loaded as it arrives; with the header X-Rlvr-Forward: url,url,... the same bytes are relayed to
+the first of those servers that accepts them (handing it the rest of the list), so that the
+trainer sends one copy whatever the number of servers.  The reply lists the servers down the
+chain that loaded the update ("updated") and those that could not be reached ("failed").
+The trainer's side is rollout/vllm_client.py.
 """
 
 from __future__ import annotations
@@ -15,7 +20,58 @@ import json
 import traceback
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from rlvr.rollout.vllm import engine_args, load_weights, run_generate, start_llm
+from rlvr.rollout.vllm import VLLMEngine, engine_args
+from rlvr.rollout.vllm_client import Server
+from rlvr.rollout.weights import decode
+
+
+class Relay:
+    """The onward leg of a weight stream: the first server of `urls` that accepts a connection,
+    sent the same bytes as they are read here."""
+
+    def __init__(self, urls: list[str], length: int, timeout: float):
+        self.conn, self.url, self.failed = None, None, {}
+        for i, url in enumerate(urls):
+            try:
+                conn = Server(url, timeout).connect()
+                conn.putrequest("POST", "/update_weights")
+                conn.putheader("Content-Type", "application/octet-stream")
+                conn.putheader("Content-Length", str(length))
+                conn.putheader("X-Rlvr-Forward", ",".join(urls[i + 1 :]))
+                conn.endheaders()
+            except OSError as e:
+                self.failed[url] = f"relay could not connect: {e}"
+                continue
+            self.conn, self.url = conn, url
+            break
+
+    def write(self, data: bytes) -> None:
+        if self.conn is None:
+            return
+        try:
+            self.conn.send(data)
+        except OSError as e:
+            self.failed[self.url] = f"relay broke off: {e}"
+            self.conn = None
+
+    def finish(self) -> dict:
+        """{"updated": servers down the chain that loaded it, "failed": {url: why}}."""
+        updated = []
+        if self.conn is not None:
+            try:
+                try:
+                    resp = self.conn.getresponse()
+                    reply = json.loads(resp.read())
+                finally:
+                    self.conn.close()
+                if resp.status == 200:
+                    updated = [self.url, *reply.get("updated", [])]
+                    self.failed.update(reply.get("failed", {}))
+                else:
+                    self.failed[self.url] = reply.get("error", f"HTTP {resp.status}")
+            except (OSError, ValueError) as e:
+                self.failed[self.url] = f"relay got no answer: {e}"
+        return {"updated": updated, "failed": self.failed}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -24,26 +80,43 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path != "/health":
             return self._reply(404, {"error": f"unknown path {self.path}"})
-        self._reply(200, {"ok": True, "model": self.server.model_path, "weight_updates": self.server.weight_updates})
+        engine = self.server.engine
+        self._reply(200, {"ok": True, "model": engine.model_path, "version": engine.version, "dtype": engine.dtype,
+                          "weight_updates": self.server.weight_updates, "adapters": engine.adapters})
 
     def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         try:
             if self.path == "/generate":
-                req = json.loads(body)
-                groups = run_generate(self.server.llm, req["prompt_ids"], req["params"], req["seeds"])
-                return self._reply(200, {"groups": groups})
+                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                engine = self.server.engine
+                if req.get("version") is not None and req["version"] != engine.version:
+                    return self._reply(409, {"error": f"this server holds weights version {engine.version}, "
+                                                      f"the request is for version {req['version']}"})
+                return self._reply(200, {"groups": engine.generate(req["prompt_ids"], req["params"], req["seeds"])})
             if self.path == "/update_weights":
-                from safetensors.torch import load
-
-                weights = load(body)
-                load_weights(self.server.llm, weights)
-                self.server.weight_updates += 1
-                return self._reply(200, {"ok": True, "tensors": len(weights)})
+                return self._reply(200, self._update_weights())
             self._reply(404, {"error": f"unknown path {self.path}"})
         except Exception as e:  # noqa: BLE001 - reported to the client, which raises it
             traceback.print_exc()
             self._reply(500, {"error": f"{e.__class__.__name__}: {e}"})
+
+    def _update_weights(self) -> dict:
+        length = int(self.headers.get("Content-Length", 0))
+        forward = [u for u in self.headers.get("X-Rlvr-Forward", "").split(",") if u]
+        relay = Relay(forward, length, self.server.relay_timeout)
+        left = length
+
+        def read(n: int) -> bytes:
+            nonlocal left
+            data = self.rfile.read(min(n, left))
+            left -= len(data)
+            relay.write(data)
+            return data
+
+        meta, tensors = decode(read)
+        count = self.server.engine.load(meta, tensors)
+        self.server.weight_updates += 1
+        return {"ok": True, "tensors": count, "version": self.server.engine.version, **relay.finish()}
 
     def _reply(self, code: int, payload: dict) -> None:
         data = json.dumps(payload).encode()
@@ -58,17 +131,19 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class VLLMServer(HTTPServer):
-    def __init__(self, llm, model_path: str, host: str, port: int):
-        self.llm, self.model_path, self.weight_updates = llm, model_path, 0
+    def __init__(self, engine: VLLMEngine, host: str, port: int, relay_timeout: float = 240.0):
+        self.engine, self.weight_updates, self.relay_timeout = engine, 0, relay_timeout
         super().__init__((host, port), _Handler)
 
 
 def serve(cfg, model_path: str) -> None:
     """Start vLLM on model_path and serve until interrupted."""
-    llm = start_llm(model_path, **engine_args(cfg))
-    server = VLLMServer(llm, model_path, cfg.vllm_server_host, cfg.vllm_server_port)
-    print(f"rlvr vllm-serve: {model_path} on http://{cfg.vllm_server_host}:{cfg.vllm_server_port}", flush=True)
+    engine = VLLMEngine(model_path, **engine_args(cfg))
+    server = VLLMServer(engine, cfg.vllm_server_host, cfg.vllm_server_port, cfg.vllm_server_timeout)
+    print(f"rlvr vllm-serve: {model_path} on http://{cfg.vllm_server_host}:{cfg.vllm_server_port}"
+          f"{' (takes LoRA adapters of rank <= ' + str(engine_args(cfg)['max_lora_rank']) + ')' if engine.adapters else ''}", flush=True)
     try:
         server.serve_forever()
     finally:
         server.server_close()
+        engine.close()

@@ -1,0 +1,265 @@
+"""The trainer's side of `rlvr vllm-serve` (rollout/vllm_server.py): one or several servers seen
+as one sampler.
+
+Generation.  A call's prompts are split into contiguous shares, one per server that answers, and
+sent at once.  A server that refuses the connection, errs or does not answer within
+vllm_server_timeout is dropped, reported on stderr and counted (metrics vllm/servers,
+vllm/server_failures), and its share goes to a server still there; the call fails only when no
+server is left, naming each one and what happened to it.  A group's completions depend on its
+seed, not on the server (vllm.request_seeds), so a share sampled elsewhere is the same share.
+
+Weights.  After each optimizer step one copy leaves the trainer: rank 0 streams the update
+(rollout/weights.py) to the first server, which loads it as it arrives and relays the same bytes
+to the next, and so on down the chain.  A server the chain missed gets a copy of its own; a
+dropped server that answers again (a preempted node back at its address) is sent the weights and
+rejoins.  Each update has a version; a server holding another version (restarted since) answers
+409 to a generation, is sent the current weights, and asked again.  With several training
+processes the other ranks only count the update, and all wait at a barrier until it has arrived.
+With LoRA, when the servers take adapters (`rlvr vllm-serve use_peft=true`), only the adapter goes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sys
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from rlvr import distributed
+from rlvr.rollout import SamplingParams, pad_token_id
+from rlvr.rollout.vllm import VLLMError, check_prompts, params_dict, request_seeds
+from rlvr.rollout.weights import encode, weight_update, wire_dtype
+from rlvr.types import Rollout
+
+
+class StaleWeights(VLLMError):
+    """The server holds another version of the weights than the trainer's latest."""
+
+
+def server_urls(cfg) -> list[str]:
+    """Where the trainer finds `rlvr vllm-serve`: vllm_server_base_url (one URL, or several separated
+    by commas), else vllm_server_host (one host or several, each host or host:port) and
+    vllm_server_port.  A server listening on every address, 0.0.0.0, is reached locally."""
+    if cfg.vllm_server_base_url:
+        return [u.strip().rstrip("/") for u in cfg.vllm_server_base_url.split(",") if u.strip()]
+    urls = []
+    for host in [h.strip() for h in cfg.vllm_server_host.split(",") if h.strip()] or ["0.0.0.0"]:
+        name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+        name = name or host
+        name = "127.0.0.1" if name in ("0.0.0.0", "") else name
+        urls.append(f"http://{name}:{port or cfg.vllm_server_port}")
+    return urls
+
+
+class Server:
+    """One `rlvr vllm-serve` and the HTTP calls to it; every call waits at most `timeout` seconds."""
+
+    def __init__(self, url: str, timeout: float):
+        self.url, self.timeout = url, timeout
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port, self.https = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), parts.scheme == "https"
+        self.failure: str | None = None  # why it was dropped, while it is
+
+    def connect(self, timeout: float | None = None) -> http.client.HTTPConnection:
+        kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        return kind(self.host, self.port, timeout=timeout or self.timeout)
+
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            conn = self.connect(timeout)
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+            return self._reply(conn, path)
+        except (OSError, http.client.HTTPException) as e:
+            raise VLLMError(f"vLLM server {self.url}{path}: {e or type(e).__name__} (waited at most {timeout or self.timeout:g} s)") from None
+
+    def push(self, update, dtype: torch.dtype, forward: list[str]) -> dict:
+        """Stream a weight update here, for this server to relay down `forward`."""
+        total, pieces = encode(update, dtype)
+        try:
+            conn = self.connect()
+            conn.putrequest("POST", "/update_weights")
+            conn.putheader("Content-Type", "application/octet-stream")
+            conn.putheader("Content-Length", str(total))
+            conn.putheader("X-Rlvr-Forward", ",".join(forward))
+            conn.endheaders()
+            for piece in pieces:
+                conn.send(piece)
+            return self._reply(conn, "/update_weights")
+        except (OSError, http.client.HTTPException) as e:
+            raise VLLMError(f"vLLM server {self.url}/update_weights: {e or type(e).__name__}") from None
+
+    def _reply(self, conn, path: str) -> dict:
+        try:
+            resp = conn.getresponse()
+            payload = resp.read()
+        finally:
+            conn.close()
+        if resp.status == 409:
+            raise StaleWeights(json.loads(payload).get("error", "stale weights"))
+        if resp.status != 200:
+            raise VLLMError(f"vLLM server {self.url}{path} failed ({resp.status}): {payload.decode(errors='replace')[:2000]}")
+        return json.loads(payload)
+
+
+class VLLMServers:
+    """One or several `rlvr vllm-serve` as one sampler, and a weight subscriber of the trainer."""
+
+    seeds_per_group = True  # takes the per-group streams (RolloutStage._streams)
+
+    def __init__(self, urls: list[str], tokenizer, eos_token_ids: list[int], timeout: float = 240.0,
+                 world: distributed.World = distributed.SINGLE):
+        self.servers = [Server(u, timeout) for u in urls]
+        self.timeout, self.world = timeout, world
+        self.eos = list(eos_token_ids)
+        self.pad_id = pad_token_id(tokenizer, self.eos)
+        self.version = 0
+        self.failures = 0  # servers dropped since the start
+        self.last_sync: tuple[int, float] = (0, 0.0)  # bytes and seconds of the last weight update sent
+        self._model = None  # what the last update came from, to send to a server that missed it
+        infos = self._wait_ready()
+        self.dtype = wire_dtype(infos[0].get("dtype", "float32"))
+        self.adapters = all(i.get("adapters") for i in infos)
+
+    @property
+    def alive(self) -> list[Server]:
+        return [s for s in self.servers if s.failure is None]
+
+    def _wait_ready(self) -> list[dict]:
+        """Every server's /health, each polled until it answers or `timeout` has passed; the run goes on
+        with those that answered (the others are reported, and sent the weights once they answer)."""
+        deadline = time.monotonic() + self.timeout
+        infos = {}
+        while True:
+            for s in self.servers:
+                if s.url not in infos:
+                    try:
+                        infos[s.url] = s.call("GET", "/health", timeout=min(5.0, self.timeout))
+                    except VLLMError as e:
+                        s.failure = str(e)
+                    else:
+                        s.failure = None
+            if len(infos) == len(self.servers) or time.monotonic() + 1.0 > deadline:
+                break
+            time.sleep(1.0)
+        if not infos:
+            raise VLLMError(
+                f"no vLLM server answered at {', '.join(s.url for s in self.servers)} within vllm_server_timeout="
+                f"{self.timeout:g} s; start one with `rlvr vllm-serve model=<the same model> vllm_server_port=<port>` "
+                "(or use vllm_mode=colocate)")
+        for s in self.servers:
+            if s.url not in infos:
+                self._drop(s, s.failure or "no answer", share=0)
+        return [infos[s.url] for s in self.servers if s.url in infos]
+
+    # --- generation ---------------------------------------------------------------------------
+
+    def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
+        check_prompts(prompt_ids)
+        seeds = request_seeds(len(prompt_ids), generator)
+        body = {"params": params_dict(params, self.eos), "version": self.version}
+        alive = self.alive
+        if not alive:
+            raise self._none_left()
+        shares = [s.tolist() for s in torch.tensor_split(torch.arange(len(prompt_ids)), len(alive)) if len(s)]
+        groups: list = [None] * len(prompt_ids)
+
+        def run(share: list[int], server: Server):
+            while True:
+                try:
+                    part = self._generate_on(server, {**body, "prompt_ids": [list(prompt_ids[i]) for i in share],
+                                                      "seeds": [seeds[i] for i in share]})
+                    break
+                except VLLMError as e:
+                    self._drop(server, str(e), share=len(share))
+                    if not self.alive:
+                        raise self._none_left() from None
+                    server = self.alive[share[0] % len(self.alive)]
+            for i, group in zip(share, part):
+                groups[i] = [Rollout(**r) for r in group]
+
+        with ThreadPoolExecutor(len(shares)) as pool:
+            for future in [pool.submit(run, share, alive[k]) for k, share in enumerate(shares)]:
+                future.result()
+        return groups
+
+    def _generate_on(self, server: Server, body: dict) -> list:
+        try:
+            return server.call("POST", "/generate", body)["groups"]
+        except StaleWeights:  # restarted since the last update: send it the current weights, then ask again
+            self._push_to([server])
+            return server.call("POST", "/generate", body)["groups"]
+
+    def _drop(self, server: Server, why: str, share: int) -> None:
+        server.failure = why
+        self.failures += 1
+        left = ", ".join(s.url for s in self.alive) or "none"
+        moved = f"; its {share} prompt(s) go to the others" if share else ""
+        print(f"rlvr: vLLM server {server.url} dropped: {why}{moved} (servers left: {left})", file=sys.stderr, flush=True)
+
+    def _none_left(self) -> VLLMError:
+        return VLLMError("no vLLM server is left: " + "; ".join(f"{s.url}: {s.failure}" for s in self.servers))
+
+    # --- weights --------------------------------------------------------------------------------
+
+    def update_weights(self, model) -> None:
+        """A new version of the policy: rank 0 sends it (one copy, relayed by the servers); every
+        rank then waits until it is there, so no rank samples from the old weights."""
+        self.version += 1
+        self._model = model
+        if self.world.is_main:
+            t0 = time.perf_counter()
+            sent = self._push_to(self.alive + self._returned())
+            self.last_sync = (sent, time.perf_counter() - t0)
+        distributed.wait_for_all(self.world)
+
+    def _returned(self) -> list[Server]:
+        """Dropped servers that answer again."""
+        back = []
+        for s in self.servers:
+            if s.failure is not None:
+                try:
+                    s.call("GET", "/health", timeout=2.0)
+                except VLLMError:
+                    continue
+                print(f"rlvr: vLLM server {s.url} answers again; it is sent the weights and rejoins", file=sys.stderr, flush=True)
+                back.append(s)
+        return back
+
+    def _push_to(self, targets: list[Server]) -> int:
+        """Send the current weights to `targets` as a relay chain; a server the chain missed is sent its
+        own copy, and one that cannot take it is dropped.  Returns the bytes that left the trainer."""
+        update = weight_update(self._model, self.adapters, self.version)
+        sent, todo = 0, list(targets)
+        while todo:
+            first, rest = todo[0], todo[1:]
+            try:
+                reply = first.push(update, self.dtype, [s.url for s in rest])
+            except VLLMError as e:
+                self._drop(first, str(e), share=0)
+                todo = rest
+                continue
+            sent += encode(update, self.dtype)[0]
+            first.failure = None
+            done = {first.url, *reply.get("updated", [])}
+            for url, why in reply.get("failed", {}).items():
+                print(f"rlvr: vLLM server {url} did not take the weights from the relay ({why}); sending them directly",
+                      file=sys.stderr, flush=True)
+            for s in rest:
+                if s.url in done:
+                    s.failure = None
+            todo = [s for s in rest if s.url not in done]
+        if not self.alive:
+            raise self._none_left()
+        return sent
+
+    def metrics(self) -> dict:
+        return {"vllm/servers": len(self.alive), "vllm/server_failures": self.failures,
+                "vllm/weight_sync_bytes": self.last_sync[0], "vllm/weight_sync_seconds": self.last_sync[1]}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,163 @@
+"""The policy's weights on their way to a sampler in another process or on another machine.
+
+What is sent (`WeightUpdate`): after an optimizer step, either every weight of the policy under
+its Hugging Face name (a LoRA adapter merged in, for an engine that takes no adapters), or with
+LoRA only the adapter: its A and B matrices under peft's saved names and its LoraConfig, a few
+MB where the merged model is GB.  Frozen weights never change, so the adapter is all that moved.
+
+How it travels over HTTP (`encode` / `decode`): one stream, written and read a tensor at a time,
+so neither side ever holds a second serialised copy of the model:
+
+    8 bytes     little-endian length n of the header
+    n bytes     JSON {"meta": {...}, "tensors": [{"name", "dtype", "shape"}, ...]}
+    ...         each tensor's raw bytes, in the header's order (C order, little-endian)
+
+Tensors travel in the engine's dtype (`wire_dtype`): bfloat16 for a bf16 engine, half of
+float32's bytes; a float32 engine gets float32, since rounding would make the sampler's policy
+differ from the trainer's.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class WeightUpdate:
+    """tensors: name -> tensor; adapter: the LoraConfig as a dict when `tensors` is a LoRA adapter
+    (peft's saved names), else None (the whole policy, Hugging Face names)."""
+
+    tensors: dict[str, torch.Tensor]
+    adapter: dict | None = None
+    version: int = 0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def policy_weights(model) -> dict[str, torch.Tensor]:
+    """The policy's weights under Hugging Face names; a LoRA (peft) model's adapters are merged in.
+
+    A tied output layer is not listed (named_parameters() shows the shared tensor once, as the
+    embedding): `weight_update` names it as an alias, so that it travels once."""
+    if hasattr(model, "merge_adapter"):
+        model.merge_adapter()
+        try:
+            prefix = "base_model.model."
+            weights = {name.removeprefix(prefix).replace(".base_layer", ""): p.detach().clone()
+                       for name, p in model.named_parameters() if "lora_" not in name}
+        finally:
+            model.unmerge_adapter()
+    else:
+        weights = {name: p.detach() for name, p in model.named_parameters()}
+    return weights
+
+
+def tied_aliases(model, weights: dict) -> dict[str, str]:
+    """{"lm_head.weight": "model.embed_tokens.weight"} for a model whose output layer is its embedding:
+    vLLM keeps the head as a tensor of its own, which would otherwise stay at its starting value."""
+    if "lm_head.weight" not in weights and getattr(model.config, "tie_word_embeddings", False):
+        return {"lm_head.weight": "model.embed_tokens.weight"}
+    return {}
+
+
+def with_aliases(pairs, aliases: dict[str, str]):
+    """The (name, tensor) pairs, then each alias as a pair of its own (its source kept until then)."""
+    wanted = {source: [] for source in aliases.values()}
+    for name, tensor in pairs:
+        if name in wanted:
+            wanted[name].append(tensor)
+        yield name, tensor
+    for alias, source in aliases.items():
+        if wanted.get(source):
+            yield alias, wanted[source][0]
+
+
+def adapter_weights(model) -> tuple[dict[str, torch.Tensor], dict]:
+    """A peft model's adapter as peft saves it (names without the adapter's name), and its
+    LoraConfig as a JSON-able dict: what adapter_model.safetensors and adapter_config.json hold."""
+    from peft import get_peft_model_state_dict
+
+    config = model.peft_config["default"].to_dict()
+    config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
+    return {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}, config
+
+
+def weight_update(model, adapter_only: bool, version: int = 0) -> WeightUpdate:
+    """What a sampler needs after a step: the adapter alone when it takes adapters and the policy
+    has one, else the whole policy."""
+    if adapter_only and hasattr(model, "peft_config"):
+        tensors, config = adapter_weights(model)
+        return WeightUpdate(tensors, config, version)
+    weights = policy_weights(model)
+    return WeightUpdate(weights, None, version, {"aliases": tied_aliases(model, weights)})
+
+
+def wire_dtype(engine_dtype: str) -> torch.dtype:
+    return DTYPES.get(engine_dtype, torch.float32)
+
+
+def encode(update: WeightUpdate, dtype: torch.dtype | None = None) -> tuple[int, Iterator[bytes]]:
+    """(total bytes, the stream's pieces); floating-point tensors cast to `dtype` on the way out.
+    An adapter keeps its own dtype (float32 in peft): it is small, and vLLM casts it itself."""
+    cast = None if update.adapter is not None else dtype
+    names = list(update.tensors)
+    entries = []
+    for name in names:
+        t = update.tensors[name]
+        out = cast if cast is not None and t.is_floating_point() else t.dtype
+        entries.append({"name": name, "dtype": str(out).removeprefix("torch."), "shape": list(t.shape)})
+    meta = {**update.meta, "version": update.version, "adapter": update.adapter}
+    header = json.dumps({"meta": meta, "tensors": entries}).encode()
+    total = 8 + len(header) + sum(_nbytes(e) for e in entries)
+
+    def pieces() -> Iterator[bytes]:
+        yield struct.pack("<Q", len(header)) + header
+        for name, entry in zip(names, entries):
+            t = update.tensors[name].detach().to("cpu", DTYPES.get(entry["dtype"], update.tensors[name].dtype))
+            yield t.contiguous().view(torch.uint8).numpy().tobytes()
+
+    return total, pieces()
+
+
+def decode(read: Callable[[int], bytes]) -> tuple[dict, Iterator[tuple[str, torch.Tensor]]]:
+    """(meta, (name, tensor) pairs read one at a time from `read(n)`, which returns exactly n bytes)."""
+    (n,) = struct.unpack("<Q", read_exactly(read, 8))
+    header = json.loads(read_exactly(read, n))
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for entry in header["tensors"]:
+            data = bytearray(read_exactly(read, _nbytes(entry)))
+            dtype = DTYPES[entry["dtype"]] if entry["dtype"] in DTYPES else getattr(torch, entry["dtype"])
+            flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+            yield entry["name"], flat.view(dtype).reshape(entry["shape"])
+
+    return header["meta"], tensors()
+
+
+def read_exactly(read: Callable[[int], bytes], n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        chunk = read(left)
+        if not chunk:
+            raise ConnectionError(f"the weight stream ended {left} bytes early")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def _nbytes(entry: dict) -> int:
+    dtype = DTYPES[entry["dtype"]] if entry["dtype"] in DTYPES else getattr(torch, entry["dtype"])
+    count = 1
+    for size in entry["shape"]:
+        count *= size
+    return count * torch.empty(0, dtype=dtype).element_size()

@@ -1,0 +1,217 @@
+"""Several `rlvr vllm-serve` seen as one sampler (rollout/vllm_client.py), on real HTTP servers
+(rollout/vllm_server.py) whose engine is a stand-in that records what it is sent: the weight
+stream and its relay, the split of prompts, a server that stops answering, one that restarts
+with old weights, and none left.  These run without vLLM; tests/test_vllm.py runs the real one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.sampling import GroupGenerators
+from rlvr.rollout.vllm import VLLMError
+from rlvr.rollout.vllm_client import VLLMServers, server_urls
+from rlvr.rollout.vllm_server import VLLMServer
+from rlvr.rollout.weights import WeightUpdate, decode, encode, weight_update
+
+
+class RecordingEngine:
+    """VLLMEngine's interface: keeps the weights it loads; a completion is [the request's seed % 1000]."""
+
+    def __init__(self, dtype="float32"):
+        self.model_path, self.dtype, self.adapters, self.version = "stand-in", dtype, False, 0
+        self.weights: dict = {}
+        self.prompts_seen = 0
+
+    def load(self, meta, tensors) -> int:
+        self.weights = dict(tensors)
+        self.version = meta["version"]
+        return len(self.weights)
+
+    def generate(self, prompt_ids, params, seeds):
+        self.prompts_seen += len(prompt_ids)
+        return [[{"prompt_ids": p, "completion_ids": [s % 1000 + k], "logprobs": [-0.5], "finish_reason": "stop", "text": "x"}
+                 for k in range(params["n"])] for p, s in zip(prompt_ids, seeds)]
+
+
+class Running:
+    """A VLLMServer on a free port, in a thread."""
+
+    def __init__(self, engine, port: int = 0):
+        self.engine = engine
+        self.server = VLLMServer(engine, "127.0.0.1", port, relay_timeout=5.0)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def servers():
+    running = [Running(RecordingEngine()) for _ in range(3)]
+    yield running
+    for r in running:
+        try:
+            r.stop()
+        except OSError:
+            pass
+
+
+TOKENIZER = type("Tokenizer", (), {"pad_token_id": 0})()
+
+
+class Policy(torch.nn.Module):
+    """A model as the trainer holds it: two weights, no tied head."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"tie_word_embeddings": False})()
+        self.a = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+        self.b = torch.nn.Parameter(torch.tensor([0.5, -1.0]))
+
+
+def test_the_weight_stream_round_trips_and_casts_to_the_engines_dtype():
+    update = WeightUpdate({"a": torch.randn(3, 4), "n": torch.tensor([1, 2, 3]), "e": torch.zeros(0)}, version=7)
+    total, pieces = encode(update, torch.bfloat16)
+    data = b"".join(pieces)
+    assert len(data) == total
+    view = memoryview(data)
+    pos = 0
+
+    def read(n):
+        nonlocal pos
+        out = bytes(view[pos : pos + min(n, 5)])  # short reads, as a socket gives them
+        pos += len(out)
+        return out
+
+    meta, tensors = decode(read)
+    got = dict(tensors)
+    assert meta["version"] == 7 and meta["adapter"] is None
+    assert got["a"].dtype == torch.bfloat16 and torch.equal(got["a"], update.tensors["a"].bfloat16())
+    assert got["n"].dtype == torch.long and got["n"].tolist() == [1, 2, 3]  # integers keep their type
+    assert got["e"].shape == (0,)
+    assert pos == total  # read to the end, nothing left over
+    assert sum(t.numel() * t.element_size() for t in got.values()) == 12 * 2 + 3 * 8  # bf16 halves float32's 48 bytes
+
+
+def test_one_copy_leaves_the_trainer_and_the_servers_relay_it(servers):
+    pool = VLLMServers([r.url for r in servers], tokenizer=TOKENIZER, eos_token_ids=[2], timeout=5)
+    model = Policy()
+    pool.update_weights(model)
+    for r in servers:  # every server holds the weights, version 1
+        assert r.engine.version == 1
+        assert torch.equal(r.engine.weights["a"], model.a.detach()) and torch.equal(r.engine.weights["b"], model.b.detach())
+    stream = encode(weight_update(model, adapter_only=False, version=1), torch.float32)[0]
+    assert pool.last_sync[0] == stream  # the bytes that left the trainer: one stream, not three
+    assert pool.metrics()["vllm/weight_sync_bytes"] == stream and pool.metrics()["vllm/servers"] == 3
+
+
+def test_prompts_are_split_over_the_servers_and_a_groups_completions_do_not_depend_on_the_split(servers):
+    pool = VLLMServers([r.url for r in servers], TOKENIZER, [2], timeout=5)
+    one = VLLMServers([servers[0].url], TOKENIZER, [2], timeout=5)
+    pool.update_weights(Policy())
+    one.update_weights(Policy())
+    prompts, params = [[1, i] for i in range(7)], SamplingParams(n=2)
+    groups = pool.generate(prompts, params, GroupGenerators(list(range(100, 107))))
+    assert [r.engine.prompts_seen for r in servers] == [3, 2, 2]
+    alone = one.generate(prompts, params, GroupGenerators(list(range(100, 107))))
+    assert [[r.completion_ids for r in g] for g in groups] == [[r.completion_ids for r in g] for g in alone]
+    assert [g[0].prompt_ids for g in groups] == prompts
+
+
+def test_a_server_that_stops_answering_is_dropped_and_its_prompts_go_elsewhere(servers, capsys):
+    pool = VLLMServers([r.url for r in servers], TOKENIZER, [2], timeout=5)
+    pool.update_weights(Policy())
+    prompts, params = [[1, i] for i in range(6)], SamplingParams(n=2)
+    expected = pool.generate(prompts, params, GroupGenerators(list(range(6))))
+    servers[1].stop()
+    groups = pool.generate(prompts, params, GroupGenerators(list(range(6))))
+    assert [[r.completion_ids for r in g] for g in groups] == [[r.completion_ids for r in g] for g in expected]
+    assert pool.metrics()["vllm/servers"] == 2 and pool.metrics()["vllm/server_failures"] == 1
+    assert f"vLLM server {servers[1].url} dropped" in capsys.readouterr().err
+    # the next weight update skips it (the relay chain is rebuilt from the servers left)
+    pool.update_weights(Policy())
+    assert servers[0].engine.version == servers[2].engine.version == 2
+    servers[0].stop()
+    servers[2].stop()
+    with pytest.raises(VLLMError, match="no vLLM server is left") as err:
+        pool.generate(prompts, params, GroupGenerators(list(range(6))))
+    assert all(r.url in str(err.value) for r in servers)
+
+
+def test_a_restarted_server_gets_the_current_weights_before_it_samples(servers):
+    pool = VLLMServers([servers[0].url], TOKENIZER, [2], timeout=5)
+    model = Policy()
+    pool.update_weights(model)
+    pool.update_weights(model)
+    port = servers[0].server.server_address[1]
+    servers[0].stop()
+    fresh = Running(RecordingEngine(), port)  # back at the same address with the weights it starts from
+    try:
+        groups = pool.generate([[1, 2]], SamplingParams(n=2), GroupGenerators([5]))
+        assert len(groups[0]) == 2
+        assert fresh.engine.version == 2 and torch.equal(fresh.engine.weights["a"], model.a.detach())
+    finally:
+        fresh.stop()
+
+
+def test_a_dropped_server_that_answers_again_rejoins_at_the_next_update(servers):
+    pool = VLLMServers([servers[0].url, servers[1].url], TOKENIZER, [2], timeout=5)
+    pool.update_weights(Policy())
+    port = servers[1].server.server_address[1]
+    servers[1].stop()
+    pool.generate([[1, 2], [1, 3]], SamplingParams(n=2), GroupGenerators([1, 2]))
+    assert pool.metrics()["vllm/servers"] == 1
+    back = Running(RecordingEngine(), port)
+    try:
+        pool.update_weights(Policy())
+        assert back.engine.version == 2 and pool.metrics()["vllm/servers"] == 2
+    finally:
+        back.stop()
+
+
+def test_the_relay_skips_a_server_that_is_down_in_the_middle_of_the_chain(servers):
+    pool = VLLMServers([r.url for r in servers], TOKENIZER, [2], timeout=5)
+    servers[1].stop()  # it went away after the pool saw it
+    pool.update_weights(Policy())
+    assert servers[0].engine.version == servers[2].engine.version == 1
+    assert pool.metrics()["vllm/servers"] == 2
+
+
+def test_no_server_at_start_is_one_clear_error():
+    with pytest.raises(VLLMError, match="no vLLM server answered at http://127.0.0.1:9 within vllm_server_timeout=1 s"):
+        VLLMServers(["http://127.0.0.1:9"], TOKENIZER, [2], timeout=1)
+
+
+def test_server_addresses_from_the_settings():
+    from rlvr.config import build_config
+
+    assert server_urls(build_config({})) == ["http://127.0.0.1:8000"]
+    cfg = build_config({"vllm_server_host": ["10.0.0.1", "10.0.0.2:8001"], "vllm_server_port": 9000})
+    assert server_urls(cfg) == ["http://10.0.0.1:9000", "http://10.0.0.2:8001"]
+    assert server_urls(build_config({"vllm_server_host": "a,b"})) == ["http://a:8000", "http://b:8000"]
+    cfg = build_config({"vllm_server_base_url": ["http://x:1/", "https://y:2"]})
+    assert server_urls(cfg) == ["http://x:1", "https://y:2"]
+    from rlvr.config import ConfigError
+
+    with pytest.raises(ConfigError, match="got 'y:2'"):
+        build_config({"vllm_server_base_url": "http://x:1,y:2"})
+
+
+def test_a_tied_output_layer_travels_once_and_is_loaded_under_both_names():
+    from rlvr.rollout.weights import with_aliases
+
+    model = Policy()
+    model.config.tie_word_embeddings = True
+    model.model = torch.nn.Module()
+    model.model.embed_tokens = torch.nn.Embedding(4, 2)
+    update = weight_update(model, adapter_only=False)
+    assert "lm_head.weight" not in update.tensors and update.meta["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}
+    loaded = dict(with_aliases(update.tensors.items(), update.meta["aliases"]))
+    assert loaded["lm_head.weight"] is loaded["model.embed_tokens.weight"]
+    assert sorted(loaded) == ["a", "b", "lm_head.weight", "model.embed_tokens.weight"]
