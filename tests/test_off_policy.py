@@ -76,8 +76,9 @@ def test_settings_it_cannot_run_with_are_refused():
     from rlvr.distributed import World
     from rlvr.settings import check_runnable
 
-    with pytest.raises(ConfigError, match="max_staleness=1 is not supported with several training processes"):
-        check_runnable(build_config({"max_staleness": 1, "num_generations": 4, "per_device_train_batch_size": 8}), World(0, 2))
+    # Several processes are no reason to refuse it (tests/test_distributed.py trains so, fsdp too).
+    check_runnable(build_config({"max_staleness": 1, "num_generations": 4, "per_device_train_batch_size": 8}), World(0, 2))
+    check_runnable(build_config({"max_staleness": 1, "fsdp": True, "num_generations": 4, "per_device_train_batch_size": 8}), World(0, 2))
 
 
 SIGNAL_REWARDS = '''

@@ -67,3 +67,139 @@ def test_cli_prints_the_table(capsys):
     out = capsys.readouterr().out
     for row in ("policy", "reference", "gradients", "optimizer", "KV cache", "activations", "logits chunk", "total"):
         assert row in out
+
+
+# Layouts (gpus=N, gpu_memory_gb=M): per GPU of each node.  MIB: gpu_memory_gb for a 1 MiB "GPU", whose
+# byte counts stay whole numbers.
+MIB = 1 / 1024
+
+
+def test_fsdp_over_four_gpus_shards_what_trains_and_keeps_a_full_copy():
+    from rlvr.plan import Layout, trainer_gpu
+
+    size = ModelSize.from_config(TINY)
+    cfg = _cfg(fsdp=True, gradient_accumulation_steps=4)  # 16 completions: 4 prompts, one per process
+    one, four = estimate(size, cfg), trainer_gpu(size, cfg, Layout(gpus=4))
+    for row in ("policy", "gradients", "optimizer"):
+        assert four[row] == one[row] / 4
+    assert four["policy"] == 81408 / 4 and four["optimizer"] == 162816 / 4
+    assert four["full copy"] == 81408 == four["reference"]  # both unsharded, on every GPU
+    # root: embeddings 55 x 32 + final norm 32 = 1792 (tied); a layer 9280.  Gathered weights
+    # (1792 + 2 x 9280) x 4 = 81408, whole gradients (1792 + 9280) x 4 = 44288
+    assert four["FSDP gathered"] == 81408 + 44288
+    # each process samples 1 prompt: 4 rows; 2 x 2 layers x 4 rows x 2 kv heads x 8 x 16 positions x 4 bytes
+    assert four["KV cache"] == 16384 and four["rollout logits"] == 2 * 4 * 55 * 4
+    # resident 20352 + 81408 + 81408 + 20352 + 40704 + 80768 (rollout weights), then the update:
+    # activations 159104 + logits chunk 10560 + gathered 125696
+    assert four["total"] == 324992 + 159104 + 10560 + 125696 == 620352
+
+
+def test_lora_under_fsdp_has_no_reference_and_a_full_copy_with_its_adapter():
+    from rlvr.plan import Layout, trainer_gpu
+
+    est = trainer_gpu(ModelSize.from_config(TINY), _cfg(fsdp=True, use_peft=True, lora_r=4), Layout(gpus=2))
+    assert est["reference"] == 0
+    assert est["full copy"] == 20352 * 4 + 4096 * 4 == 2 * est["policy"]
+    assert est["FSDP gathered"] == 81408  # the weights only: the frozen ones have no gradients
+
+
+def test_vllm_server_gpu_kv_tokens_by_hand():
+    from rlvr.plan import Layout, trainer_gpu, vllm_gpu
+
+    size = ModelSize.from_config(TINY)
+    cfg = _cfg(use_vllm=True, vllm_mode="server", vllm_gpu_memory_utilization=0.5, vllm_tensor_parallel_size=2)
+    v = vllm_gpu(size, cfg, Layout(gpu_memory_gb=MIB))
+    # budget 0.5 x 1048576 = 524288; weights 20352 x 4 bytes / 2 GPUs = 40704; KV 483584
+    assert v["total"] == 524288 and v["vLLM weights"] == 40704 and v["KV cache"] == 483584
+    # a token: 2 (k, v) x 2 layers x 1 of the 2 kv heads x 8 dims x 4 bytes = 128; 483584 / 128 = 3778 tokens,
+    # 3778 // (10 + 6) = 236 full-length completions
+    assert v["KV bytes per token"] == 128 and v["KV tokens"] == 3778 and v["full-length completions"] == 236
+    trainer = trainer_gpu(size, cfg, Layout(gpu_memory_gb=MIB))  # the sampler is on the rollout node
+    assert trainer["rollout weights"] == trainer["KV cache"] == trainer["vLLM, colocated"] == 0
+    assert trainer["total"] == 81408 * 3 + 162816 + 159104 + 10560
+
+
+def test_colocated_vllm_takes_its_share_of_the_training_gpu():
+    from rlvr.plan import Layout, trainer_gpu
+
+    cfg = _cfg(use_vllm=True, vllm_gpu_memory_utilization=0.25)
+    est = trainer_gpu(ModelSize.from_config(TINY), cfg, Layout(gpu_memory_gb=MIB))
+    assert est["vLLM, colocated"] == 262144 and est["rollout weights"] == 0
+    assert est["total"] == 81408 * 3 + 162816 + 262144 + 159104 + 10560
+
+
+def test_rollout_workers_hold_a_policy_copy_and_the_sampler():
+    import importlib.util
+
+    import pytest
+
+    from rlvr.plan import rollout_worker
+
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("rollout_workers needs Ray installed to validate")
+    est = rollout_worker(ModelSize.from_config(TINY), _cfg(rollout_workers=2))
+    # 2 prompts over 2 workers: 1 each, 4 rows; weights 81408, packed copy 80768, KV 16384, logits 1760
+    assert est["total"] == 81408 + 80768 + 16384 + 1760
+    with_lora = rollout_worker(ModelSize.from_config(TINY), _cfg(rollout_workers=2, use_peft=True, lora_r=4))
+    assert with_lora["policy copy"] == 81408 + 4096 * 4  # the base weights and the fp32 adapter
+
+
+def test_rollout_workers_with_vllm_leave_the_training_gpu_alone():
+    import importlib.util
+
+    import pytest
+
+    from rlvr.plan import Layout, layout_estimate
+
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("rollout_workers needs Ray installed to validate")
+    cfg = _cfg(rollout_workers=2, use_vllm=True, vllm_gpu_memory_utilization=0.5)
+    est = layout_estimate(ModelSize.from_config(TINY), cfg, Layout(gpu_memory_gb=MIB))
+    assert est["trainer"]["vLLM, colocated"] == 0 == est["trainer"]["KV cache"]  # vLLM runs in the workers
+    assert est["vllm"]["KV cache"] == 524288 - 81408 and "worker" not in est
+
+
+def _plan_output(capsys, *args):
+    from rlvr.cli import main
+
+    sizes = [f"{k}={str(v).lower()}" for k, v in TINY.items()]
+    code = main(["plan", *sizes, "num_generations=4", "per_device_train_batch_size=4", "gradient_accumulation_steps=2",
+                 "max_prompt_length=10", "max_completion_length=6", *args])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_cli_prints_each_node_per_gpu_and_keeps_the_one_process_table_without_a_layout(capsys):
+    code, out = _plan_output(capsys, "use_vllm=true", "vllm_mode=server", "gpu_memory_gb=0.0009765625")
+    assert code == 0 and "trainer node, per training GPU" in out and "rollout node: vLLM server" in out
+    assert "full-length completions" in out and "of 0.000976562 GiB: fits" in out
+    code, out = _plan_output(capsys, "use_vllm=true", "vllm_mode=server", "gpus=1")
+    assert code == 2 and "gpu_memory_gb=" in out  # vLLM's share of a GPU needs the GPU's memory
+    code, out = _plan_output(capsys)
+    assert code == 0 and "trainer node" not in out and "total" in out
+
+
+def test_weights_that_do_not_fit_are_reported(capsys):
+    # 0.5 x 65536 bytes = 32768 < 81408 bytes of weights, on the vLLM GPU and on the trainer's
+    code, out = _plan_output(capsys, "use_vllm=true", "vllm_mode=server", "vllm_gpu_memory_utilization=0.5",
+                             f"gpu_memory_gb={1 / 16384}")
+    assert code == 0 and "the weights do NOT fit" in out and "does NOT fit" in out
+    code, out = _plan_output(capsys, "use_vllm=true", "vllm_mode=server", "vllm_tensor_parallel_size=3", "gpu_memory_gb=1")
+    assert code == 0 and "vLLM refuses vllm_tensor_parallel_size=3: the 4 attention heads" in out
+
+
+def test_bad_layouts_are_clear_errors(capsys):
+    for args, message in ((["gpus=0"], "gpus must be a whole number >= 1"), (["gpus=1.5"], "gpus must be"),
+                          (["gpu_memory_gb=0"], "gpu_memory_gb must be one GPU's memory in GiB"),
+                          (["gpu_memory_gb=lots"], "gpu_memory_gb must be"),
+                          (["gpus=2", "vllm_gpu_memory_utilization=1.5"], "vllm_gpu_memory_utilization must be in (0, 1]")):
+        code, out = _plan_output(capsys, *args)
+        assert code == 2 and message in out, (args, out)
+
+
+def test_layouts_rlvr_train_refuses_are_planned_with_a_note(capsys):
+    # 2 prompts per step over 3 processes, and fsdp in one process
+    code, out = _plan_output(capsys, "gpus=3")
+    assert code == 0 and "prompts_per_step=2 is not divisible by gpus=3" in out
+    code, out = _plan_output(capsys, "fsdp=true", "gpu_memory_gb=80")
+    assert code == 0 and "fsdp=true shards across several processes" in out

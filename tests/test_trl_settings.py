@@ -90,3 +90,25 @@ def test_generation_batch_size_and_steps_per_generation_follow_trls_rules():
     with pytest.raises(ConfigError, match="disagree"):
         build_config({"per_device_train_batch_size": 4, "generation_batch_size": 8, "steps_per_generation": 4, "num_generations": 4})
     build_config({"per_device_train_batch_size": 8, "generation_batch_size": 8, "steps_per_generation": 1})  # to_dict() has both
+
+
+def test_trl_vllm_serve_flags_become_settings():
+    """A launch script's `trl vllm-serve ...` line, with trl swapped for rlvr."""
+    from rlvr.trl_settings import serve_flags
+
+    assert serve_flags(["--model", "Qwen/Qwen2.5-7B", "--tensor-parallel-size", "2", "--port=8001", "--host", "0.0.0.0",
+                        "--gpu_memory_utilization", "0.9", "--dtype", "auto", "--enforce-eager", "--max-model-len", "4096",
+                        "--data-parallel-size", "1", "lora_r=8"]) == [
+        "model=Qwen/Qwen2.5-7B", "vllm_tensor_parallel_size=2", "vllm_server_port=8001", "vllm_server_host=0.0.0.0",
+        "vllm_gpu_memory_utilization=0.9", "vllm_enforce_eager=true", "vllm_max_model_length=4096", "lora_r=8"]
+    with pytest.raises(ValueError, match="start 4 `rlvr vllm-serve`"):
+        serve_flags(["--model", "m", "--data-parallel-size", "4"])
+    with pytest.raises(ValueError, match="unknown flag --batch-size"):
+        serve_flags(["--batch-size", "4"])
+
+
+def test_rlvr_vllm_serve_refuses_a_bad_flag_in_one_line(capsys):
+    from rlvr.cli import main
+
+    assert main(["vllm-serve", "--model", "m", "--data-parallel-size", "2"]) == 2
+    assert "error: --data-parallel-size 2: start 2 `rlvr vllm-serve`" in capsys.readouterr().err

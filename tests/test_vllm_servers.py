@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from rlvr.rollout import SamplingParams
+from rlvr.rollout import SamplingParams, vllm_server
 from rlvr.rollout.sampling import GroupGenerators
 from rlvr.rollout.vllm import VLLMError
 from rlvr.rollout.vllm_client import VLLMServers, server_urls
@@ -215,3 +215,65 @@ def test_a_tied_output_layer_travels_once_and_is_loaded_under_both_names():
     loaded = dict(with_aliases(update.tensors.items(), update.meta["aliases"]))
     assert loaded["lm_head.weight"] is loaded["model.embed_tokens.weight"]
     assert sorted(loaded) == ["a", "b", "lm_head.weight", "model.embed_tokens.weight"]
+
+
+# --- vllm_weight_transfer=collective: a torch.distributed group (gloo here) of the trainer and the servers ---
+
+
+def test_collective_transfer_broadcasts_one_copy_that_every_server_loads(servers):
+    pool = VLLMServers([r.url for r in servers[:2]], TOKENIZER, [2], timeout=10, transfer="collective")
+    model = Policy()
+    for version in (1, 2):
+        with torch.no_grad():
+            model.a.add_(1.0)
+        pool.update_weights(model)
+        for r in servers[:2]:
+            assert r.engine.version == version
+            assert torch.equal(r.engine.weights["a"], model.a.detach()) and torch.equal(r.engine.weights["b"], model.b.detach())
+    assert pool.transfer == "collective" and pool.group is not None  # still the group, not the HTTP fallback
+    assert pool.metrics()["vllm/weight_sync_bytes"] == (6 + 2) * 4  # the float32 tensors once, not once per server
+    assert [r.server.weight_updates for r in servers[:2]] == [2, 2]
+
+
+class NoJoinHandler(vllm_server._Handler):
+    """A server that cannot join a weight group (it answers 404, as one that cannot reach the trainer errs)."""
+
+    def do_POST(self):
+        if self.path == "/join_weight_group":
+            return self._reply(404, {"error": "no weight groups here"})
+        super().do_POST()
+
+
+def test_a_server_that_cannot_join_the_group_makes_the_weights_go_over_http(servers, capsys):
+    servers[1].stop()
+    odd = VLLMServer(RecordingEngine(), "127.0.0.1", 0, relay_timeout=5.0)
+    odd.RequestHandlerClass = NoJoinHandler
+    threading.Thread(target=odd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{odd.server_address[1]}"
+    try:
+        pool = VLLMServers([servers[0].url, url], TOKENIZER, [2], timeout=2, transfer="collective")
+        model = Policy()
+        pool.update_weights(model)  # the group waits 2 s for the missing member, then HTTP
+        assert "vllm_weight_transfer=collective failed" in capsys.readouterr().err and pool.transfer == "http"
+        pool.update_weights(model)
+        for engine in (servers[0].engine, odd.engine):
+            assert engine.version == 2 and torch.equal(engine.weights["a"], model.a.detach())
+        assert pool.metrics()["vllm/servers"] == 2
+    finally:
+        odd.shutdown()
+        odd.server_close()
+
+
+def test_a_server_whose_trainer_goes_away_mid_broadcast_times_out_and_serves_again(servers):
+    from rlvr.rollout.collective import WeightGroup
+
+    pool = VLLMServers([servers[0].url], TOKENIZER, [2], timeout=2, transfer="collective")
+    pool.update_weights(Policy())
+    header = {"group": pool.group.name, "meta": {"version": 9}, "tensors": [{"name": "a", "dtype": "float32", "shape": [2]}]}
+    with pytest.raises(VLLMError, match="Timed out|timed out|500"):  # the header came, the tensor never does
+        pool.servers[0].call("POST", "/receive_weights", header, timeout=20)
+    health = pool.servers[0].call("GET", "/health")
+    assert health["weight_group"] is None and health["version"] == 1  # it left the group, kept its weights
+    assert not pool.group.serves(pool.servers)
+    pool.update_weights(Policy())  # the trainer builds a new group with it
+    assert servers[0].engine.version == 2 and isinstance(pool.group, WeightGroup) and pool.transfer == "collective"

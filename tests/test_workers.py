@@ -15,6 +15,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from rlvr.config import ConfigError, build_config  # noqa: E402
+from rlvr.lora import wrap  # noqa: E402
 from rlvr.models import load_model  # noqa: E402
 from rlvr.rewards import Scores  # noqa: E402
 from rlvr.rollout.workers import concat_scores  # noqa: E402
@@ -60,14 +61,18 @@ def reward_file(tmp_path_factory):
     return d / "worker_rewards.py", flag
 
 
-def make_trainer(tiny_model_dir, reward_file, tmp_path, workers: int) -> Trainer:
+def make_trainer(tiny_model_dir, reward_file, tmp_path, workers: int, lora: bool = False) -> Trainer:
+    """With `lora`, the policy is wrapped in a LoRA adapter as `rlvr train use_peft=true` wraps it."""
     path, _ = reward_file
     cfg = build_config({
         "model": str(tiny_model_dir), "num_generations": 4, "per_device_train_batch_size": 16,  # 4 prompts per step
         "max_completion_length": 10, "temperature": 1.0, "learning_rate": 3e-2, "beta": 0.0,
         "reward_funcs": [f"{path}:letters", f"{path}:die_once"], "rollout_workers": workers, "seed": 7,
+        "use_peft": lora, "lora_r": 4, "lora_alpha": 8,
     })
     model, tokenizer, _ = load_model(str(tiny_model_dir))
+    if lora:
+        model = wrap(model, cfg, str(tiny_model_dir))
     return Trainer(cfg, model, tokenizer, EXAMPLES, tmp_path, total_steps=10)
 
 
@@ -122,6 +127,41 @@ def test_workers_sample_and_score_what_the_in_process_path_does(ray_cluster, tin
     changed = [ra.completion_ids != rb.completion_ids
                for ga, gb in zip(got["first"].groups, got["last"].groups) for ra, rb in zip(ga.rollouts, gb.rollouts)]
     assert reference["metrics"]["grad_norm"] > 0 and any(changed)
+    # The whole policy went to the workers once, a tied output layer not twice.
+    model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+    assert got["metrics"]["workers/weight_sync_bytes"] == model_bytes
+
+
+@pytest.fixture(scope="module")
+def lora_reference(tiny_model_dir, reward_file, tmp_path_factory):
+    """The in-process run with use_peft."""
+    return run(make_trainer(tiny_model_dir, reward_file, tmp_path_factory.mktemp("local-lora"), workers=0, lora=True))
+
+
+def test_lora_workers_sample_and_score_what_the_in_process_path_does(ray_cluster, tiny_model_dir, reward_file, tmp_path,
+                                                                     lora_reference, reference):
+    """use_peft with 2 workers: each holds a peft model built once from the trainer's state and is
+    sent only the adapter after the update; the rollouts are the in-process LoRA run's."""
+    from peft import get_peft_model_state_dict
+
+    trainer = make_trainer(tiny_model_dir, reward_file, tmp_path, workers=2, lora=True)
+    workers = trainer.rollout.workers
+    adapter = get_peft_model_state_dict(trainer.model)
+    adapter_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
+    model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.get_base_model().parameters())
+    got = run(trainer)
+    assert_same_rounds(got, lora_reference)
+    assert got["metrics"]["loss"] == pytest.approx(lora_reference["metrics"]["loss"], rel=1e-4, abs=1e-6)
+    assert got["metrics"]["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+    # The update moved the adapter, and only the adapter went to the workers: its bytes, not the model's.
+    changed = [ra.completion_ids != rb.completion_ids
+               for ga, gb in zip(got["first"].groups, got["last"].groups) for ra, rb in zip(ga.rollouts, gb.rollouts)]
+    assert lora_reference["metrics"]["grad_norm"] > 0 and any(changed)
+    assert got["first"].groups[0].rollouts[0].completion_ids == reference["first"].groups[0].rollouts[0].completion_ids  # B = 0 at the start
+    print(f"\nLoRA update sent to the workers: {got['metrics']['workers/weight_sync_bytes']} bytes "
+          f"(the adapter: {adapter_bytes}; the model: {model_bytes})")
+    assert got["metrics"]["workers/weight_sync_bytes"] == adapter_bytes < model_bytes / 4
+    assert got["metrics"]["workers/replacements"] == 0 and got["metrics"]["workers/weight_sync_seconds"] > 0
 
 
 def test_killed_workers_are_replaced_and_their_groups_retried_once(ray_cluster, tiny_model_dir, reward_file, tmp_path, reference):
@@ -156,11 +196,11 @@ def test_missing_ray_is_a_config_error(monkeypatch):
         import_ray()
 
 
-def test_rollout_workers_exclude_vllm_and_lora():
-    with pytest.raises(ConfigError, match="rollout_workers and use_vllm"):
-        build_config({"rollout_workers": 1, "use_vllm": True})
-    with pytest.raises(ConfigError, match="rollout_workers and use_peft"):
-        build_config({"rollout_workers": 1, "use_peft": True})
+def test_rollout_workers_take_vllm_and_lora_but_not_vllm_servers():
+    cfg = build_config({"rollout_workers": 2, "use_vllm": True, "use_peft": True})
+    assert cfg.rollout_workers == 2 and cfg.use_vllm and cfg.use_peft and cfg.vllm_mode == "colocate"
+    with pytest.raises(ConfigError, match="runs vLLM inside each Ray worker.*vllm_mode=colocate"):
+        build_config({"rollout_workers": 1, "use_vllm": True, "vllm_mode": "server"})
 
 
 def test_scores_of_slices_are_joined_in_order():

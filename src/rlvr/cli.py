@@ -7,7 +7,8 @@
     rlvr sample model=... prompt="..." n=4 [answer=...] [key=value ...]
     rlvr check-reward CASES.jsonl [reward=NAME] [--json] [--min-agreement 0.95]
     rlvr vllm-serve [CONFIG_FILE] [key=value ...]    a vLLM server for training with use_vllm=true vllm_mode=server
-    rlvr plan [CONFIG_FILE] [key=value ...]          estimated memory of a run (rlvr/plan.py)
+    rlvr plan [CONFIG_FILE] [key=value ...]          estimated memory of a run (rlvr/plan.py); with gpus=N
+                                                     and/or gpu_memory_gb=M, per GPU of each node
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("args", nargs="*", metavar=f"{files} key=value", help="YAML config(s) and/or settings")
     plan = sub.add_parser("plan", help="estimated memory of a run: weights, reference, optimizer, activations, KV cache",
                           description="estimated memory of a run (formulas in rlvr/plan.py); settings as for train, "
-                          "plus model sizes such as hidden_size=576 num_hidden_layers=30 in place of the model's config")
+                          "plus model sizes such as hidden_size=576 num_hidden_layers=30 in place of the model's config, "
+                          "plus a layout: gpus=N training processes of one GPU each (torchrun's world size; fsdp=true "
+                          "shards by N) and gpu_memory_gb=M, one GPU's memory in GiB (H200 140, H100 80, A100 40 or 80, "
+                          "L40S 45); with either, the plan is per GPU of the trainer node and of the rollout node "
+                          "(vllm_mode=server) or per Ray rollout worker")
     plan.add_argument("args", nargs="*", metavar="[CONFIG_FILE] key=value")
     compare = sub.add_parser("compare", help="eval results side by side (rows: tasks, columns: runs)",
                              description=compare_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("args", nargs="*", metavar="key=value", help="reward=NAME (default accuracy) and its keyword arguments")
     check.add_argument("--json", action="store_true", help="print the result as one JSON object")
     check.add_argument("--min-agreement", type=float, default=0.0, help="exit with status 1 below this agreement (0-1)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["vllm-serve"]:  # trl vllm-serve's flags (--model, --port, ...) as settings
+        from rlvr.trl_settings import serve_flags
+
+        try:
+            argv = ["vllm-serve", *serve_flags(argv[1:])]
+        except ValueError as e:
+            print(f"rlvr vllm-serve: error: {str(e).removeprefix('rlvr vllm-serve: ')}", file=sys.stderr)
+            return 2
     ns = parser.parse_args(argv)
     _quiet_libraries()
     try:
@@ -293,10 +307,9 @@ def cmd_check_reward(ns) -> int:
 
 
 def cmd_plan(args: list[str]) -> int:
-    from rlvr.plan import format_plan, plan
+    from rlvr.plan import plan, render
 
-    size, cfg, est = plan(args)
-    print(format_plan(size, cfg, est))
+    print(render(*plan(args)))
     return 0
 
 

@@ -77,10 +77,11 @@ class Config:
     vllm_tensor_parallel_size: int = 1  # GPUs vLLM shards the model over (colocate, and `rlvr vllm-serve`)
     vllm_max_model_length: int | None = None  # vLLM's context length; default the model's
     vllm_enforce_eager: bool = True  # run vLLM without torch.compile: starts in seconds instead of minutes on CPU
-    vllm_server_host: str = "0.0.0.0"  # server mode: where `rlvr vllm-serve` listens
+    vllm_server_host: str = "0.0.0.0"  # server mode: where `rlvr vllm-serve` listens; the trainer: one host or several (a list, or host,host:port,...)
     vllm_server_port: int = 8000  # server mode
-    vllm_server_base_url: str | None = None  # server mode: e.g. http://host:8000; overrides host and port
+    vllm_server_base_url: str | None = None  # server mode: e.g. http://host:8000, or several (a list); overrides host and port
     vllm_server_timeout: float = 240.0  # seconds to wait for the server (start, generation, weight push) before failing
+    vllm_weight_transfer: str = "http"  # server mode: http (one stream relayed by the servers) | collective (a torch.distributed broadcast: NCCL on GPU, gloo on CPU)
     vllm_importance_sampling_correction: bool = True  # correct for the trainer / sampler probability ratio of vLLM's tokens
     vllm_importance_sampling_mode: str = "sequence_mask"  # token_truncate | token_mask | sequence_truncate | sequence_mask
     vllm_importance_sampling_clip_max: float | None = 3.0  # truncate: ratios capped here; mask: ratios above it zero the weight
@@ -239,6 +240,7 @@ _CHOICES = {
     "eval_strategy": ("no", "steps"),
     "lora_save": ("adapter", "merged"),
     "vllm_mode": ("server", "colocate"),
+    "vllm_weight_transfer": ("http", "collective"),
     "on_save_error": ("stop", "continue"),
     "text_prompts": ("chat", "raw"),
 }
@@ -284,6 +286,9 @@ def build_config(*sources: dict[str, Any], ignored: list[str] | None = None) -> 
     for src in sources:
         for key, value in src.items():
             _set(values, str(key), value)
+    for name in ("vllm_server_host", "vllm_server_base_url"):  # several servers: a list, kept as "a,b"
+        if isinstance(values.get(name), (list, tuple)):
+            values[name] = ",".join(str(v).strip() for v in values[name])
     for name in _TUPLE_FIELDS:
         if name in values and values[name] is not None:
             v = values[name]
@@ -484,8 +489,9 @@ def validate(cfg: Config) -> None:
         need(cfg.vllm_max_model_length >= longest,
              f"vllm_max_model_length={cfg.vllm_max_model_length} has no room for a longest prompt and a full completion "
              f"({sizes} = {longest} tokens); set it to at least {longest}, or null")
-    need(cfg.vllm_server_base_url is None or cfg.vllm_server_base_url.startswith(("http://", "https://")),
-         f"vllm_server_base_url must start with http:// or https://, e.g. http://host:8000; got {cfg.vllm_server_base_url!r}")
+    for url in cfg.vllm_server_base_url.split(",") if cfg.vllm_server_base_url is not None else ():
+        need(url.strip().startswith(("http://", "https://")),
+             f"vllm_server_base_url must start with http:// or https://, e.g. http://host:8000 (several: a list); got {url.strip()!r}")
     need(cfg.vllm_server_timeout > 0, "vllm_server_timeout must be > 0 seconds")
     need(cfg.vllm_kv_cache_gb >= 0, "vllm_kv_cache_gb must be >= 0 (0 = from vllm_gpu_memory_utilization)")
     need(cfg.vllm_importance_sampling_clip_max is None or cfg.vllm_importance_sampling_clip_max > 0,
@@ -503,8 +509,9 @@ def validate(cfg: Config) -> None:
 
         need(importlib.util.find_spec("ray") is not None,
              "rollout_workers > 0 needs Ray, which is not installed. Install it with: pip install 'rlvr[ray]'  (or: pip install 'ray>=2.9')")
-        need(not cfg.use_vllm, "rollout_workers and use_vllm cannot be combined yet: the workers sample with the in-process engine; set one of them")
-        need(not cfg.use_peft, "rollout_workers and use_peft cannot be combined yet: the workers hold a plain model; set one of them")
+        need(not (cfg.use_vllm and cfg.vllm_mode == "server"),
+             "rollout_workers with use_vllm=true runs vLLM inside each Ray worker, not on `rlvr vllm-serve` servers: "
+             "set vllm_mode=colocate (the default), or rollout_workers=0 to sample on the servers")
     need(cfg.max_staleness in (0, 1), f"max_staleness must be 0 (on-policy) or 1 (one step off-policy), got {cfg.max_staleness}")
     need(not (cfg.max_staleness and cfg.use_peft and cfg.beta > 0 and cfg.kl_penalty == "reward"),
          "max_staleness=1 with use_peft and kl_penalty=reward is not supported: the reward's KL would need the adapter "

@@ -10,12 +10,22 @@ on the whole batch.  rlvr's fast path (llama.py) runs the layers without model.f
 a DistributedDataParallel wrapper's hooks would never fire; summing the gradients ourselves
 works for both paths.  With one process (no WORLD_SIZE in the environment) every helper here
 is a no-op.
+
+The sampling side (rollout/generation.py) gathers its groups in a process group of its own,
+`World.sampling_group`, never in the default group that the update's collectives use (gradient
+sums, counts, FSDP's own).  With max_staleness=1 the next generation is sampled in a thread while
+the update runs: on one shared group the two threads' collectives pair up differently on each
+rank (seen: a hang, or the update's gather of metrics receiving the thread's groups); on two groups
+each one's collectives come in the same order on every rank.  The sampling group is gloo also
+between GPUs: it carries pickled Python objects, and NCCL's user guide asks that operations on two
+communicators never run at once ("Using multiple NCCL communicators concurrently").
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -28,6 +38,7 @@ class World:
     world_size: int = 1
     local_rank: int = 0
     device: str = "cpu"
+    sampling_group: Any = field(default=None, compare=False, repr=False)  # see the module docstring; None: the default group
 
     @property
     def enabled(self) -> bool:
@@ -67,13 +78,16 @@ def backend_for(device: str) -> str:
 
 def init(env=None, use_cpu: bool = False) -> World:
     """Join the process group of a distributed launch (once): gloo between CPU processes,
-    nccl between GPUs.  A World of one process when there is no launch."""
+    nccl between GPUs; and make the sampling group (every rank calls this, at the same point).
+    A World of one process when there is no launch."""
     world = world_from_env(env, use_cpu)
-    if world.enabled and not torch.distributed.is_initialized():
+    if not world.enabled:
+        return world
+    if not torch.distributed.is_initialized():
         if world.device.startswith("cuda"):
             torch.cuda.set_device(world.local_rank)
         torch.distributed.init_process_group(backend_for(world.device), rank=world.rank, world_size=world.world_size)
-    return world
+    return replace(world, sampling_group=torch.distributed.new_group(backend="gloo"))
 
 
 def shard(n: int, world: World) -> range:
@@ -82,12 +96,12 @@ def shard(n: int, world: World) -> range:
     return range(world.rank * per_rank, (world.rank + 1) * per_rank)
 
 
-def gather(obj, world: World) -> list:
-    """[the obj of rank 0, of rank 1, ...] on every rank."""
+def gather(obj, world: World, group=None) -> list:
+    """[the obj of rank 0, of rank 1, ...] on every rank; in `group` (None: the default group)."""
     if not world.enabled:
         return [obj]
     out = [None] * world.world_size
-    torch.distributed.all_gather_object(out, obj)
+    torch.distributed.all_gather_object(out, obj, group=group)
     return out
 
 

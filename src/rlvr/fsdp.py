@@ -13,13 +13,18 @@ How it fits the trainer:
 - every forward and backward of the sharded model is a collective, so every rank runs the same
   number of micro-batches (`empty_micro_batch` on the ranks with fewer);
 - gradients are summed across ranks (divide factor 1), as the loss is already normalised by
-  the totals over all ranks.
+  the totals over all ranks;
+- with LoRA (use_peft) the peft model is sharded by the decoder layers of the model inside it,
+  each layer's frozen weights and its adapter in one group; only the adapter is trained, so the
+  full copy (a peft model too) is refreshed with the adapter alone, and the reference (adapter
+  off) is that copy's: its forward is no collective, so each rank runs it at its own pace.
 """
 
 from __future__ import annotations
 
 import torch
 
+from rlvr.lora import unwrap
 from rlvr.models import WeightCopy
 from rlvr.types import Batch
 
@@ -30,20 +35,14 @@ def shard(model, device: str, world_size: int):
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.split(":")[0], (world_size,))
-    for layer in model.model.layers:
+    layers = unwrap(model).model.layers  # under peft: model.base_model.model.model.layers
+    for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    for module in [*model.model.layers, model]:  # each sharded module reduces its own gradients
+    for module in [*layers, model]:  # each sharded module reduces its own gradients
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
     return model
-
-
-def full_state_dict(model) -> dict:
-    """Every parameter of a sharded model, gathered (a collective: every rank calls it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
 def load_full_state_dict(model, state: dict) -> None:
@@ -79,10 +78,12 @@ class FullOptimizerState:
 
 
 class FullCopy(WeightCopy):
-    """A weight subscriber: keeps an unsharded model equal to the sharded one after each step."""
+    """A weight subscriber: keeps an unsharded model equal to the sharded one after each step.
+    Only the trained parameters are gathered (collectives): frozen ones (LoRA's base) never change."""
 
+    @torch.no_grad()
     def update_weights(self, sharded) -> None:
-        self.load(full_state_dict(sharded))
+        self.load({name: p.full_tensor() for name, p in sharded.named_parameters() if p.requires_grad})
 
 
 def empty_micro_batch(pad_id: int) -> Batch:

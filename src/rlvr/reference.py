@@ -41,8 +41,8 @@ class KLSettings:
 
 class KLReference:
     def __init__(self, settings: KLSettings, policy, ref_model, logprobs):
-        """policy: the trained model (its adapter is switched off when there is no ref_model);
-        logprobs: a logprobs.LogProbs, how log-probs are computed."""
+        """policy: the trained model, or with fsdp its full copy (its adapter is switched off when
+        there is no ref_model); logprobs: a logprobs.LogProbs, how log-probs are computed."""
         self.settings, self.policy, self.ref_model, self.logprobs = settings, policy, ref_model, logprobs
         self.beta = settings.beta
         self.control = AdaptiveKL(settings.beta, settings.target, settings.horizon) if settings.target else None

@@ -139,7 +139,7 @@ FREE_TO_CHANGE = {
     "save_total_limit", "log_completions", "num_completions_to_print", "report_to", "report_steps", "on_alert",
     "eval_on_start", "eval_on_end", "eval_strategy", "eval_steps", "eval_num_samples", "eval_num_shots",
     "eval_max_examples", "eval_temperature", "eval_batch_size", "eval_output", "max_steps", "num_train_epochs",
-    "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "ray_address", "rollout_workers",
+    "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_weight_transfer", "ray_address", "rollout_workers",
     "vllm_gpu_memory_utilization", "vllm_kv_cache_gb", "use_cpu", "save_strategy", "run_name", "push_to_hub",
     "hub_model_id", "hub_token", "hub_private_repo",
 }

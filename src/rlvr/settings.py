@@ -81,8 +81,6 @@ def check_runnable(cfg: Config, world: World) -> None:
     if cfg.fsdp and not world.enabled:
         raise ConfigError("fsdp=true shards the model across several processes: launch with "
                           "torchrun --nproc_per_node N -m rlvr.cli train ... (or set fsdp=false)")
-    if cfg.fsdp and cfg.use_peft:
-        raise ConfigError("fsdp and use_peft cannot be combined yet; set one of them")
     if cfg.fp16 and not world.device.startswith("cuda"):
         raise ConfigError(f"fp16=true needs a CUDA GPU (fp16 autocast with loss scaling), and this run is on {world.device}"
                           f"{' (use_cpu=true)' if cfg.use_cpu else ''}; on a CPU use bf16=true")
@@ -92,13 +90,12 @@ def check_runnable(cfg: Config, world: World) -> None:
                 f"prompts_per_step={cfg.prompts_per_step} must be divisible by the number of processes ({world.world_size}): "
                 "each process samples and trains on whole groups"
             )
-        if cfg.use_vllm or cfg.rollout_workers > 0:
+        if cfg.rollout_workers > 0:
             raise ConfigError(
-                "use_vllm and rollout_workers are not supported with several training processes yet: "
-                "each process samples its share of the groups with the in-process engine"
+                "rollout_workers is not supported with several training processes: the Ray workers already sample "
+                "and score for the whole step; train in one process with rollout_workers=N, or use several "
+                "processes with use_vllm=true vllm_mode=server and `rlvr vllm-serve` on the rollout machines"
             )
-        if cfg.max_staleness:
-            raise ConfigError("max_staleness=1 is not supported with several training processes yet (set max_staleness=0)")
     from rlvr.models import require_hub_model
 
     require_hub_model(cfg.model, cfg.model_init_kwargs.get("revision"))  # offline, a hub id not in the cache fails now

@@ -194,3 +194,46 @@ def other_settings_markdown() -> str:
     rows += ["", "TRL settings accepted only at TRL's default (any other value is refused with the reason):", ""]
     rows += [f"- `{key}`: {why}" for key, (_, why) in UNSUPPORTED.items()]
     return "\n".join(rows)
+
+
+# `trl vllm-serve` flags -> rlvr settings, so a launch script's server line runs as `rlvr vllm-serve`.
+SERVE_FLAGS = {"model": "model", "revision": "model_init_kwargs.revision", "tensor_parallel_size": "vllm_tensor_parallel_size",
+               "host": "vllm_server_host", "port": "vllm_server_port", "gpu_memory_utilization": "vllm_gpu_memory_utilization",
+               "dtype": "dtype", "max_model_len": "vllm_max_model_length", "enforce_eager": "vllm_enforce_eager",
+               "trust_remote_code": "trust_remote_code", "enable_prefix_caching": None, "log_level": None,
+               "kv_cache_dtype": None, "vllm_model_impl": None}
+SERVE_BOOLEAN = {"enforce_eager", "trust_remote_code", "enable_prefix_caching"}
+
+
+def serve_flags(args: list[str]) -> list[str]:
+    """`--model Qwen/Qwen2.5-7B --port 8001 --tensor-parallel-size 2` (trl vllm-serve's flags, - or _) ->
+    key=value settings; other arguments pass through.  --data-parallel-size > 1 is refused with how
+    rlvr gets the same (one server per replica, listed in the trainer's vllm_server_host)."""
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            out.append(arg)
+            i += 1
+            continue
+        name, eq, value = arg[2:].replace("-", "_").partition("=")
+        if name not in SERVE_FLAGS and name != "data_parallel_size":
+            raise ValueError(f"rlvr vllm-serve: unknown flag {arg}; settings are key=value (TRL's flags understood: "
+                             f"{', '.join('--' + k.replace('_', '-') for k in SERVE_FLAGS)})")
+        if not eq and name in SERVE_BOOLEAN and (i + 1 >= len(args) or args[i + 1].startswith("--") or "=" in args[i + 1]):
+            value = "true"
+        elif not eq:
+            if i + 1 >= len(args):
+                raise ValueError(f"rlvr vllm-serve: {arg} needs a value")
+            value, i = args[i + 1], i + 1
+        i += 1
+        if name == "data_parallel_size":
+            if int(value) > 1:
+                raise ValueError(f"--data-parallel-size {value}: start {value} `rlvr vllm-serve` (one per GPU or group of "
+                                 "--tensor-parallel-size GPUs, each on its own port) and give the trainer all of them: "
+                                 "vllm_server_host=[host:port,host:port,...]; requests are spread over them")
+            continue
+        if SERVE_FLAGS[name] is None or (name == "dtype" and value == "auto"):
+            continue  # vLLM's own choice either way, or rlvr's default dtype
+        out.append(f"{SERVE_FLAGS[name]}={value}")
+    return out

@@ -8,12 +8,15 @@ left out of the batch, and counted.
 
 With `max_staleness=1` the next generation is sampled in a thread while the current step trains
 (from the weights before its update); a step that fails or is interrupted drops it and rewinds
-the prompt stream and the sampler's generator, so a checkpoint saved then resumes exactly.
+the prompt stream and the sampler's generator, so a checkpoint saved then resumes exactly.  With
+several processes the groups are gathered in the sampling process group (distributed.py), so the
+thread's gathers never pair up with the update's collectives.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+import threading
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +53,6 @@ class Generations:
         here); home: the rollout.home.HomeThread where a batch sampled ahead is scored."""
         self.settings, self.rollout, self.prompts, self.generator = settings, rollout, prompts, generator
         self.kl, self.world, self.home = kl, world, home
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="rlvr-ahead") if settings.sample_ahead else None
         self.ahead: Future | None = None  # the next generation, sampled while a step trains
         self._before_ahead: tuple | None = None
 
@@ -95,7 +97,8 @@ class Generations:
         if not self.world.enabled:
             return Round(groups, out.scores.counters, out.rollout_seconds, out.reward_seconds)
         # every rank gets every group
-        parts = distributed.gather((groups, out.scores.counters, out.rollout_seconds, out.reward_seconds), self.world)
+        parts = distributed.gather((groups, out.scores.counters, out.rollout_seconds, out.reward_seconds), self.world,
+                                   self.world.sampling_group)
         return Round([g for p in parts for g in p[0]], merge_counters(p[1] for p in parts),
                      max(p[2] for p in parts), max(p[3] for p in parts))
 
@@ -123,19 +126,32 @@ class Generations:
     def start_ahead(self, state: TrainerState) -> None:
         """Start sampling the next generation in a thread, from the sampler's current weights."""
         self._before_ahead = self.position()
-        self.ahead = self._thread.submit(self._generate_ahead, state)
+        self.ahead = Future()
+        # A daemon thread: one that cancel_ahead leaves behind does not hold up the process's exit.
+        threading.Thread(target=self._generate_ahead, args=(state, self.ahead), name="rlvr-ahead", daemon=True).start()
 
-    def _generate_ahead(self, state: TrainerState) -> Generation:
-        with self.rollout.side_stream():
-            gen = self.generate_or_rewind(state)
-        gen.staleness = 1
-        return gen
+    def _generate_ahead(self, state: TrainerState, future: Future) -> None:
+        try:
+            with self.rollout.side_stream():
+                gen = self.generate_or_rewind(state)
+            gen.staleness = 1
+            future.set_result(gen)
+        except BaseException as e:  # raised by finish_ahead
+            future.set_exception(e)
 
     def cancel_ahead(self) -> None:
-        """Drop the generation being sampled ahead and rewind to before it."""
+        """Drop the generation being sampled ahead and rewind to before it.
+
+        With several processes a thread still sampling is left to end by itself (a daemon, it does
+        not keep the process alive): when the update failed on this process only, the thread may
+        wait in a gather for another process's thread, whose reward calls wait for a training loop
+        that waits for this process in the update.  Its reward calls are refused from now on, so a
+        round it goes on to sample fails and rewinds to the same place."""
         self.home.refuse()  # its reward calls fail, so it ends
-        wait([self.ahead])
-        self.home.accept()
+        if not self.world.enabled:
+            wait([self.ahead])
+        if self.ahead.done():
+            self.home.accept()
         self.ahead = None
         self.rewind(self._before_ahead)
 
@@ -146,9 +162,8 @@ class Generations:
         return future.result()  # an error in it is raised here
 
     def close(self) -> None:
-        if self._thread is not None:
-            self.home.refuse()
-            self._thread.shutdown(wait=True)
+        if self.ahead is not None:  # stopped while a generation was sampled ahead
+            self.cancel_ahead()
 
 
 def _informative(rounds: list[Round]) -> int:

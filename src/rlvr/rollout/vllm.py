@@ -272,4 +272,5 @@ def make_vllm_sampler(cfg, model_path: str, tokenizer, eos_token_ids: list[int],
         return VLLMColocateSampler(model_path, tokenizer, eos_token_ids, **engine_args(cfg, several))
     from rlvr.rollout.vllm_client import VLLMServers, server_urls
 
-    return VLLMServers(server_urls(cfg), tokenizer, eos_token_ids, cfg.vllm_server_timeout, world)
+    return VLLMServers(server_urls(cfg), tokenizer, eos_token_ids, cfg.vllm_server_timeout, world,
+                       cfg.vllm_weight_transfer)

@@ -16,6 +16,8 @@ rejoins.  Each update has a version; a server holding another version (restarted
 409 to a generation, is sent the current weights, and asked again.  With several training
 processes the other ranks only count the update, and all wait at a barrier until it has arrived.
 With LoRA, when the servers take adapters (`rlvr vllm-serve use_peft=true`), only the adapter goes.
+With vllm_weight_transfer=collective the copy is a torch.distributed broadcast to every server
+instead (rollout/collective.py: NCCL between GPUs), and HTTP again for the rest of the run if it fails.
 """
 
 from __future__ import annotations
@@ -112,8 +114,9 @@ class VLLMServers:
     seeds_per_group = True  # takes the per-group streams (RolloutStage._streams)
 
     def __init__(self, urls: list[str], tokenizer, eos_token_ids: list[int], timeout: float = 240.0,
-                 world: distributed.World = distributed.SINGLE):
+                 world: distributed.World = distributed.SINGLE, transfer: str = "http"):
         self.servers = [Server(u, timeout) for u in urls]
+        self.transfer, self.group = transfer, None  # vllm_weight_transfer; rollout/collective.WeightGroup once built
         self.timeout, self.world = timeout, world
         self.eos = list(eos_token_ids)
         self.pad_id = pad_token_id(tokenizer, self.eos)
@@ -213,7 +216,9 @@ class VLLMServers:
         self._model = model
         if self.world.is_main:
             t0 = time.perf_counter()
-            sent = self._push_to(self.alive + self._returned())
+            targets = self.alive + self._returned()
+            sent = self._broadcast_to(targets) if self.transfer == "collective" and targets else None
+            sent = self._push_to(targets) if sent is None else sent
             self.last_sync = (sent, time.perf_counter() - t0)
         distributed.wait_for_all(self.world)
 
@@ -229,6 +234,26 @@ class VLLMServers:
                 print(f"rlvr: vLLM server {s.url} answers again; it is sent the weights and rejoins", file=sys.stderr, flush=True)
                 back.append(s)
         return back
+
+    def _broadcast_to(self, targets: list[Server]) -> int | None:
+        """Send the current weights over the weight group (built again when `targets` are not its
+        members); None when that failed: this update and every later one then go over HTTP."""
+        from rlvr.rollout.collective import WeightGroup
+
+        update = weight_update(self._model, self.adapters, self.version)
+        try:
+            if self.group is None or not self.group.serves(targets):
+                self.group = None
+                self.group = WeightGroup(targets, next(iter(update.tensors.values())).device, self.timeout)
+            sent = self.group.send(update, self.dtype)
+        except (RuntimeError, OSError) as e:  # VLLMError, and torch.distributed's own (a store that cannot start)
+            print(f"rlvr: vllm_weight_transfer=collective failed, the weights go over HTTP for the rest of the run: {e}",
+                  file=sys.stderr, flush=True)
+            self.transfer, self.group = "http", None
+            return None
+        for s in targets:  # a returned server is back
+            s.failure = None
+        return sent
 
     def _push_to(self, targets: list[Server]) -> int:
         """Send the current weights to `targets` as a relay chain; a server the chain missed is sent its

@@ -4,6 +4,7 @@
     POST /generate         JSON {"prompt_ids", "params", "seeds", "version"?} -> {"groups": [[rollout, ...], ...]};
                            409 when "version" is not the version of the weights held here
     POST /update_weights   a weight stream (rollout/weights.py) -> {"ok", "tensors", "version", "updated", "failed"}
+    POST /join_weight_group, /receive_weights   the same over torch.distributed (rollout/collective.py)
 
 Requests are served one at a time (vLLM's LLM is not thread-safe), so a weight push waits for a
 running generation to finish and the next generation sees the new weights.  A weight stream is
@@ -82,7 +83,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(404, {"error": f"unknown path {self.path}"})
         engine = self.server.engine
         self._reply(200, {"ok": True, "model": engine.model_path, "version": engine.version, "dtype": engine.dtype,
-                          "weight_updates": self.server.weight_updates, "adapters": engine.adapters})
+                          "weight_updates": self.server.weight_updates, "adapters": engine.adapters,
+                          "weight_group": self.server.weight_group and self.server.weight_group.name})
 
     def do_POST(self):
         try:
@@ -95,6 +97,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(200, {"groups": engine.generate(req["prompt_ids"], req["params"], req["seeds"])})
             if self.path == "/update_weights":
                 return self._reply(200, self._update_weights())
+            if self.path in ("/join_weight_group", "/receive_weights"):
+                from rlvr.rollout import collective
+
+                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                step = collective.join if self.path == "/join_weight_group" else collective.receive
+                return self._reply(200, step(self.server, req))
             self._reply(404, {"error": f"unknown path {self.path}"})
         except Exception as e:  # noqa: BLE001 - reported to the client, which raises it
             traceback.print_exc()
@@ -133,6 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
 class VLLMServer(HTTPServer):
     def __init__(self, engine: VLLMEngine, host: str, port: int, relay_timeout: float = 240.0):
         self.engine, self.weight_updates, self.relay_timeout = engine, 0, relay_timeout
+        self.weight_group = None  # rollout/collective.Member, once the trainer asks this server to join
         super().__init__((host, port), _Handler)
 
 

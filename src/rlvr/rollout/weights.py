@@ -109,15 +109,10 @@ def wire_dtype(engine_dtype: str) -> torch.dtype:
 def encode(update: WeightUpdate, dtype: torch.dtype | None = None) -> tuple[int, Iterator[bytes]]:
     """(total bytes, the stream's pieces); floating-point tensors cast to `dtype` on the way out.
     An adapter keeps its own dtype (float32 in peft): it is small, and vLLM casts it itself."""
-    cast = None if update.adapter is not None else dtype
     names = list(update.tensors)
-    entries = []
-    for name in names:
-        t = update.tensors[name]
-        out = cast if cast is not None and t.is_floating_point() else t.dtype
-        entries.append({"name": name, "dtype": str(out).removeprefix("torch."), "shape": list(t.shape)})
-    meta = {**update.meta, "version": update.version, "adapter": update.adapter}
-    header = json.dumps({"meta": meta, "tensors": entries}).encode()
+    described = describe(update, dtype)
+    entries = described["tensors"]
+    header = json.dumps(described).encode()
     total = 8 + len(header) + sum(_nbytes(e) for e in entries)
 
     def pieces() -> Iterator[bytes]:
@@ -127,6 +122,21 @@ def encode(update: WeightUpdate, dtype: torch.dtype | None = None) -> tuple[int,
             yield t.contiguous().view(torch.uint8).numpy().tobytes()
 
     return total, pieces()
+
+
+def describe(update: WeightUpdate, dtype: torch.dtype | None = None) -> dict:
+    """The stream's header: {"meta": {...}, "tensors": [{"name", "dtype", "shape"}, ...]}, each
+    floating-point tensor's dtype `dtype` (an adapter's kept as it is)."""
+    cast = None if update.adapter is not None else dtype
+    entries = []
+    for name, t in update.tensors.items():
+        out = cast if cast is not None and t.is_floating_point() else t.dtype
+        entries.append({"name": name, "dtype": str(out).removeprefix("torch."), "shape": list(t.shape)})
+    return {"meta": {**update.meta, "version": update.version, "adapter": update.adapter}, "tensors": entries}
+
+
+def entry_dtype(entry: dict) -> torch.dtype:
+    return DTYPES[entry["dtype"]] if entry["dtype"] in DTYPES else getattr(torch, entry["dtype"])
 
 
 def decode(read: Callable[[int], bytes]) -> tuple[dict, Iterator[tuple[str, torch.Tensor]]]:

@@ -1,20 +1,26 @@
 """Rollout workers: Ray actors that sample and score groups, with the trainer on the driver.
 
-`rollout_workers=N` starts N actors (`RolloutWorker`), on a local Ray cluster or the
-one at `ray_address`.  Each holds a copy of the policy (built from the trainer's
-config and weights, sent through the Ray object store), a sampler from
-rollout/engine.py and the reward functions.  `RolloutWorkers`, on the driver,
-splits a round's groups across the actors, gathers the rollouts and scores in
-order, and after each optimizer step puts the new weights in the object store
-once for every actor to load (it is one of `Trainer.weight_subscribers`).
+`rollout_workers=N` starts N actors (`RolloutWorker`), on a local Ray cluster or the one at
+`ray_address`.  Each holds an engine and the reward functions.  The engine is either rlvr's
+in-process sampler (rollout/engine.py) on a model built from the trainer's config and weights,
+or with use_vllm a vLLM engine (rollout/vllm.py) started from the model's path.  `RolloutWorkers`,
+on the driver, splits a round's groups across the actors, gathers the rollouts and scores in
+order, and after each optimizer step puts the update in the object store once for every actor to
+load (it is one of `Trainer.weight_subscribers`).
+
+What is sent (rollout/weights.py): the whole policy under Hugging Face names; with LoRA only the
+adapter and its LoraConfig.  An in-process worker with LoRA builds a peft model once from the
+trainer's state at the start (base weights and adapter) and then loads only each new adapter;
+a vLLM worker with LoRA applies the adapter per request (vLLM's enable_lora) over the base model
+it started from.
 
 Determinism: every group is sampled from its own random stream (GroupGenerators,
-rollout/sampling.py), seeded by the trainer from its generator exactly as the
-in-process path seeds it, so a group's completions do not depend on which actor ran
-it, what else that actor ran, or whether workers are used at all.  Fault tolerance: an actor that dies (preemption,
-out of memory, a crash in a reward function) is replaced by a new one holding the
-current weights, and exactly the groups it had are sent again; results are kept
-by group index, so none is lost or counted twice.
+rollout/sampling.py; with vLLM, one request seed drawn from that stream), seeded by the trainer
+from its generator exactly as the in-process path seeds it, so a group's completions do not
+depend on which actor ran it, what else that actor ran, or whether workers are used at all.
+Fault tolerance: an actor that dies (preemption, out of memory, a crash in a reward function)
+is replaced by a new one holding the current weights, and exactly the groups it had are sent
+again; results are kept by group index, so none is lost or counted twice.
 
 Ray is imported only here, inside the functions that use it.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -30,6 +37,7 @@ import torch
 from rlvr.rewards import Scores, merge_counters
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.sampling import GroupGenerators
+from rlvr.rollout.weights import weight_update, wire_dtype
 from rlvr.types import Example, Rollout, TrainerState
 
 RAY_INSTALL = "pip install 'rlvr[ray]'  (or: pip install 'ray>=2.9')"
@@ -44,11 +52,6 @@ def import_ray():
     return ray
 
 
-def model_weights(model) -> dict[str, torch.Tensor]:
-    """The model's weights as plain CPU tensors, ready to ship."""
-    return {name: t.detach().cpu() for name, t in model.state_dict().items()}
-
-
 def concat_scores(parts: list[Scores]) -> Scores:
     """The Scores of consecutive slices of a round, joined in order (counters added up)."""
     total, per_func = [], {}
@@ -59,39 +62,112 @@ def concat_scores(parts: list[Scores]) -> Scores:
     return Scores(total, per_func, merge_counters(s.counters for s in parts))
 
 
-class RolloutWorker:
-    """One actor: a policy copy, its sampler and the reward functions.  (Wrapped by ray.remote in RolloutWorkers.)"""
+class LocalPolicy:
+    """The in-process engine on a Hugging Face model built in the actor.  `state`: with LoRA the
+    trainer's peft state dict at the start (the frozen base weights with them), else None."""
 
-    def __init__(self, model_config, tokenizer, eos_ids: list[int], cfg, weights: dict, threads: int):
+    def __init__(self, model_config, tokenizer, eos_ids: list[int], cfg, state: dict | None, update: tuple):
         from transformers import AutoModelForCausalLM
 
         from rlvr.rollout.engine import make_sampler
+
+        meta, tensors = update
+        weights = state if state is not None else tensors
+        dtype = next(t.dtype for t in weights.values() if t.is_floating_point())
+        model = AutoModelForCausalLM.from_config(model_config, dtype=dtype)
+        if state is not None:  # the same LoRA layers as the trainer's, then its weights
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig.from_peft_type(**meta["adapter"]))
+            model.load_state_dict(state, strict=True)
+        self.model = model.eval()
+        self.load(meta, tensors)
+        self.sampler = make_sampler(self.model, tokenizer, eos_ids, bf16=cfg.bf16)
+
+    def load(self, meta: dict, tensors: dict) -> None:
+        """In place: the sampler reads the model's parameters, so it sees the new values."""
+        if meta["adapter"] is not None:
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.model, tensors)
+            if result.unexpected_keys:
+                raise RuntimeError(f"the adapter sent does not fit the worker's LoRA layers: {result.unexpected_keys[:5]}")
+            return
+        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
+        params = {name for name, _ in self.model.named_parameters()}
+        if unexpected or params & set(missing):
+            raise RuntimeError(f"the weights sent do not fit the worker's model: unexpected {unexpected[:5]}, "
+                               f"missing {sorted(params & set(missing))[:5]}")
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[list[Rollout]]:
+        return self.sampler.generate(prompt_ids, params, GroupGenerators(seeds))
+
+    def close(self) -> None:
+        pass
+
+
+class VLLMPolicy:
+    """vLLM in the actor (no engine subprocess), started from `model_path`, then given every update."""
+
+    def __init__(self, model_path: str, eos_ids: list[int], cfg, update: tuple):
+        from rlvr.rollout.vllm import VLLMEngine, engine_args
+
+        self.eos = list(eos_ids)
+        self.engine = VLLMEngine(model_path, **engine_args(cfg))
+        self.load(*update)
+
+    def load(self, meta: dict, tensors: dict) -> None:
+        self.engine.load(meta, tensors.items())
+
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[list[Rollout]]:
+        from rlvr.rollout.vllm import check_prompts, params_dict, request_seeds
+
+        check_prompts(prompt_ids)
+        seeds = request_seeds(len(prompt_ids), GroupGenerators(seeds))
+        groups = self.engine.generate(prompt_ids, params_dict(params, self.eos), seeds)
+        return [[Rollout(**r) for r in group] for group in groups]
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class RolloutWorker:
+    """One actor: an engine holding the current policy, and the reward functions.  (Wrapped by
+    ray.remote in RolloutWorkers.)  `update`: (meta, tensors) of the latest weight update."""
+
+    def __init__(self, model_config, tokenizer, eos_ids: list[int], model_path: str | None, cfg, threads: int,
+                 state: dict | None, update: tuple):
         from rlvr.tasks import build_rewards
 
         torch.set_num_threads(threads)
-        dtype = next(iter(weights.values())).dtype
-        self.model = AutoModelForCausalLM.from_config(model_config, dtype=dtype)
-        self.model.load_state_dict(weights, strict=True)
-        self.model.eval()
         self.cfg = cfg
-        self.sampler = make_sampler(self.model, tokenizer, eos_ids, bf16=cfg.bf16)
+        if cfg.use_vllm:
+            self.policy = VLLMPolicy(model_path, eos_ids, cfg, update)
+        else:
+            self.policy = LocalPolicy(model_config, tokenizer, eos_ids, cfg, state, update)
         self.rewards = build_rewards(cfg)
 
     def pid(self) -> int:
         return os.getpid()
 
-    def update_weights(self, weights: dict) -> None:
-        self.model.load_state_dict(weights, strict=True)  # in place: the sampler sees the new values
+    def load(self, update: tuple) -> None:
+        self.policy.load(*update)
 
     def generate_and_score(self, examples: list[Example], texts: list[str], prompt_ids: list[list[int]],
                            params: SamplingParams, seeds: list[int], trainer_state: TrainerState):
-        groups = self.sampler.generate(prompt_ids, params, GroupGenerators(seeds))
+        groups = self.policy.generate(prompt_ids, params, seeds)
         scores = self.rewards.score_groups(examples, groups, texts, trainer_state, self.cfg.max_completion_length)
         return groups, scores
 
+    def close(self) -> None:
+        self.policy.close()
+
 
 class RolloutWorkers:
-    """N RolloutWorker actors seen as one sampler + reward set; a weight subscriber of the Trainer."""
+    """N RolloutWorker actors seen as one sampler + reward set; a weight subscriber of the Trainer.
+
+    With use_vllm each actor starts vLLM from rlvr.models.resolve_model_path(cfg.model), resolved
+    here on the driver: a hub id works on every node; a local path must exist on each node."""
 
     def __init__(self, model, tokenizer, eos_ids: list[int], cfg, threads: int | None = None):
         ray = import_ray()
@@ -105,32 +181,66 @@ class RolloutWorkers:
             else:
                 ray.init(num_cpus=max(os.cpu_count() or 1, self.size * self.threads), include_dashboard=False,
                          logging_level="WARNING")
-        self.actor_class = ray.remote(num_cpus=self.threads, max_restarts=0)(RolloutWorker)
-        # The actor constructor's arguments, the weights as an object-store reference (updated by update_weights).
-        self.spec = [ray.put(model.config), ray.put(tokenizer), eos_ids]
-        self.weights = ray.put(model_weights(model))
-        self.actors = [self._start() for _ in range(self.size)]
+        gpus = cfg.vllm_tensor_parallel_size if cfg.use_vllm and ray.cluster_resources().get("GPU", 0) else 0
+        self.actor_class = ray.remote(num_cpus=self.threads, num_gpus=gpus, max_restarts=0)(RolloutWorker)
+        model_path = None
+        if cfg.use_vllm:
+            from rlvr.models import resolve_model_path
+
+            model_path = resolve_model_path(cfg.model)
+        # The actor constructor's arguments; the state and the update as object-store references.
+        self.spec = [ray.put(model.config), ray.put(tokenizer), list(eos_ids), model_path]
+        local_lora = cfg.use_peft and not cfg.use_vllm and hasattr(model, "peft_config")
+        self.state = ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()}) if local_lora else None
+        self.version = 0
         self.replacements = 0  # actors replaced since the start
+        self.last_sync: tuple[int, float] = (0, 0.0)  # bytes and seconds of the last update put in the object store
+        self.loading: list = []  # the actors' loads of the last update, checked before the next round
+        self.update = self._put(model)
+        self.actors = [self._start() for _ in range(self.size)]
         ray.get([a.pid.remote() for a in self.actors])  # fail here, clearly, if an actor cannot start
 
     def _start(self):
-        return self.actor_class.remote(*self.spec, self.cfg, self.weights, self.threads)
+        return self.actor_class.remote(*self.spec, self.cfg, self.threads, self.state, self.update)
+
+    def _put(self, model):
+        """The policy's update for version self.version, in the object store once for every actor."""
+        t0 = time.perf_counter()
+        update = weight_update(model, self.cfg.use_peft, self.version)
+        dtype = None
+        if self.cfg.use_vllm and update.adapter is None:  # vLLM holds the weights in its own dtype: send that
+            from rlvr.rollout.vllm import engine_args
+
+            dtype = wire_dtype(engine_args(self.cfg)["dtype"])
+        tensors = {name: t.to("cpu", dtype) if dtype is not None and t.is_floating_point() else t.cpu()
+                   for name, t in update.tensors.items()}
+        ref = self.ray.put(({**update.meta, "version": update.version, "adapter": update.adapter}, tensors))
+        self.last_sync = (sum(t.numel() * t.element_size() for t in tensors.values()), time.perf_counter() - t0)
+        return ref
 
     def pids(self) -> list[int]:
         return self.ray.get([a.pid.remote() for a in self.actors])
 
     def update_weights(self, model) -> None:
-        """Put the new weights in the object store once; every actor loads them before its next round.
-        (Ray runs an actor's calls in the order they were sent, so nothing waits here.)"""
-        self.weights = self.ray.put(model_weights(model))
-        for actor in self.actors:
-            actor.update_weights.remote(self.weights)
+        """Put the new weights (with LoRA: the adapter) in the object store once; every actor loads
+        them before its next round.  (Ray runs an actor's calls in the order they were sent, so
+        nothing waits here; a load that failed is raised before the next round.)"""
+        self.version += 1
+        self.update = self._put(model)
+        self.loading = [actor.load.remote(self.update) for actor in self.actors]
+
+    def metrics(self) -> dict:
+        """For the step's row: actors replaced so far, and the last update's bytes and the seconds
+        the trainer spent gathering it and putting it in the object store."""
+        return {"workers/replacements": self.replacements, "workers/weight_sync_bytes": self.last_sync[0],
+                "workers/weight_sync_seconds": self.last_sync[1]}
 
     def generate_and_score(self, examples: list[Example], texts: list[str], prompt_ids: list[list[int]],
                            params: SamplingParams, seeds: list[int], trainer_state: TrainerState):
         """(groups of rollouts, Scores) for every prompt, in order, as RewardSet.score_groups returns them."""
         from ray.exceptions import RayActorError
 
+        self._check_loads(RayActorError)
         slices = [range(len(examples))[k :: self.size] for k in range(self.size)]
         slices = [s for s in slices if len(s)]
 
@@ -162,12 +272,25 @@ class RolloutWorkers:
                 parts[i] = _slice_scores(scores, j * size, (j + 1) * size, first=j == 0)
         return groups, concat_scores(parts)
 
+    def _check_loads(self, actor_died) -> None:
+        """A load that raised (weights that do not fit, vLLM failing) stops the run instead of
+        leaving an actor on the old weights; an actor that died is replaced by the round."""
+        loading, self.loading = self.loading, []
+        for ref in loading:
+            try:
+                self.ray.get(ref)
+            except actor_died:
+                pass
+
     def _replace(self, slot: int) -> None:
         self.ray.kill(self.actors[slot], no_restart=True)
-        self.actors[slot] = self._start()
+        self.actors[slot] = self._start()  # built with the latest update
         self.replacements += 1
 
     def close(self) -> None:
+        """Let the engines clean up (vLLM's adapter files), then stop the actors."""
+        if self.actors:
+            self.ray.wait([a.close.remote() for a in self.actors], num_returns=len(self.actors), timeout=30)
         for actor in self.actors:
             self.ray.kill(actor, no_restart=True)
         self.actors = []

