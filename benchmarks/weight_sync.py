@@ -70,19 +70,15 @@ def main() -> None:
     eos = eos_token_ids(model, tokenizer)
     with tempfile.TemporaryDirectory(prefix="rlvr-sync-") as tmp:
         logs = Path(tmp)
-        runs = [("float32", ()), ("bfloat16", ("dtype=bfloat16",)), ("lora", ("use_peft=true", "lora_r=16"))]
-        started = {name: start(args.servers, logs, *settings) for name, settings in runs}
-        try:
-            results = {}
-            results["float32"] = measure(f"full model, fp32, {args.servers} server(s)", started["float32"][1], model,
-                                         tokenizer, eos, args.repeats)
-            results["bfloat16"] = measure(f"full model, bf16, {args.servers} server(s)", started["bfloat16"][1], model,
-                                          tokenizer, eos, args.repeats)
-            adapter = wrap(model, build_config({"use_peft": True, "lora_r": 16}), path)
-            results["lora"] = measure(f"LoRA r=16 adapter, {args.servers} server(s)", started["lora"][1], adapter,
-                                      tokenizer, eos, args.repeats)
-        finally:
-            for procs, _ in started.values():
+        results = {}
+        for name, settings in (("float32", ()), ("bfloat16", ("dtype=bfloat16",)), ("lora", ("use_peft=true", "lora_r=16"))):
+            procs, urls = start(args.servers, logs, *settings)  # one kind at a time: two vLLM servers fit in 24 GB
+            try:
+                if name == "lora":
+                    model = wrap(model, build_config({"use_peft": True, "lora_r": 16}), path)
+                what = "LoRA r=16 adapter" if name == "lora" else f"full model, {name}"
+                results[name] = measure(f"{what}, {args.servers} server(s)", urls, model, tokenizer, eos, args.repeats)
+            finally:
                 for p in procs:
                     p.terminate()
                 for p in procs:

@@ -175,8 +175,22 @@ def test_prompts_per_step_must_divide_by_the_number_of_processes():
     check_runnable(cfg, World(0, 3))
     with pytest.raises(ConfigError, match="prompts_per_step=3 must be divisible by the number of processes \\(2\\)"):
         check_runnable(cfg, World(0, 2))
-    with pytest.raises(ConfigError, match="use_vllm and rollout_workers"):
+    with pytest.raises(ConfigError, match="rollout_workers is not supported with several training processes: .* `rlvr vllm-serve`"):
         check_runnable(build_config({"rollout_workers": 2, "num_generations": 4, "per_device_train_batch_size": 16}), World(0, 2))
+
+
+def test_vllm_with_several_processes_passes_the_launch_rules():
+    import importlib.util
+
+    from rlvr.rollout.vllm import VLLMError
+
+    for mode in ("server", "colocate"):
+        cfg = build_config({"use_vllm": True, "vllm_mode": mode, "num_generations": 4, "per_device_train_batch_size": 16})
+        if importlib.util.find_spec("vllm") is None:  # the main venv: only the missing package is left to say
+            with pytest.raises(VLLMError, match="vLLM is not installed"):
+                check_runnable(cfg, World(0, 2))
+        else:
+            check_runnable(cfg, World(0, 2))
 
 
 def test_metric_sums_merge_by_sum_max_and_min():

