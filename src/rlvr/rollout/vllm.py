@@ -169,13 +169,19 @@ class VLLMEngine:
     model it started from plus the latest adapter."""
 
     def __init__(self, model_path: str, llm=None, **engine_args):
-        """Starts vLLM on model_path with engine_args, unless given an `llm` already started."""
-        self.llm = llm if llm is not None else start_llm(model_path, **engine_args)
+        """Starts vLLM on model_path with engine_args, unless given an `llm` already started.  The
+        files vLLM and the adapters leave in the temporary directory (vLLM's file store for its
+        process group) go into one directory of its own, removed by close()."""
+        self._files = tempfile.TemporaryDirectory(prefix="rlvr-vllm-")
+        before, tempfile.tempdir = tempfile.tempdir, self._files.name
+        try:
+            self.llm = llm if llm is not None else start_llm(model_path, **engine_args)
+        finally:
+            tempfile.tempdir = before
         self.model_path, self.dtype = model_path, engine_args.get("dtype", "float32")
         self.adapters = bool(engine_args.get("enable_lora"))
         self.version = 0  # the trainer's number of the update last loaded; 0: the weights it started with
         self.lora = None  # the LoRARequest of the adapter in use
-        self._adapter_dir: tempfile.TemporaryDirectory | None = None
 
     def load(self, meta: dict, tensors) -> int:
         """Load one update: meta as rollout/weights.py writes it, tensors (name, tensor) pairs.
@@ -201,11 +207,9 @@ class VLLMEngine:
         from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
-        if self._adapter_dir is None:
-            self._adapter_dir = tempfile.TemporaryDirectory(prefix="rlvr-adapter-")
         old = self.lora
         new_id = 1 if old is None else old.lora_int_id + 1
-        path = Path(self._adapter_dir.name) / str(new_id)
+        path = Path(self._files.name) / f"adapter-{new_id}"
         path.mkdir()
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "adapter_model.safetensors"))
         (path / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": self.model_path}))
@@ -219,9 +223,7 @@ class VLLMEngine:
         return run_generate(self.llm, prompt_ids, params, seeds, self.lora)
 
     def close(self) -> None:
-        if self._adapter_dir is not None:
-            self._adapter_dir.cleanup()
-            self._adapter_dir = None
+        self._files.cleanup()
 
 
 def params_dict(params: SamplingParams, eos_token_ids: list[int]) -> dict:

@@ -147,6 +147,10 @@ class VLLMServer(HTTPServer):
 
 def serve(cfg, model_path: str) -> None:
     """Start vLLM on model_path and serve until interrupted."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped by a scheduler or kill: clean up as on Ctrl-C
     engine = VLLMEngine(model_path, **engine_args(cfg))
     server = VLLMServer(engine, cfg.vllm_server_host, cfg.vllm_server_port, cfg.vllm_server_timeout)
     print(f"rlvr vllm-serve: {model_path} on http://{cfg.vllm_server_host}:{cfg.vllm_server_port}"

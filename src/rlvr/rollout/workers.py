@@ -240,7 +240,7 @@ class RolloutWorkers:
         """(groups of rollouts, Scores) for every prompt, in order, as RewardSet.score_groups returns them."""
         from ray.exceptions import RayActorError
 
-        self._check_loads(RayActorError)
+        self._check_loads()
         slices = [range(len(examples))[k :: self.size] for k in range(self.size)]
         slices = [s for s in slices if len(s)]
 
@@ -272,14 +272,16 @@ class RolloutWorkers:
                 parts[i] = _slice_scores(scores, j * size, (j + 1) * size, first=j == 0)
         return groups, concat_scores(parts)
 
-    def _check_loads(self, actor_died) -> None:
+    def _check_loads(self) -> None:
         """A load that raised (weights that do not fit, vLLM failing) stops the run instead of
         leaving an actor on the old weights; an actor that died is replaced by the round."""
+        from ray.exceptions import RayActorError
+
         loading, self.loading = self.loading, []
         for ref in loading:
             try:
                 self.ray.get(ref)
-            except actor_died:
+            except RayActorError:
                 pass
 
     def _replace(self, slot: int) -> None:
