@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks that cannot run on the CPU machine.  Needs >= 2 CUDA GPUs, vLLM installed (pip install vllm)
+# GPU checks that cannot run on the CPU machine.  Needs CUDA GPUs (2 for NCCL), vLLM installed (pip install vllm)
 # and rlvr on PATH.  Run from the repository root:  bash benchmarks/gpu_checks.sh
 #
 # vllm_weight_transfer=collective over NCCL (rollout/collective.py):
@@ -19,11 +19,11 @@ cleanup() {
 trap cleanup EXIT
 
 GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
-if [ "$GPUS" -lt 2 ]; then echo "gpu_checks: needs >= 2 GPUs, found $GPUS" >&2; exit 1; fi
+if [ "$GPUS" -lt 1 ]; then echo "gpu_checks: needs a CUDA GPU, found none" >&2; exit 1; fi
 
-start_server() {  # on GPU 1; waits until /health answers
-    CUDA_VISIBLE_DEVICES=1 rlvr vllm-serve demo vllm_server_host=127.0.0.1 vllm_server_port=$PORT \
-        vllm_gpu_memory_utilization=0.5 > "$WORK/server.log" 2>&1 &
+start_server() {  # on GPU $1; waits until /health answers
+    CUDA_VISIBLE_DEVICES=$1 rlvr vllm-serve demo vllm_server_host=127.0.0.1 vllm_server_port=$PORT \
+        vllm_gpu_memory_utilization=${2:-0.5} > "$WORK/server.log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 300); do
         if curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; then return 0; fi
@@ -47,7 +47,22 @@ assert len(rows) >= 3 and any(row.get("vllm/weight_sync_bytes") for row in rows)
 PY
 }
 
-start_server
+if [ "$GPUS" -eq 1 ]; then
+    # One GPU (the machine this project is lent): NCCL cannot join two processes on one GPU, so the
+    # weights go over HTTP (bf16, streamed); the trainer and the server share the GPU.
+    start_server 0 0.3
+    echo "== 1 GPU: a training process and rlvr vllm-serve on GPU 0, weights over HTTP"
+    CUDA_VISIBLE_DEVICES=0 rlvr train demo max_steps=3 logging_steps=1 save_strategy=no output_dir="$WORK/http" \
+        use_vllm=true vllm_mode=server vllm_server_host=127.0.0.1 vllm_server_port=$PORT bf16=true 2>&1 | tee "$WORK/http.log"
+    report "$WORK/http" "$WORK/http.log"
+    echo "== 1 GPU: vLLM colocated in the training process"
+    CUDA_VISIBLE_DEVICES=0 rlvr train demo max_steps=3 logging_steps=1 save_strategy=no output_dir="$WORK/colocate" \
+        use_vllm=true vllm_mode=colocate vllm_gpu_memory_utilization=0.3 bf16=true 2>&1 | tee "$WORK/colocate.log"
+    echo "gpu_checks: done (one GPU: NCCL weight transfer and several GPU processes need 2 GPUs)"
+    exit 0
+fi
+
+start_server 1
 
 echo "== 1. one training process on GPU 0, NCCL to the server on GPU 1"
 CUDA_VISIBLE_DEVICES=0 rlvr train demo max_steps=3 logging_steps=1 save_strategy=no output_dir="$WORK/one" \
