@@ -222,6 +222,12 @@ class VLLMEngine:
     def generate(self, prompt_ids, params: dict, seeds: list[int]) -> list[list[dict]]:
         return run_generate(self.llm, prompt_ids, params, seeds, self.lora)
 
+    def rollouts(self, prompt_ids, params: SamplingParams, eos_token_ids: list[int], generator=None) -> list[list[Rollout]]:
+        """The samplers' `generate` (in this process, or in a Ray worker): per prompt, params.n Rollouts."""
+        check_prompts(prompt_ids)
+        seeds = request_seeds(len(prompt_ids), generator)
+        return [[Rollout(**r) for r in group] for group in self.generate(prompt_ids, params_dict(params, eos_token_ids), seeds)]
+
     def close(self) -> None:
         self._files.cleanup()
 
@@ -254,9 +260,7 @@ class VLLMColocateSampler:
         return self.engine.llm
 
     def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
-        check_prompts(prompt_ids)
-        groups = self.engine.generate(prompt_ids, params_dict(params, self.eos), request_seeds(len(prompt_ids), generator))
-        return [[Rollout(**r) for r in group] for group in groups]
+        return self.engine.rollouts(prompt_ids, params, self.eos, generator)
 
     def update_weights(self, model) -> None:
         self.version += 1

@@ -75,7 +75,7 @@ class Server:
         try:
             conn = self.connect(timeout)
             conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
-            return self._reply(conn, path)
+            return self.reply(conn, path)
         except (OSError, http.client.HTTPException) as e:
             raise VLLMError(f"vLLM server {self.url}{path}: {e or type(e).__name__} (waited at most {timeout or self.timeout:g} s)") from None
 
@@ -83,19 +83,25 @@ class Server:
         """Stream a weight update here, for this server to relay down `forward`."""
         total, pieces = encode(update, dtype)
         try:
-            conn = self.connect()
-            conn.putrequest("POST", "/update_weights")
-            conn.putheader("Content-Type", "application/octet-stream")
-            conn.putheader("Content-Length", str(total))
-            conn.putheader("X-Rlvr-Forward", ",".join(forward))
-            conn.endheaders()
+            conn = self.start_push(total, forward)
             for piece in pieces:
                 conn.send(piece)
-            return self._reply(conn, "/update_weights")
+            return self.reply(conn, "/update_weights")
         except (OSError, http.client.HTTPException) as e:
             raise VLLMError(f"vLLM server {self.url}/update_weights: {e or type(e).__name__}") from None
 
-    def _reply(self, conn, path: str) -> dict:
+    def start_push(self, length: int, forward: list[str]) -> http.client.HTTPConnection:
+        """A POST /update_weights of `length` bytes whose headers are sent: the body follows with conn.send."""
+        conn = self.connect()
+        conn.putrequest("POST", "/update_weights")
+        conn.putheader("Content-Type", "application/octet-stream")
+        conn.putheader("Content-Length", str(length))
+        conn.putheader("X-Rlvr-Forward", ",".join(forward))
+        conn.endheaders()
+        return conn
+
+    def reply(self, conn, path: str) -> dict:
+        """The JSON answer to a request sent on `conn`; StaleWeights on 409, VLLMError on any other failure."""
         try:
             resp = conn.getresponse()
             payload = resp.read()
@@ -259,7 +265,7 @@ class VLLMServers:
         """Send the current weights to `targets` as a relay chain; a server the chain missed is sent its
         own copy, and one that cannot take it is dropped.  Returns the bytes that left the trainer."""
         update = weight_update(self._model, self.adapters, self.version)
-        sent, todo = 0, list(targets)
+        size, sent, todo = encode(update, self.dtype)[0], 0, list(targets)
         while todo:
             first, rest = todo[0], todo[1:]
             try:
@@ -268,7 +274,7 @@ class VLLMServers:
                 self._drop(first, str(e), share=0)
                 todo = rest
                 continue
-            sent += encode(update, self.dtype)[0]
+            sent += size
             first.failure = None
             done = {first.url, *reply.get("updated", [])}
             for url, why in reply.get("failed", {}).items():

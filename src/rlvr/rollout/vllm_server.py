@@ -17,11 +17,12 @@ The trainer's side is rollout/vllm_client.py.
 
 from __future__ import annotations
 
+import http.client
 import json
 import traceback
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from rlvr.rollout.vllm import VLLMEngine, engine_args
+from rlvr.rollout.vllm import VLLMEngine, VLLMError, engine_args
 from rlvr.rollout.vllm_client import Server
 from rlvr.rollout.weights import decode
 
@@ -31,19 +32,15 @@ class Relay:
     sent the same bytes as they are read here."""
 
     def __init__(self, urls: list[str], length: int, timeout: float):
-        self.conn, self.url, self.failed = None, None, {}
+        self.conn, self.server, self.failed = None, None, {}
         for i, url in enumerate(urls):
+            server = Server(url, timeout)
             try:
-                conn = Server(url, timeout).connect()
-                conn.putrequest("POST", "/update_weights")
-                conn.putheader("Content-Type", "application/octet-stream")
-                conn.putheader("Content-Length", str(length))
-                conn.putheader("X-Rlvr-Forward", ",".join(urls[i + 1 :]))
-                conn.endheaders()
+                self.conn = server.start_push(length, urls[i + 1 :])
             except OSError as e:
                 self.failed[url] = f"relay could not connect: {e}"
                 continue
-            self.conn, self.url = conn, url
+            self.server = server
             break
 
     def write(self, data: bytes) -> None:
@@ -52,7 +49,7 @@ class Relay:
         try:
             self.conn.send(data)
         except OSError as e:
-            self.failed[self.url] = f"relay broke off: {e}"
+            self.failed[self.server.url] = f"relay broke off: {e}"
             self.conn = None
 
     def finish(self) -> dict:
@@ -60,18 +57,14 @@ class Relay:
         updated = []
         if self.conn is not None:
             try:
-                try:
-                    resp = self.conn.getresponse()
-                    reply = json.loads(resp.read())
-                finally:
-                    self.conn.close()
-                if resp.status == 200:
-                    updated = [self.url, *reply.get("updated", [])]
-                    self.failed.update(reply.get("failed", {}))
-                else:
-                    self.failed[self.url] = reply.get("error", f"HTTP {resp.status}")
-            except (OSError, ValueError) as e:
-                self.failed[self.url] = f"relay got no answer: {e}"
+                reply = self.server.reply(self.conn, "/update_weights")
+            except VLLMError as e:
+                self.failed[self.server.url] = str(e)
+            except (OSError, ValueError, http.client.HTTPException) as e:
+                self.failed[self.server.url] = f"relay got no answer: {e}"
+            else:
+                updated = [self.server.url, *reply.get("updated", [])]
+                self.failed.update(reply.get("failed", {}))
         return {"updated": updated, "failed": self.failed}
 
 

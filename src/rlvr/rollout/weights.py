@@ -147,9 +147,8 @@ def decode(read: Callable[[int], bytes]) -> tuple[dict, Iterator[tuple[str, torc
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for entry in header["tensors"]:
             data = bytearray(read_exactly(read, _nbytes(entry)))
-            dtype = DTYPES[entry["dtype"]] if entry["dtype"] in DTYPES else getattr(torch, entry["dtype"])
             flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-            yield entry["name"], flat.view(dtype).reshape(entry["shape"])
+            yield entry["name"], flat.view(entry_dtype(entry)).reshape(entry["shape"])
 
     return header["meta"], tensors()
 
@@ -166,8 +165,7 @@ def read_exactly(read: Callable[[int], bytes], n: int) -> bytes:
 
 
 def _nbytes(entry: dict) -> int:
-    dtype = DTYPES[entry["dtype"]] if entry["dtype"] in DTYPES else getattr(torch, entry["dtype"])
     count = 1
     for size in entry["shape"]:
         count *= size
-    return count * torch.empty(0, dtype=dtype).element_size()
+    return count * torch.empty(0, dtype=entry_dtype(entry)).element_size()

@@ -120,12 +120,7 @@ class VLLMPolicy:
         self.engine.load(meta, tensors.items())
 
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[list[Rollout]]:
-        from rlvr.rollout.vllm import check_prompts, params_dict, request_seeds
-
-        check_prompts(prompt_ids)
-        seeds = request_seeds(len(prompt_ids), GroupGenerators(seeds))
-        groups = self.engine.generate(prompt_ids, params_dict(params, self.eos), seeds)
-        return [[Rollout(**r) for r in group] for group in groups]
+        return self.engine.rollouts(prompt_ids, params, self.eos, GroupGenerators(seeds))
 
     def close(self) -> None:
         self.engine.close()
