@@ -107,6 +107,7 @@ class RunObjects:
     train_examples: list | None = None
     test_examples: list | None = None
     callbacks: "Callbacks | None" = None
+    train_rows: list | None = None  # sft / dpo: the train_dataset's rows (finetune/data.py reads them)
 
 
 class GRPOTrainer:
@@ -171,7 +172,7 @@ class GRPOTrainer:
             cfg = build_config(self._settings, {"resume": True, **at})
         if self.args._ignored:
             print(ignored_line(self.args._ignored))
-        objects = RunObjects(self.model, self.processing_class, self.train_examples, self.test_examples, self.callbacks)
+        objects = self._run_objects()
         summary = train(cfg, objects=objects)
         self._objects, self.model, self.processing_class = objects, objects.model, objects.tokenizer
         self.output_dir = Path(summary["output_dir"])
@@ -179,6 +180,9 @@ class GRPOTrainer:
         self.state.global_step = summary["steps"]
         losses = [row["loss"] for row in self.state.log_history if "loss" in row]
         return TrainOutput(summary["steps"], sum(losses) / len(losses) if losses else 0.0, summary)
+
+    def _run_objects(self) -> RunObjects:
+        return RunObjects(self.model, self.processing_class, self.train_examples, self.test_examples, self.callbacks)
 
     def save_model(self, output_dir: str | None = None) -> None:
         """The trained model (with LoRA: as lora_save says) and its tokenizer in `output_dir`

@@ -1,6 +1,7 @@
 """The `rlvr` command: parse, resolve the config, call one library function.
 
     rlvr train [CONFIG_FILE | demo] [key=value ...]   train (no arguments: the built-in demo)
+    rlvr sft | rft | dpo [CONFIG_FILE] [key=value ...]   SFT, rejection-sampling fine-tuning, DPO (finetune/)
     rlvr eval  [CONFIG_FILE ...] [key=value ...]      held-out accuracy, pass@k, maj@k of a model, task by task
     rlvr compare EVAL_JSON|RUN_DIR ...                eval results side by side
     rlvr report [RUN_DIR]                             report.html and plots of a run (default: the latest)
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("train", "train a model (no arguments: the built-in demo)"),
+        ("sft", "supervised fine-tuning on demonstrations (TRL SFTConfig names)"),
+        ("rft", "rejection-sampling fine-tuning: SFT on the model's own verifier-correct samples, in rounds"),
+        ("dpo", "DPO on preference pairs from a dataset or built from the verifier (TRL DPOConfig names)"),
         ("eval", "held-out accuracy, pass@k and maj@k of a model on one task per config file"),
         ("sample", "print a few completions of one prompt with their rewards"),
         ("vllm-serve", "serve vLLM for `rlvr train use_vllm=true vllm_mode=server` (model, dtype, vllm_server_host/port)"),
@@ -138,6 +142,8 @@ def cmd_train(args: list[str]) -> int:
 
     ignored: list[str] = []
     cfg = resolve_config(args, default_file=None if args else "demo", ignored=ignored)
+    if cfg.method != "grpo":
+        raise ConfigError(f"this run trains with method={cfg.method}: use rlvr {cfg.method} (rlvr rft for sft with self_samples)")
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints: the settings that differ from the defaults
         if ignored:
             print(ignored_line(ignored))
@@ -153,6 +159,24 @@ def cmd_train(args: list[str]) -> int:
     except HubPushError as e:  # the run is whole on disk; the message says how to push it later
         print(f"rlvr train: {e}", file=sys.stderr)
         return 4
+    return 0
+
+
+def cmd_sft(args: list[str], method: str = "sft", extra: tuple = ()) -> int:
+    """rlvr sft / rft / dpo: the run of rlvr train (run.py) with another objective (finetune/)."""
+    import yaml
+
+    from rlvr.run import train
+
+    ignored: list[str] = []
+    cfg = resolve_config([*args, *extra], ignored=ignored, method=method)
+    if ignored:
+        print(ignored_line(ignored))
+    defaults = Config().to_dict()
+    changed = {k: v for k, v in without_secrets(cfg).to_dict().items() if v != defaults.get(k)}
+    print("settings (the rest at their defaults; all of them go to config.yaml in the run directory):")
+    print(yaml.safe_dump(changed, sort_keys=False).rstrip())
+    train(cfg)
     return 0
 
 
@@ -351,7 +375,8 @@ def cmd_vllm_serve(args: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "sample": cmd_sample, "compare": cmd_compare, "report": cmd_report,
+COMMANDS = {"train": cmd_train, "sft": cmd_sft, "rft": lambda args: cmd_sft(args, "sft", ("self_samples=true",)),
+            "dpo": lambda args: cmd_sft(args, "dpo"), "eval": cmd_eval, "sample": cmd_sample, "compare": cmd_compare, "report": cmd_report,
             "vllm-serve": cmd_vllm_serve, "plan": cmd_plan}
 
 if __name__ == "__main__":

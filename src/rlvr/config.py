@@ -142,9 +142,24 @@ class Config:
     disable_dropout: bool = True  # dropout off in every pass, so log-probs are comparable
     seed: int = 42  # data order, sampling and task generation
 
+    # --- sft and dpo ---------------------------------------------------------
+    method: str = "grpo"  # what is trained; set by the command: grpo (rlvr train) | sft (rlvr sft, rlvr rft) | dpo (rlvr dpo)
+    max_length: int | None = 1024  # sft / dpo: prompt + completion tokens at most; a longer completion loses its end
+    completion_only_loss: bool | None = None  # sft: loss on the completion's tokens only (null: true); false: on the prompt's too
+    packing: bool = False  # sft: a micro-batch holds per_device_train_batch_size rows of max_length tokens, each filled with whole sequences
+    completion_column: str | None = None  # sft: the demonstration; default the first of completion, solution, answer
+    self_samples: bool = False  # sft / dpo: train on the model's own samples scored by the verifier (sft: the correct ones, RFT; dpo: correct vs incorrect pairs)
+    self_rounds: int = 3  # self_samples: rounds of sampling, then training on what was kept (with max_steps set: until it)
+    self_round_prompts: int = 64  # self_samples: train prompts per round, num_generations samples each
+    self_round_steps: int = 20  # self_samples: optimizer steps on each round's data
+    dpo_beta: float = 0.1  # dpo: `beta` of rlvr dpo and DPOConfig; how far the policy may move from the reference
+    dpo_loss_type: str = "sigmoid"  # dpo: `loss_type` of rlvr dpo and DPOConfig: sigmoid (DPO) | ipo | hinge
+    label_smoothing: float = 0.0  # dpo sigmoid: the assumed chance that a pair's preference is flipped (cDPO)
+
     # --- run -----------------------------------------------------------------
     output_dir: str | None = None  # default: runs/<run_name or task>-<date>-<time>
     run_name: str | None = None  # the run's name in loggers (wandb, trackio, tensorboard) and in its default output_dir
+    max_train_seconds: float = 0.0  # stop (saved, evaluated) after the step during which training time passes this; 0 = no limit
     resume: bool = False  # continue from the newest checkpoint in output_dir that verifies (or start over there if it has none)
     resume_checkpoint: str | None = None  # continue from this checkpoint directory (TRL: resume_from_checkpoint=<path>)
     resume_override: bool = False  # resume even though settings that change the run's course differ from the checkpoint's run
@@ -243,6 +258,7 @@ _CHOICES = {
     "vllm_weight_transfer": ("http", "collective"),
     "on_save_error": ("stop", "continue"),
     "text_prompts": ("chat", "raw"),
+    "method": ("grpo", "sft", "dpo"),
 }
 
 
@@ -397,7 +413,9 @@ def validate(cfg: Config) -> None:
     need(cfg.num_generations >= 2, f"num_generations must be at least 2 (a group of one has no relative advantage); got {cfg.num_generations}")
     need(cfg.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1")
     need(cfg.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be at least 1")
-    problems += _check_generation_batch(cfg)
+    if cfg.method == "grpo":  # how generations feed optimizer steps; sft and dpo take whole examples
+        problems += _check_generation_batch(cfg)
+    problems += _check_finetune(cfg)
     need(cfg.max_completion_length >= 1, "max_completion_length must be at least 1")
     need(cfg.max_prompt_length is None or cfg.max_prompt_length >= 1, "max_prompt_length must be at least 1 (or null for no limit)")
     from rlvr.rollout import generation_settings
@@ -527,6 +545,36 @@ def validate(cfg: Config) -> None:
     problems += _check_paths(cfg)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def _check_finetune(cfg: Config) -> list[str]:
+    """The settings of rlvr sft and rlvr dpo."""
+    from rlvr.finetune.losses import DPO_LOSS_TYPES
+
+    problems = []
+    if cfg.max_length is not None and cfg.max_length < 2:
+        problems.append(f"max_length must be at least 2 (a prompt token and a completion token), or null; got {cfg.max_length}")
+    if cfg.dpo_loss_type not in DPO_LOSS_TYPES:
+        problems.append(f"loss_type for rlvr dpo must be one of {', '.join(DPO_LOSS_TYPES)}; got {cfg.dpo_loss_type!r}")
+    if not cfg.dpo_beta > 0:
+        problems.append(f"beta for rlvr dpo must be > 0; got {cfg.dpo_beta}")
+    if not 0 <= cfg.label_smoothing < 0.5:
+        problems.append(f"label_smoothing must be in [0, 0.5); got {cfg.label_smoothing}")
+    elif cfg.label_smoothing > 0 and cfg.dpo_loss_type != "sigmoid":
+        problems.append(f"label_smoothing applies to loss_type=sigmoid only; got loss_type={cfg.dpo_loss_type}")
+    for name in ("self_rounds", "self_round_prompts", "self_round_steps"):
+        if getattr(cfg, name) < 1:
+            problems.append(f"{name} must be at least 1; got {getattr(cfg, name)}")
+    if cfg.max_train_seconds < 0 or not math.isfinite(cfg.max_train_seconds):
+        problems.append(f"max_train_seconds must be >= 0 (0 = no limit); got {cfg.max_train_seconds}")
+    if cfg.method != "grpo":
+        if cfg.packing and cfg.method == "dpo":
+            problems.append("packing applies to rlvr sft only")
+        if cfg.packing and cfg.max_length is None:
+            problems.append("packing=true fills rows of max_length tokens: set max_length (e.g. 1024)")
+        if cfg.fsdp or cfg.rollout_workers or cfg.max_staleness:
+            problems.append(f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train")
+    return problems
 
 
 def _check_generation_batch(cfg: Config) -> list[str]:

@@ -99,6 +99,13 @@ def format_log_line(line: dict, total_steps: int) -> str:
         v = line.get(key)
         return "-" if v is None else fmt.format(v)
 
+    if "reward" not in line:  # rlvr sft / dpo (finetune/)
+        parts = [f"step {line['step']}/{total_steps}", f"loss {f('loss', '{:.4f}')}"]
+        for key, name in (("rewards/accuracies", "pair acc"), ("rewards/margins", "margin"), ("self/keep_rate", "keep"),
+                          ("num_tokens", "tokens")):
+            if line.get(key) is not None:
+                parts.append(f"{name} {f(key, '{:.3g}')}")
+        return "  ".join([*parts, f"{f('step_time', '{:.2f}')}s/step"])
     parts = [
         f"step {line['step']}/{total_steps}",
         f"reward {f('reward')}",

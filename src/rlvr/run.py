@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 from pathlib import Path
 
@@ -64,7 +65,16 @@ def _train(cfg: Config, console, world: distributed.World, objects=None) -> dict
 def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, say, world: distributed.World, objects=None) -> dict:
     """The run in its (locked) directory; `say` prints a warning."""
     given = objects is not None and objects.train_examples is not None
-    train_examples, test_examples = (objects.train_examples, objects.test_examples) if given else load_splits(cfg)
+    data = None  # sft / dpo: demonstrations or preference pairs (finetune/data.py)
+    if cfg.method != "grpo":
+        from rlvr.finetune.data import load_data
+
+        rows = objects.train_rows if objects is not None else None
+        data, train_examples, test_examples = load_data(cfg, cfg.method, rows)
+        if objects is not None and objects.test_examples is not None:
+            test_examples = objects.test_examples
+    else:
+        train_examples, test_examples = (objects.train_examples, objects.test_examples) if given else load_splits(cfg)
     test_examples = test_examples[: cfg.eval_max_examples or None]
     loggers = build_loggers(cfg, output_dir) if world.is_main else []  # a missing logger package fails before the model loads
     given_model, given_tokenizer = (objects.model, objects.tokenizer) if objects is not None else (None, None)
@@ -85,18 +95,26 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
             model.activation_checkpointing_enable({"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable({"use_reentrant": False})
-    total = total_steps_for(cfg, len(train_examples))
     full_model = model
-    if cfg.fsdp:  # the trained model is sharded; the full copy samples, evaluates and is saved (fsdp.py)
-        model = fsdp.shard(copy.deepcopy(full_model), world.device, world.world_size)
-    trainer = Trainer(cfg, model, tokenizer, train_examples, output_dir, total, make_reference(full_model, cfg.beta), world=world,
-                      full_model=full_model)
+    if cfg.method != "grpo":
+        from rlvr.finetune.trainer import FinetuneTrainer
+
+        reference = make_reference(model, cfg.dpo_beta) if cfg.method == "dpo" else None
+        trainer = FinetuneTrainer(cfg, model, tokenizer, data, train_examples, output_dir, reference, world)
+        total = trainer.total_steps
+    else:
+        total = total_steps_for(cfg, len(train_examples))
+        if cfg.fsdp:  # the trained model is sharded; the full copy samples, evaluates and is saved (fsdp.py)
+            model = fsdp.shard(copy.deepcopy(full_model), world.device, world.world_size)
+        trainer = Trainer(cfg, model, tokenizer, train_examples, output_dir, total, make_reference(full_model, cfg.beta),
+                          world=world, full_model=full_model)
     if checkpoint is not None:
         trainer.resume(checkpoint)
         console.print(f"resumed from {checkpoint} at step {trainer.step}")
     if world.is_main:
         save_config(without_secrets(cfg), output_dir / "config.yaml")  # no hub_token on disk, nor on the Hub
-    console.print(f"[bold]rlvr train[/] -> {output_dir}  model: {model_path} on {world.device}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
+    command = {"grpo": "train", "sft": "rft" if cfg.self_samples else "sft", "dpo": "dpo"}[cfg.method]
+    console.print(f"[bold]rlvr {command}[/] -> {output_dir}  model: {model_path} on {world.device}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
 
     verifier = verifier_name(cfg)
     scorer = build_rewards(cfg, with_verifier=True)
@@ -140,7 +158,8 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
                     metrics.update(main_metrics)
                 events[:] = trainer.alerts.update(trainer.step, metrics, trainer.last_samples)
                 line = trainer.log.add(trainer.step, metrics, force=trainer.step == total) if world.is_main else None
-                progress.update(bar, completed=trainer.step, reward=f"{metrics['reward']:.3f}")
+                shown = metrics.get("reward", metrics.get("loss", math.nan))
+                progress.update(bar, completed=trainer.step, reward=f"{shown:.3f}")
                 if line:
                     progress.console.print(format_log_line(line, total))
                     for logger in loggers:
@@ -153,6 +172,10 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
             while trainer.step < total and not stop_asked:
                 epochs = trainer.prompts.epochs_completed
                 trainer.train_step(on_step=record)
+                if cfg.max_train_seconds and seconds_before + time.perf_counter() - started >= cfg.max_train_seconds:
+                    console.print(f"max_train_seconds={cfg.max_train_seconds:g} reached at step {trainer.step}")
+                    trainer.extra_state["stopped_by"] = "max_train_seconds"
+                    stop_asked.append(trainer.step)
                 if stop_asked or checkpoint_due(cfg, trainer.step, total, epoch_ended=trainer.prompts.epochs_completed > epochs):
                     with interrupts.deferred(f"checkpoint-{trainer.step} is being written"):
                         try:
@@ -197,6 +220,7 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
         "steps": trainer.step,
         "train_seconds": round(train_seconds, 1),
         "device": world.device,
+        **({"stopped_by": trainer.extra_state["stopped_by"]} if "stopped_by" in trainer.extra_state else {}),
         "eval_before": trainer.extra_state.get("eval_before"),
         "eval_after": after,
     }

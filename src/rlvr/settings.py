@@ -32,8 +32,11 @@ def demo_config_path() -> Path:
 
 
 def resolve_config(args: list[str], default_file: str | None = None, run_base: bool = False,
-                   ignored: list[str] | None = None) -> Config:
-    """defaults <- (a run's saved config) <- CONFIG_FILE <- key=value.
+                   ignored: list[str] | None = None, method: str | None = None) -> Config:
+    """defaults <- (the method's defaults) <- (a run's saved config) <- CONFIG_FILE <- key=value.
+
+    `method` (sft, dpo): the command's own defaults and names, as TRL's SFTConfig / DPOConfig
+    have them (finetune/api.py: DPO's `beta` and `loss_type` are dpo_beta and dpo_loss_type).
 
     The saved config of a run is the base when resuming it, and (run_base) when
     its directory is the model, so `rlvr eval model=runs/x` evaluates on the
@@ -46,7 +49,12 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
         config_file = str(demo_config_path())
     file_values = load_yaml(config_file) if config_file else {}
     override_values = parse_overrides(overrides)
-    base = {}
+    base, defaults = {}, {}
+    if method is not None:
+        from rlvr.finetune.api import method_settings
+
+        defaults = method_settings(method, {})
+        file_values, override_values = method_settings(method, file_values), method_settings(method, override_values)
     merged = {**file_values, **override_values}
     model = merged.get("model") or merged.get("model_name_or_path")
     if run_base and isinstance(model, str) and (Path(model) / "config.yaml").is_file():
@@ -62,7 +70,10 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
         if (run_dir / "config.yaml").is_file():
             base = _saved_settings(run_dir)
         base["output_dir"] = str(run_dir)
-    return build_config(base, file_values, override_values, ignored=ignored)
+    if method is not None and base.get("method", method) != method:
+        raise ConfigError(f"{base.get('output_dir') or 'the run'} was trained with method={base['method']}; "
+                          f"continue it with rlvr {'train' if base['method'] == 'grpo' else base['method']}")
+    return build_config(defaults, base, file_values, override_values, ignored=ignored)
 
 
 def _saved_settings(run_dir: Path) -> dict:

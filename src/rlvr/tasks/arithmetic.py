@@ -87,6 +87,12 @@ class ArithmeticTask:
         return [_example(p, template) for p in train], [_example(p, template) for p in test]
 
 
+    @staticmethod
+    def solution(example: Example) -> str:
+        """A worked solution in the layout the prompt's example shows (the demonstration for rlvr sft)."""
+        return f"{example.columns['expression']} = {example.answer}, so the answer is \\boxed{{{example.answer}}}."
+
+
 def space_size(a: dict) -> int:
     per_operand = 10 if a["digits"] == 1 else 9 * 10 ** (a["digits"] - 1)
     return per_operand ** a["operands"] * len(set(a["operators"])) ** (a["operands"] - 1)

@@ -25,6 +25,15 @@ class DatasetError(ValueError):
 
 def load_splits(cfg) -> tuple[list[Example], list[Example]]:
     """(train, test) examples; the test split is held out of train when the dataset has none."""
+    train, test, where = load_split_rows(cfg)
+    prompt_col = _pick(train.column_names, cfg.prompt_column, PROMPT_COLUMNS, "prompt", cfg.dataset)
+    answer_col = _pick(train.column_names, cfg.answer_column, ANSWER_COLUMNS, "answer", cfg.dataset, required=False)
+    return _examples(train, prompt_col, answer_col, "train", where), _examples(test, prompt_col, answer_col, "test", where)
+
+
+def load_split_rows(cfg):
+    """(train, test, where): the two splits as `datasets` datasets, the test split held out of
+    train when the dataset has none; `where(split, row, i)` names a row for an error message."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -43,10 +52,7 @@ def load_splits(cfg) -> tuple[list[Example], list[Example]]:
             raise DatasetError(f"{cfg.dataset} has {len(train)} rows; need at least 2 to hold out a test split")
         parts = train.train_test_split(test_size=n_test, seed=cfg.seed, shuffle=True)
         train, test = parts["train"], parts["test"]
-    prompt_col = _pick(train.column_names, cfg.prompt_column, PROMPT_COLUMNS, "prompt", cfg.dataset)
-    answer_col = _pick(train.column_names, cfg.answer_column, ANSWER_COLUMNS, "answer", cfg.dataset, required=False)
-    where = _Where(cfg.dataset, lines)
-    return _examples(train, prompt_col, answer_col, "train", where), _examples(test, prompt_col, answer_col, "test", where)
+    return train, test, _Where(cfg.dataset, lines)
 
 
 ROW = "__rlvr_row__"  # a row's index in its split as loaded, before any held-out split is drawn
