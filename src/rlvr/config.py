@@ -313,6 +313,9 @@ def build_config(*sources: dict[str, Any], ignored: list[str] | None = None) -> 
         values["scale_rewards"] = "group"
     elif values.get("scale_rewards") is False:
         values["scale_rewards"] = "none"
+    for name in ("save_strategy", "eval_strategy"):  # YAML reads a bare `no` as false
+        if values.get(name) is False:
+            values[name] = "no"
     if values.get("top_k") is None and "top_k" in values:
         values["top_k"] = 0
     if isinstance(values.get("resume"), str):  # TRL's resume_from_checkpoint=<path>

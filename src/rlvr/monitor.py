@@ -85,7 +85,7 @@ def make_progress(console: Console) -> Progress:
         TextColumn("[bold]train"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("reward {task.fields[reward]}"),
+        TextColumn("{task.fields[shown]}"),  # reward (rlvr train), loss (sft, dpo)
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),

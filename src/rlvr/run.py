@@ -142,7 +142,7 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
 
     try:
         with interrupts.handling(say), make_progress(console) as progress:
-            bar = progress.add_task("train", total=total, completed=trainer.step, reward="-")
+            bar = progress.add_task("train", total=total, completed=trainer.step, shown="reward -" if cfg.method == "grpo" else "loss -")
             events: list = []
             stop_asked = []  # a callback's control.should_training_stop (api.py)
             if callbacks is not None:
@@ -158,8 +158,8 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
                     metrics.update(main_metrics)
                 events[:] = trainer.alerts.update(trainer.step, metrics, trainer.last_samples)
                 line = trainer.log.add(trainer.step, metrics, force=trainer.step == total) if world.is_main else None
-                shown = metrics.get("reward", metrics.get("loss", math.nan))
-                progress.update(bar, completed=trainer.step, reward=f"{shown:.3f}")
+                shown = f"reward {metrics['reward']:.3f}" if "reward" in metrics else f"loss {metrics.get('loss', math.nan):.4f}"
+                progress.update(bar, completed=trainer.step, shown=shown)
                 if line:
                     progress.console.print(format_log_line(line, total))
                     for logger in loggers:

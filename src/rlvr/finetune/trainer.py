@@ -132,11 +132,11 @@ class FinetuneTrainer:
         if self.dpo:
             pairs = make_pairs(texts, per_prompt)
             self._set_data([Pair(examples[i].prompt, c, r) for i, c, r in pairs])
-            kept = len(pairs)
+            kept, keep_rate = len(pairs), len({i for i, _, _ in pairs}) / max(len(texts), 1)  # prompts that gave a pair
         else:
             kept_rows = keep_correct(texts, per_prompt)
             self._set_data([Demonstration(examples[i].prompt, t) for i, t in kept_rows])
-            kept = len(kept_rows)
+            kept, keep_rate = len(kept_rows), len(kept_rows) / max(len(scores), 1)  # samples kept
         self.stream = PromptStream(self.units or [[0]], cfg.seed + self.round, shuffle=cfg.shuffle_dataset)
         self.round += 1
         self.round_steps_left = cfg.self_round_steps
@@ -144,7 +144,7 @@ class FinetuneTrainer:
                              for i, (t, s) in enumerate(zip([t for ts in texts for t in ts], scores))][:16]
         return {"self/round": float(self.round), "self/samples": float(len(scores)), "self/correct_rate": correct / max(len(scores), 1),
                 f"self/{'pairs' if self.dpo else 'kept'}": float(kept),
-                "self/keep_rate": (kept / max(len(texts), 1)) if self.dpo else kept / max(len(scores), 1),
+                "self/keep_rate": keep_rate,
                 "timing/sampling": time.perf_counter() - t0}
 
     # --- the step ------------------------------------------------------------------------------
