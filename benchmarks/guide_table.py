@@ -17,8 +17,9 @@ ending in `#### N`; benchmarks/gsm8k_style.py).  Methods and what they train on:
 
 Every run stops at max_train_seconds (the budget, counted from its first step, without model
 loading); the schedule is constant so that stopping early does not change what a step does.
-Learning rates are each method's usual one: SFT and RFT 2e-5 (TRL's SFTConfig), DPO 1e-6
-(TRL's DPOConfig), GRPO the demo's 2e-5.  The runs go one after another: run it on a quiet
+Learning rates: 2e-5 for SFT, RFT and GRPO (TRL's SFTConfig default, and the demo's GRPO
+rate), 5e-6 for DPO (TRL's DPOConfig default is 1e-6, meant for far longer runs; its pairwise
+loss moves log-ratios faster than the token losses, hence a lower rate than the others).  The runs go one after another: run it on a quiet
 machine, since a busy one gives a method fewer steps in the same budget.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -44,8 +46,8 @@ COMMON = ["lr_scheduler_type=constant", "max_steps=100000", "save_strategy=no", 
           "logging_steps=5", "report_steps=0"]
 METHODS = {  # name -> [(command, extra settings, share of the budget)]
     "sft": [("sft", ["learning_rate=2e-5", "per_device_train_batch_size=8"], 1.0)],
-    "rft": [("rft", ["learning_rate=2e-5", "per_device_train_batch_size=8", "self_round_prompts=16", "self_round_steps=4"], 1.0)],
-    "dpo": [("dpo", ["self_samples=true", "learning_rate=1e-6", "per_device_train_batch_size=4", "self_round_prompts=16",
+    "rft": [("rft", ["learning_rate=2e-5", "per_device_train_batch_size=8", "self_round_prompts=8", "self_round_steps=4"], 1.0)],
+    "dpo": [("dpo", ["self_samples=true", "learning_rate=5e-6", "per_device_train_batch_size=4", "self_round_prompts=8",
                      "self_round_steps=4"], 1.0)],
     "grpo": [("train", ["learning_rate=2e-5"], 1.0)],
     "sft-grpo": [("sft", ["learning_rate=2e-5", "per_device_train_batch_size=8"], 0.5), ("train", ["learning_rate=2e-5"], 0.5)],
@@ -70,6 +72,8 @@ def train(task: str, method: str, budget: float, out: Path) -> str:
         args = ([spec["config"]] if spec["config"] else []) + spec["settings"] + COMMON + extra + [
             f"model={model}", f"output_dir={run_dir}", f"max_train_seconds={budget * share:g}"]
         run([*RLVR, command, *args], run_dir.with_suffix(".log"))
+        for checkpoint in run_dir.glob("checkpoint-*"):  # the stop at the budget saves one; the final model is what is evaluated
+            shutil.rmtree(checkpoint)
         summary = json.loads((run_dir / "summary.json").read_text())
         print(f"    {summary['steps']} steps in {summary['train_seconds']}s", flush=True)
         model = str(run_dir)

@@ -132,6 +132,7 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
     if cfg.eval_on_start and "eval_before" not in trainer.extra_state and world.is_main:
         trainer.extra_state["eval_before"] = _brief(held_out("before"))
     started, seconds_before = time.perf_counter(), trainer.extra_state.get("train_seconds", 0.0)
+    trainer.extra_state.pop("stopped_by", None)  # a resumed run may go on past an earlier budget
     saved_step = trainer.step
     eval_every = cfg.eval_steps or cfg.logging_steps
     report = LiveReport(output_dir, console)
