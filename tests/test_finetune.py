@@ -249,3 +249,63 @@ def test_a_pair_file_without_rejected_names_the_column(tiny_model_dir, tmp_path)
     bad = _write(tmp_path / "bad.jsonl", [{"prompt": "a", "chosen": "b"}] * 4)
     with pytest.raises(DatasetError, match="no 'rejected' column"):
         train(_config(tiny_model_dir, tmp_path / "d", "dpo", dataset=bad))
+
+
+# --- TRL's documented quick starts, with the import changed ----------------------------------
+
+def test_trl_sft_quick_start_runs_on_chat_messages(tiny_model_dir, tmp_path, monkeypatch):
+    """TRL's SFTTrainer quick start (trl-lib/Capybara: a `messages` column), on in-memory rows."""
+    from rlvr import SFTConfig, SFTTrainer  # was: from trl import SFTConfig, SFTTrainer
+
+    monkeypatch.chdir(tmp_path)
+    dataset = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "hello there"}]}
+               for i in range(8)]
+    trainer = SFTTrainer(model=str(tiny_model_dir), train_dataset=dataset, args=SFTConfig(max_steps=3, learning_rate=1e-3))
+    out = trainer.train()
+    assert out.global_step == 3 and (tmp_path / "tiny-llama0-SFT" / "model.safetensors").is_file()
+    assert trainer.state.log_history[-1]["num_tokens"] > 0
+    with pytest.raises(ConfigError, match=r"SFTTrainer\(formatting_func=...\) is not supported"):
+        SFTTrainer(model=str(tiny_model_dir), train_dataset=dataset, formatting_func=lambda row: row)
+
+
+def test_trl_dpo_quick_start_runs_on_implicit_prompt_pairs(tiny, tmp_path):
+    """TRL's DPOTrainer quick start: a loaded model and tokenizer, DPOConfig(output_dir=...), and
+    trl-lib/ultrafeedback_binarized's shape (chosen / rejected conversations, no prompt column)."""
+    from rlvr import DPOConfig, DPOTrainer  # was: from trl import DPOConfig, DPOTrainer
+
+    model, tokenizer = tiny
+    convo = [{"role": "user", "content": "2+2?"}]
+    train_dataset = [{"chosen": convo + [{"role": "assistant", "content": "4"}],
+                      "rejected": convo + [{"role": "assistant", "content": "5"}]}] * 4
+    training_args = DPOConfig(output_dir=str(tmp_path / "dpo"), max_steps=2, logging_steps=1)
+    trainer = DPOTrainer(model=model, args=training_args, processing_class=tokenizer, train_dataset=train_dataset)
+    trainer.train()
+    first = trainer.state.log_history[0]
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-4) and "rewards/margins" in first
+    assert trainer.model is model  # trained in place, as in TRL
+
+
+def test_dpo_with_lora_uses_the_model_with_its_adapter_off_as_reference(tiny_model_dir, tmp_path, pair_data):
+    out = tmp_path / "dpo-lora"
+    train(_config(tiny_model_dir, out, "dpo", dataset=pair_data, max_steps=6, use_peft=True, lora_r=4, lora_alpha=8,
+                  learning_rate=5e-2, beta=0.5, save_strategy="no"))
+    rows = _rows(out)
+    assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-4)  # a fresh adapter (B = 0) is the reference itself
+    assert rows[-1]["rewards/margins"] > 0.1 and (out / "adapter_model.safetensors").is_file()
+
+
+def test_an_empty_demonstration_is_named_by_file_and_line(tiny_model_dir, tmp_path):
+    from rlvr.tasks.dataset import DatasetError
+
+    bad = _write(tmp_path / "demos.jsonl", [{"prompt": "a", "completion": "b"}] * 3 + [{"prompt": "c", "completion": " "}] * 2)
+    with pytest.raises(DatasetError, match=r"demos.jsonl:[45]: column 'completion' must hold non-empty text"):
+        train(_config(tiny_model_dir, tmp_path / "s", "sft", dataset=bad))
+
+
+def test_rlvr_train_refuses_to_continue_an_sft_run(tiny_model_dir, tmp_path, sft_data, capsys):
+    from rlvr import cli
+
+    out = tmp_path / "sft"
+    train(_config(tiny_model_dir, out, "sft", dataset=sft_data, max_steps=1))
+    assert cli.main(["train", f"output_dir={out}", "resume=true"]) == 2
+    assert "use rlvr sft" in capsys.readouterr().err

@@ -216,8 +216,11 @@ def latest_run_dir(root: Path = Path("runs")) -> Path:
 
 
 def default_output_dir(cfg: Config) -> Path:
-    """runs/<run_name>-<date>-<time>; without a run_name, the dataset's or the task's name."""
+    """runs/<run_name>-<date>-<time>; without a run_name, the dataset's or the task's name (after
+    the method's for rlvr sft / rft / dpo: runs/sft-arithmetic-...)."""
     name = cfg.run_name or (Path(cfg.dataset).stem if cfg.dataset else cfg.task)
+    if not cfg.run_name and cfg.method != "grpo":
+        name = f"{'rft' if cfg.self_samples and cfg.method == 'sft' else cfg.method}-{name}"
     return Path("runs") / f"{name.replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
