@@ -135,15 +135,19 @@ def _library_errors() -> tuple:
     return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError, CheckpointError, RunLocked, NonFinite)
 
 
-def cmd_train(args: list[str]) -> int:
+def cmd_train(args: list[str], method: str | None = None, extra: tuple = ()) -> int:
     import yaml
 
     from rlvr.run import AlertStop, train
 
     ignored: list[str] = []
-    cfg = resolve_config(args, default_file=None if args else "demo", ignored=ignored)
-    if cfg.method != "grpo":
-        raise ConfigError(f"this run trains with method={cfg.method}: use rlvr {cfg.method} (rlvr rft for sft with self_samples)")
+    if method is None:
+        cfg = resolve_config(args, default_file=None if args else "demo", ignored=ignored)
+        if cfg.method != "grpo":
+            raise ConfigError(f"this run trains with method={cfg.method}: use rlvr {cfg.method} (rlvr rft for sft with self_samples)")
+    else:  # rlvr sft / rft / dpo: the same run with another objective (finetune/)
+        cfg = resolve_config([*args, *extra], default_file=None if args else "demo", ignored=ignored, method=method)
+    command = "train" if method is None else "rft" if extra else method
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints: the settings that differ from the defaults
         if ignored:
             print(ignored_line(ignored))
@@ -154,29 +158,11 @@ def cmd_train(args: list[str]) -> int:
     try:
         train(cfg)
     except AlertStop as e:  # on_alert marked this rule `stop`; the run was saved
-        print(f"rlvr train: {e}", file=sys.stderr)
+        print(f"rlvr {command}: {e}", file=sys.stderr)
         return 3
     except HubPushError as e:  # the run is whole on disk; the message says how to push it later
-        print(f"rlvr train: {e}", file=sys.stderr)
+        print(f"rlvr {command}: {e}", file=sys.stderr)
         return 4
-    return 0
-
-
-def cmd_sft(args: list[str], method: str = "sft", extra: tuple = ()) -> int:
-    """rlvr sft / rft / dpo: the run of rlvr train (run.py) with another objective (finetune/)."""
-    import yaml
-
-    from rlvr.run import train
-
-    ignored: list[str] = []
-    cfg = resolve_config([*args, *extra], ignored=ignored, method=method)
-    if ignored:
-        print(ignored_line(ignored))
-    defaults = Config().to_dict()
-    changed = {k: v for k, v in without_secrets(cfg).to_dict().items() if v != defaults.get(k)}
-    print("settings (the rest at their defaults; all of them go to config.yaml in the run directory):")
-    print(yaml.safe_dump(changed, sort_keys=False).rstrip())
-    train(cfg)
     return 0
 
 
@@ -375,8 +361,8 @@ def cmd_vllm_serve(args: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "sft": cmd_sft, "rft": lambda args: cmd_sft(args, "sft", ("self_samples=true",)),
-            "dpo": lambda args: cmd_sft(args, "dpo"), "eval": cmd_eval, "sample": cmd_sample, "compare": cmd_compare, "report": cmd_report,
+COMMANDS = {"train": cmd_train, "sft": lambda args: cmd_train(args, "sft"),
+            "rft": lambda args: cmd_train(args, "sft", ("self_samples=true",)), "dpo": lambda args: cmd_train(args, "dpo"), "eval": cmd_eval, "sample": cmd_sample, "compare": cmd_compare, "report": cmd_report,
             "vllm-serve": cmd_vllm_serve, "plan": cmd_plan}
 
 if __name__ == "__main__":

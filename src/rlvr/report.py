@@ -3,7 +3,8 @@
 `write_report(run_dir)` reads metrics.jsonl, completions.jsonl, alerts.jsonl,
 config.yaml and the held-out evaluations, draws one PNG per panel (reward,
 reward std, held-out accuracy, KL and beta, loss, entropy, clip ratios,
-completion length, zero-signal fraction, throughput) with the alert periods
+completion length, zero-signal fraction, throughput; DPO's implicit rewards and pair accuracy,
+rejection sampling's correct and kept rates) with the alert periods
 shaded, and writes a self-contained HTML page (the PNGs embedded as data URIs)
 with the alerts and sample completions from the start, middle and end.
 
@@ -40,8 +41,12 @@ PANELS = [
     ("completion_length", "completion length (tokens)", ["completions/mean_length", "completions/min_length", "completions/max_length"]),
     ("zero_signal", "fraction of groups with zero reward std", ["frac_reward_zero_std"]),
     ("throughput", "throughput (completion tokens/s)", ["tokens_per_second"]),
+    # rlvr dpo and rlvr rft (finetune/)
+    ("dpo_rewards", "DPO implicit rewards: beta x log-ratio to the reference", ["rewards/chosen", "rewards/rejected", "rewards/margins"]),
+    ("dpo_accuracy", "DPO pairs ranked right (rewards/accuracies)", ["rewards/accuracies"]),
+    ("self_samples", "own samples: verifier-correct rate and kept rate per round", ["self/correct_rate", "self/keep_rate"]),
 ]
-CONFIG_KEYS = ("model", "task", "dataset", "reward_funcs", "loss_type", "beta", "learning_rate",
+CONFIG_KEYS = ("method", "model", "task", "dataset", "reward_funcs", "loss_type", "beta", "learning_rate",
                "num_generations", "max_completion_length", "max_steps", "temperature", "seed")
 SAMPLES_PER_STEP = 8
 MAX_TEXT = 4000  # characters of a prompt or completion shown in the table

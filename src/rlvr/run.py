@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -60,6 +61,8 @@ def _train(cfg: Config, console, world: distributed.World, objects=None) -> dict
     finally:
         if lock is not None:
             lock.close()
+        if world.is_main and output_dir.is_dir() and {p.name for p in output_dir.iterdir()} <= {".lock"}:
+            shutil.rmtree(output_dir, ignore_errors=True)  # a run that failed before writing anything leaves no directory
 
 
 def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, say, world: distributed.World, objects=None) -> dict:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.chat import render_prompts, tokenize_prompts
-from rlvr.tasks.dataset import ANSWER_COLUMNS, PROMPT_COLUMNS, DatasetError, _pick
+from rlvr.tasks.dataset import ANSWER_COLUMNS, PROMPT_COLUMNS, DatasetError, pick_column
 from rlvr.types import Batch, Example, Prompt, Rollout, completion_text
 
 COMPLETION_COLUMNS = ("completion", "solution", "answer")
@@ -81,7 +81,7 @@ def load_data(cfg, objective: str, rows=None) -> tuple[list, list[Example], list
     if not train_rows:
         raise DatasetError(f"{name} has no train rows")
     read = _pair_reader(cfg, columns, name) if objective == "dpo" and not cfg.self_samples else _demo_reader(cfg, columns, name)
-    answer_col = _pick(columns, cfg.answer_column, ANSWER_COLUMNS, "answer", name, required=False)
+    answer_col = pick_column(columns, cfg.answer_column, ANSWER_COLUMNS, "answer", name, required=False)
     train, train_examples, test_examples = [], [], []
     for split, split_rows, examples in (("train", train_rows, train_examples), ("test", test_rows, test_examples)):
         for i, row in enumerate(split_rows):
@@ -104,8 +104,8 @@ def _demo_reader(cfg, columns: list[str], name: str):
                 raise DatasetError(f"{where()}: `messages` must be a list of chat messages ending with the assistant's")
             return Demonstration(_messages(messages[:-1], where), str(messages[-1].get("content") or ""))
         return read
-    prompt_col = _pick(columns, cfg.prompt_column, PROMPT_COLUMNS, "prompt", name)
-    completion_col = None if cfg.self_samples else _pick(columns, cfg.completion_column, COMPLETION_COLUMNS, "completion", name)
+    prompt_col = pick_column(columns, cfg.prompt_column, PROMPT_COLUMNS, "prompt", name)
+    completion_col = None if cfg.self_samples else pick_column(columns, cfg.completion_column, COMPLETION_COLUMNS, "completion", name)
 
     def read(row, where):
         prompt = _prompt(row[prompt_col], where)
@@ -121,7 +121,7 @@ def _pair_reader(cfg, columns: list[str], name: str):
         if col not in columns:
             raise DatasetError(f"{name} has no {col!r} column (DPO needs prompt, chosen and rejected; columns: "
                                f"{', '.join(columns)}), or build the pairs from the model's own samples: self_samples=true")
-    prompt_col = _pick(columns, cfg.prompt_column, PROMPT_COLUMNS, "prompt", name, required=False)
+    prompt_col = pick_column(columns, cfg.prompt_column, PROMPT_COLUMNS, "prompt", name, required=False)
 
     def read(row, where):
         chosen, rejected = row["chosen"], row["rejected"]

@@ -28,7 +28,7 @@ import torch
 from rlvr import distributed, interrupts
 from rlvr.alerts import AlertMonitor
 from rlvr.checkpoint import GeneratorState, load_checkpoint, restore_trainer_state, save_checkpoint, trainer_state
-from rlvr.finetune.data import Encoder, keep_correct, make_pairs, pack, to_batch
+from rlvr.finetune.data import Demonstration, Encoder, Pair, keep_correct, make_pairs, pack, to_batch
 from rlvr.finetune.losses import dpo_loss, sequence_logps, sft_loss
 from rlvr.llama import supports
 from rlvr.logprobs import LogProbs
@@ -37,7 +37,7 @@ from rlvr.monitor import MetricsLog
 from rlvr.optim import apply_optimizer_settings, autocast_dtype, build_optimizer, loss_scaler
 from rlvr.reference import KLReference, KLSettings
 from rlvr.rollout.stage import RolloutStage
-from rlvr.tasks import PromptStream, verifier_name
+from rlvr.tasks import PromptStream, build_rewards, verifier_name
 from rlvr.types import Example, TrainerState
 from rlvr.update import backward, optimizer_step, skip_step
 
@@ -57,6 +57,7 @@ class FinetuneTrainer:
         self.output_dir, self.step = Path(output_dir), 0
         self.full_model = model
         self.rollout = RolloutStage(cfg, model, model, tokenizer, world)  # evaluation; self_samples' rounds
+        self.rollout.rewards = build_rewards(cfg, with_verifier=True)  # a round keeps what the task's verifier scores 1
         eos = eos_token_ids(model, tokenizer)
         self.encoder = Encoder(cfg, tokenizer, tokenizer.eos_token_id if tokenizer.eos_token_id in eos else eos[0])
         device = next(model.parameters()).device
@@ -116,15 +117,10 @@ class FinetuneTrainer:
         """Sample self_round_prompts prompts x num_generations with the current weights, keep the
         verifier-correct samples (sft) or correct / incorrect pairs (dpo); the round's metrics."""
         cfg, t0 = self.cfg, time.perf_counter()
-        from rlvr.finetune.data import Demonstration, Pair
-
         examples = self.prompts.take(cfg.self_round_prompts)
         self.rollout.update_weights(self.model)  # engines outside this model (vLLM) get the current weights
         sampled = self.rollout.sample(examples, self.generator, TrainerState(self.step, self.total_steps))
-        verifier = verifier_name(cfg)
-        scores = sampled.scores.per_func.get(verifier)
-        if scores is None:
-            raise ValueError(f"self_samples needs the task's verifier {verifier!r} among reward_funcs {list(cfg.reward_funcs or ())}")
+        scores = sampled.scores.per_func[verifier_name(cfg)]
         g = len(sampled.groups[0]) if sampled.groups else 0
         texts = [[r.text for r in group] for group in sampled.groups]
         per_prompt = [scores[i * g:(i + 1) * g] for i in range(len(texts))]

@@ -26,8 +26,8 @@ class DatasetError(ValueError):
 def load_splits(cfg) -> tuple[list[Example], list[Example]]:
     """(train, test) examples; the test split is held out of train when the dataset has none."""
     train, test, where = load_split_rows(cfg)
-    prompt_col = _pick(train.column_names, cfg.prompt_column, PROMPT_COLUMNS, "prompt", cfg.dataset)
-    answer_col = _pick(train.column_names, cfg.answer_column, ANSWER_COLUMNS, "answer", cfg.dataset, required=False)
+    prompt_col = pick_column(train.column_names, cfg.prompt_column, PROMPT_COLUMNS, "prompt", cfg.dataset)
+    answer_col = pick_column(train.column_names, cfg.answer_column, ANSWER_COLUMNS, "answer", cfg.dataset, required=False)
     return _examples(train, prompt_col, answer_col, "train", where), _examples(test, prompt_col, answer_col, "test", where)
 
 
@@ -118,7 +118,7 @@ def _load(name: str, config: str | None):
         raise DatasetError(f"could not load dataset {name!r}: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
-def _pick(columns, configured, candidates, what, name, required=True):
+def pick_column(columns, configured, candidates, what, name, required=True):
     columns = [c for c in columns if c != ROW]
     if configured is not None:
         if configured not in columns:
@@ -154,8 +154,8 @@ def examples_from_rows(rows: list, prompt_column: str | None, answer_column: str
     if not all(isinstance(row, dict) for row in rows):
         raise DatasetError(f"{name}: each row must be a mapping of columns, got {type(next(r for r in rows if not isinstance(r, dict))).__name__}")
     columns = list(dict.fromkeys(k for row in rows[:100] for k in row))
-    prompt_col = _pick(columns, prompt_column, PROMPT_COLUMNS, "prompt", name)
-    answer_col = _pick(columns, answer_column, ANSWER_COLUMNS, "answer", name, required=False)
+    prompt_col = pick_column(columns, prompt_column, PROMPT_COLUMNS, "prompt", name)
+    answer_col = pick_column(columns, answer_column, ANSWER_COLUMNS, "answer", name, required=False)
     return _examples(rows, prompt_col, answer_col, name, lambda split, row, i: f"{name} row {i}")
 
 
