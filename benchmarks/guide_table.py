@@ -4,6 +4,8 @@ same `rlvr eval` (greedy pass@1, and pass@k / maj@k of k samples), shown by `rlv
 
     python benchmarks/guide_table.py --budget 150 --out runs/guide-table
 
+Runs and evaluations already finished in --out are kept, so an interrupted table continues.
+
 Tasks: the built-in arithmetic task as the demo trains it (src/rlvr/configs/demo.yaml), and the
 GSM8K-format file tests/data/gsm8k_style (400 train / 100 test word problems, worked solutions
 ending in `#### N`; benchmarks/gsm8k_style.py).  Methods and what they train on:
@@ -69,14 +71,17 @@ def train(task: str, method: str, budget: float, out: Path) -> str:
     spec, model = TASKS[task], "default"
     for i, (command, extra, share) in enumerate(METHODS[method]):
         run_dir = out / task / (method if len(METHODS[method]) == 1 else f"{method}-{i}")
+        start, model = model, str(run_dir)  # each stage starts from the one before
+        if (run_dir / "summary.json").is_file():  # finished by an earlier invocation with the same --out
+            print(f"  {command}: kept {run_dir}", flush=True)
+            continue
         args = ([spec["config"]] if spec["config"] else []) + spec["settings"] + COMMON + extra + [
-            f"model={model}", f"output_dir={run_dir}", f"max_train_seconds={budget * share:g}"]
+            f"model={start}", f"output_dir={run_dir}", f"max_train_seconds={budget * share:g}"]
         run([*RLVR, command, *args], run_dir.with_suffix(".log"))
         for checkpoint in run_dir.glob("checkpoint-*"):  # the stop at the budget saves one; the final model is what is evaluated
             shutil.rmtree(checkpoint)
         summary = json.loads((run_dir / "summary.json").read_text())
         print(f"    {summary['steps']} steps in {summary['train_seconds']}s", flush=True)
-        model = str(run_dir)
     return model
 
 
@@ -87,7 +92,8 @@ def evaluate(task: str, model: str, out: Path, k: int) -> dict:
                           (f"{k} samples", [f"eval_num_samples={k}", "eval_temperature=0.7"])):
         path = out / task / f"eval-{Path(model).name}-{how.split()[0]}.json"
         args = ([spec["config"]] if spec["config"] and model == "default" else []) + spec["settings"] + settings
-        run([*RLVR, "eval", f"model={model}", *args, f"eval_output={path}"], path.with_suffix(".log"))
+        if not path.is_file():  # else kept from an earlier invocation with the same --out
+            run([*RLVR, "eval", f"model={model}", *args, f"eval_output={path}"], path.with_suffix(".log"))
         data = json.loads(path.read_text())
         result = data["results"][0] if "results" in data else data
         result["task"] = f"{task} ({how})"

@@ -233,7 +233,9 @@ def test_dpo_names_are_trl_dpoconfig_names():
     assert (args.beta, args.loss_type, args._config.dpo_beta, args._config.beta) == (0.3, "ipo", 0.3, 0.0)
     assert args.learning_rate == 1e-6 and SFTConfig(output_dir="x").learning_rate == 2e-5  # TRL's defaults
     with pytest.raises(ConfigError, match="loss_type for rlvr dpo must be one of sigmoid, ipo, hinge"):
-        DPOConfig(loss_type="dapo")
+        DPOConfig(loss_type="ipo2")
+    # a GRPO recipe's loss_type (the demo file has loss_type: grpo) stays GRPO's under rlvr dpo demo
+    assert method_settings("dpo", {"loss_type": "grpo", "beta": 0.2}) == {"loss_type": "grpo", "dpo_beta": 0.2}
 
 
 def test_dpo_on_the_builtin_task_without_pairs_says_what_to_do(tiny_model_dir, tmp_path):
@@ -241,6 +243,7 @@ def test_dpo_on_the_builtin_task_without_pairs_says_what_to_do(tiny_model_dir, t
 
     with pytest.raises(DatasetError, match="self_samples=true"):
         train(_config(tiny_model_dir, tmp_path / "d", "dpo"))
+    assert not (tmp_path / "d").exists()  # a run that failed before writing anything leaves no directory behind
 
 
 def test_a_pair_file_without_rejected_names_the_column(tiny_model_dir, tmp_path):

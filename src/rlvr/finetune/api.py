@@ -18,6 +18,7 @@ from typing import Any
 
 from rlvr.api import GRPOConfig, GRPOTrainer, RunObjects, TrainerControl, TrainerState, _lora_settings, _model_name
 from rlvr.config import ConfigError, build_config
+from rlvr.losses import LOSS_TYPES
 
 RENAMES = {"dpo": {"beta": "dpo_beta", "loss_type": "dpo_loss_type"}}  # DPOConfig's names for rlvr's settings
 DEFAULTS = {"sft": {"learning_rate": 2e-5}, "dpo": {"learning_rate": 1e-6}}  # TRL's SFTConfig / DPOConfig defaults
@@ -28,6 +29,8 @@ def method_settings(method: str, values: dict) -> dict:
     if not values:
         return {"method": method, **DEFAULTS.get(method, {})}
     renames = RENAMES.get(method, {})
+    if method == "dpo" and values.get("loss_type") in LOSS_TYPES:  # a GRPO recipe's loss_type (the demo's grpo) is GRPO's
+        renames = {k: v for k, v in renames.items() if k != "loss_type"}
     return {renames.get(k, k): v for k, v in values.items()}
 
 
