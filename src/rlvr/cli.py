@@ -147,7 +147,6 @@ def cmd_train(args: list[str], method: str | None = None, extra: tuple = ()) -> 
             raise ConfigError(f"this run trains with method={cfg.method}: use rlvr {cfg.method} (rlvr rft for sft with self_samples)")
     else:  # rlvr sft / rft / dpo: the same run with another objective (finetune/)
         cfg = resolve_config([*args, *extra], default_file=None if args else "demo", ignored=ignored, method=method)
-    command = "train" if method is None else "rft" if extra else method
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints: the settings that differ from the defaults
         if ignored:
             print(ignored_line(ignored))
@@ -158,10 +157,10 @@ def cmd_train(args: list[str], method: str | None = None, extra: tuple = ()) -> 
     try:
         train(cfg)
     except AlertStop as e:  # on_alert marked this rule `stop`; the run was saved
-        print(f"rlvr {command}: {e}", file=sys.stderr)
+        print(f"rlvr {cfg.command}: {e}", file=sys.stderr)
         return 3
     except HubPushError as e:  # the run is whole on disk; the message says how to push it later
-        print(f"rlvr {command}: {e}", file=sys.stderr)
+        print(f"rlvr {cfg.command}: {e}", file=sys.stderr)
         return 4
     return 0
 

@@ -218,6 +218,11 @@ class Config:
         return self.completions_per_generation // (self.per_device_train_batch_size * self.gradient_accumulation_steps)
 
     @property
+    def command(self) -> str:
+        """The rlvr command that trains this method: train, sft, rft (sft with self_samples) or dpo."""
+        return {"grpo": "train", "dpo": "dpo"}.get(self.method, "rft" if self.self_samples else "sft")
+
+    @property
     def epsilon_high_value(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 

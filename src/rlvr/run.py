@@ -116,8 +116,7 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
         console.print(f"resumed from {checkpoint} at step {trainer.step}")
     if world.is_main:
         save_config(without_secrets(cfg), output_dir / "config.yaml")  # no hub_token on disk, nor on the Hub
-    command = {"grpo": "train", "sft": "rft" if cfg.self_samples else "sft", "dpo": "dpo"}[cfg.method]
-    console.print(f"[bold]rlvr {command}[/] -> {output_dir}  model: {model_path} on {world.device}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
+    console.print(f"[bold]rlvr {cfg.command}[/] -> {output_dir}  model: {model_path} on {world.device}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
 
     verifier = verifier_name(cfg)
     scorer = build_rewards(cfg, with_verifier=True)

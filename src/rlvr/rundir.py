@@ -220,7 +220,7 @@ def default_output_dir(cfg: Config) -> Path:
     the method's for rlvr sft / rft / dpo: runs/sft-arithmetic-...)."""
     name = cfg.run_name or (Path(cfg.dataset).stem if cfg.dataset else cfg.task)
     if not cfg.run_name and cfg.method != "grpo":
-        name = f"{'rft' if cfg.self_samples and cfg.method == 'sft' else cfg.method}-{name}"
+        name = f"{cfg.command}-{name}"
     return Path("runs") / f"{name.replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
