@@ -75,13 +75,15 @@ def _same_as(out: Path, straight: Path) -> None:
 
 def _until_done(args: list[str], out: Path, attempts: int = 12) -> int:
     """resume=true until the run ends; the number of resumes it took."""
+    err = ""
     for attempt in range(attempts):
         proc = _start(args + ["resume=true"])
         code = proc.wait(timeout=300)
         if code == 0:
             return attempt + 1
-        assert code in (2, 130, 143), proc.stderr.read()
-    raise AssertionError("the run did not finish")
+        err = proc.stderr.read()
+        assert code in (2, 130, 143), err
+    raise AssertionError(f"the run did not finish; the last attempt exited {code} with:\n{err[-3000:]}")
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))

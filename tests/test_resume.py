@@ -136,6 +136,27 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(tiny_run_config, t
     _same_run(out, straight)
 
 
+def test_a_ctrl_c_before_anything_is_written_keeps_the_directory_for_resume(tiny_run_config, tmp_path, straight,
+                                                                          monkeypatch, capsys):
+    """Ctrl-C while the model loads: the directory stays (an error there would remove it), so the
+    usual `resume=true` starts the run over instead of saying the directory does not exist."""
+    import rlvr.run as run
+
+    out, load_model = tmp_path / "run", run.load_model
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "load_model", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_run_config(out))
+    assert out.is_dir()
+    monkeypatch.setattr(run, "load_model", load_model)
+    train(tiny_run_config(out, resume=True))
+    assert "has no checkpoint yet: the run starts over there" in capsys.readouterr().out
+    _same_run(out, straight)
+
+
 def _disk_full_on_save(monkeypatch, at: int):
     import rlvr.checkpoint as checkpoint
 

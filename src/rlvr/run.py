@@ -58,11 +58,17 @@ def _train(cfg: Config, console, world: distributed.World, objects=None) -> dict
     cfg, output_dir, checkpoint, lock = prepare_output_dir_once(cfg, world, say=say)
     try:
         return _train_in(cfg, output_dir, checkpoint, console, say, world, objects)
+    except Exception:  # an error before anything was written (a bad dataset row) leaves no directory behind;
+        # an interrupted run keeps its directory, so that resume=true can start it over
+        if lock is not None:
+            lock.close()
+            lock = None
+        if world.is_main and output_dir.is_dir() and {p.name for p in output_dir.iterdir()} <= {".lock"}:
+            shutil.rmtree(output_dir, ignore_errors=True)
+        raise
     finally:
         if lock is not None:
             lock.close()
-        if world.is_main and output_dir.is_dir() and {p.name for p in output_dir.iterdir()} <= {".lock"}:
-            shutil.rmtree(output_dir, ignore_errors=True)  # a run that failed before writing anything leaves no directory
 
 
 def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, say, world: distributed.World, objects=None) -> dict:
