@@ -129,10 +129,12 @@ def _library_errors() -> tuple:
     from rlvr.models import ModelError
     from rlvr.rewards import RewardError
     from rlvr.rewards.check import CaseError
+    from rlvr.rollout import RolloutError
     from rlvr.rollout.vllm import VLLMError
     from rlvr.tasks.dataset import DatasetError
 
-    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError, CheckpointError, RunLocked, NonFinite)
+    return (ModelError, RewardError, DatasetError, CaseError, EvalFileError, LoraError, VLLMError, CheckpointError, RunLocked,
+            NonFinite, RolloutError)
 
 
 def cmd_train(args: list[str], method: str | None = None, extra: tuple = ()) -> int:
@@ -176,7 +178,7 @@ def cmd_eval(args: list[str]) -> int:
     overrides = [a for a in args if "=" in a]
     cfgs = [resolve_config(([f] if f else []) + overrides, run_base=True) for f in files]
     labels = _task_labels(cfgs, files)
-    splits = [load_splits(cfg) for cfg in cfgs]  # every dataset error before any model loads
+    splits = [load_splits(cfg, evaluation=True) for cfg in cfgs]  # every dataset error before any model loads
     console, models, results = make_console(), {}, []
     for cfg, label, (train, test) in zip(cfgs, labels, splits):
         test = test[: cfg.eval_max_examples or None]

@@ -44,7 +44,7 @@ class Config:
     lora_save: str = "adapter"  # final save: adapter (peft format) | merged (a plain model)
 
     # --- data ----------------------------------------------------------------
-    task: str = "arithmetic"  # a built-in generated task; ignored when `dataset` is set
+    task: str = "arithmetic"  # a built-in task: arithmetic, countdown, reasoning_gym, humaneval; or gsm8k, math500, aime, which read `dataset` (default: from the hub). Unset, `dataset` is a plain dataset
     task_args: dict = field(default_factory=dict)  # the task's own knobs, e.g. {digits: 2, operands: 3}
     dataset: str | None = None  # hub id, or a local .jsonl / .json / .parquet / .csv file
     dataset_config: str | None = None  # the dataset's configuration (subset) name
@@ -89,6 +89,14 @@ class Config:
     rollout_workers: int = 0  # Ray actors that sample and score; 0 = in the training process
     ray_address: str | None = None  # an existing Ray cluster ("auto" or host:port); null = start a local one
     max_staleness: int = 0  # 1: the next step's rollouts are sampled while this step trains (one step off-policy)
+
+    # --- multi-turn ----------------------------------------------------------
+    tools: tuple = ()  # functions the model may call: python, calculator (built in) or package.module:function
+    environment: str | None = None  # package.module:Class the model talks to turn by turn (environments.py)
+    max_turns: int = 4  # model turns per rollout with tools or an environment (TRL: max_tool_calling_iterations + 1)
+    tool_timeout: float = 10.0  # seconds a tool call may run; past it the model reads an error
+    max_tool_output_chars: int = 2000  # a tool's output is cut to this many characters, with a note saying so
+    rollout_func: str | None = None  # package.module:function that samples the completions itself (TRL's rollout_func)
 
     # --- reward --------------------------------------------------------------
     reward_funcs: tuple | None = None  # built-in names or `package.module:function`; default: the task's verifier
@@ -246,7 +254,7 @@ ALIASES = {
     "vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max",  # TRL's older name
 }
 
-_TUPLE_FIELDS = {"stop_strings", "reward_funcs", "reward_weights", "report_to", "lora_target_modules"}
+_TUPLE_FIELDS = {"stop_strings", "tools", "reward_funcs", "reward_weights", "report_to", "lora_target_modules"}
 _CHOICES = {
     "dtype": ("float32", "bfloat16"),
     "scale_rewards": ("group", "batch", "none"),
@@ -424,6 +432,7 @@ def validate(cfg: Config) -> None:
     if cfg.method == "grpo":  # how generations feed optimizer steps; sft and dpo take whole examples
         problems += _check_generation_batch(cfg)
     problems += _check_finetune(cfg)
+    problems += _check_multiturn(cfg)
     need(cfg.max_completion_length >= 1, "max_completion_length must be at least 1")
     need(cfg.max_prompt_length is None or cfg.max_prompt_length >= 1, "max_prompt_length must be at least 1 (or null for no limit)")
     from rlvr.rollout import generation_settings
@@ -648,9 +657,52 @@ def _check_alerts(cfg: Config) -> list[str]:
     return problems
 
 
+def _check_multiturn(cfg: Config) -> list[str]:
+    """Tools, environment and rollout_func: each can be found and used, and where it can run."""
+    problems = []
+    multi = bool(cfg.tools or cfg.environment)
+    if cfg.tools and cfg.environment:
+        problems.append("tools and environment cannot both be set: tools are an environment of their own "
+                        "(give your environment the tools it runs)")
+    if cfg.rollout_func and multi:
+        problems.append("rollout_func samples the completions itself: it cannot be combined with tools or environment")
+    if cfg.max_turns < 1:
+        problems.append(f"max_turns must be at least 1; got {cfg.max_turns}")
+    if cfg.tool_timeout <= 0 or cfg.max_tool_output_chars < 1:
+        problems.append("tool_timeout must be > 0 and max_tool_output_chars at least 1")
+    if (multi or cfg.rollout_func) and cfg.rollout_workers > 0:
+        problems.append("tools, environment and rollout_func run in the training processes: rollout_workers > 0 is "
+                        "not supported with them yet (use torchrun, or vLLM servers, to spread the sampling)")
+    if (multi or cfg.rollout_func) and cfg.method != "grpo":
+        problems.append(f"tools, environment and rollout_func are for rlvr train (GRPO), not rlvr {cfg.command}")
+    if cfg.tools:
+        from rlvr.tools import Tool, ToolError
+
+        for spec in cfg.tools:
+            try:
+                Tool.of(spec)
+            except ToolError as e:
+                problems.append(str(e))
+    if cfg.environment:
+        from rlvr.environments import load_environment
+
+        try:
+            load_environment(cfg.environment)
+        except ValueError as e:
+            problems.append(str(e))
+    if cfg.rollout_func:
+        from rlvr.rollout.custom import load_rollout_func
+
+        try:
+            load_rollout_func(cfg.rollout_func)
+        except ValueError as e:
+            problems.append(str(e))
+    return problems
+
+
 def _check_names(cfg: Config) -> list[str]:
     from rlvr.rewards import resolve_reward
-    from rlvr.tasks import TASKS
+    from rlvr.tasks import check_task
 
     problems = []
     for name in cfg.reward_funcs or ():
@@ -658,14 +710,7 @@ def _check_names(cfg: Config) -> list[str]:
             resolve_reward(name)
         except (ValueError, ImportError, AttributeError) as e:
             problems.append(str(e))
-    if cfg.dataset is None and cfg.task not in TASKS:
-        problems.append(f"unknown task {cfg.task!r}; built-in tasks: {', '.join(TASKS)} (or set dataset=...)")
-    elif cfg.dataset is None:
-        try:
-            TASKS[cfg.task].check_args(cfg.task_args)
-        except (TypeError, ValueError) as e:
-            problems.append(f"task_args for {cfg.task!r}: {e}")
-    return problems
+    return problems + check_task(cfg)
 
 
 def _check_paths(cfg: Config) -> list[str]:

@@ -33,6 +33,7 @@ from rlvr.rewards import RewardSet
 from rlvr.rewards.answers import DEFAULT_SOURCES
 from rlvr.rewards.math import accuracy, answer_key, extract_answer, numeric_accuracy, plain_last_box, signed_accuracy
 from rlvr.rollout import SamplingParams, generation_settings
+from rlvr.rollout.multiturn import make_multiturn
 from rlvr.tasks.fewshot import pick_shots, with_shots
 from rlvr.types import Example
 
@@ -94,11 +95,15 @@ def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, ve
                             min_p=(train["min_p"] or 0.0) if sampled else 0.0, stop_strings=train["stop_strings"])
     per_func: dict[str, list] = {name: [] for name in rewards.names}
     completions, lengths, truncated, samples = [], [], 0, []
+    multiturn = make_multiturn(cfg, tokenizer)  # with tools or an environment, evaluated as trained: turn by turn
     for lo in range(0, len(examples), cfg.eval_batch_size):
         chunk = examples[lo : lo + cfg.eval_batch_size]
-        texts = render_prompts(tokenizer, [with_shots(ex.prompt, shots) for ex in chunk], cfg.system_prompt,
-                               cfg.chat_template_kwargs, cfg.text_prompts == "raw")
-        groups = sampler.generate(tokenize_prompts(tokenizer, texts, cfg.max_prompt_length), params, generator)
+        prompts = [with_shots(ex.prompt, shots) for ex in chunk]
+        if multiturn is not None:
+            texts, groups = multiturn.generate(sampler, chunk, prompts, params, generator)
+        else:
+            texts = render_prompts(tokenizer, prompts, cfg.system_prompt, cfg.chat_template_kwargs, cfg.text_prompts == "raw")
+            groups = sampler.generate(tokenize_prompts(tokenizer, texts, cfg.max_prompt_length), params, generator)
         scores = rewards.score_groups(chunk, groups, texts, max_completion_length=cfg.max_completion_length)
         for name in rewards.names:
             per_func[name] += scores.per_func[name]
@@ -109,7 +114,7 @@ def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, ve
             truncated += r.truncated
             if len(samples) < MAX_SAMPLES_KEPT:
                 samples.append({"prompt": ex.prompt, "answer": ex.answer, "completion": r.text,
-                                **({"sample": s} if k > 1 else {}),
+                                **({"sample": s} if k > 1 else {}), **({"turns": r.messages} if r.messages else {}),
                                 "rewards": {name: scores.per_func[name][j] for name in rewards.names}})
         if on_batch:
             on_batch(min(lo + cfg.eval_batch_size, len(examples)), len(examples))

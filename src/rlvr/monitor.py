@@ -144,6 +144,15 @@ def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
     }
     if groups[0].kl is not None:
         metrics["kl"] = sum(k for g in groups for k in g.kl) / max(lengths.sum().item(), 1.0)
+    infos = [r.info for r in rollouts if r.info is not None and "turns" in r.info]
+    if infos:  # multi-turn rollouts (rollout/multiturn.py), per completion
+        n = len(infos)
+        metrics["turns/mean"] = sum(i["turns"] for i in infos) / n
+        metrics["turns/max"] = max(i["turns"] for i in infos)
+        metrics["tools/calls_per_completion"] = sum(i["tool_calls"] for i in infos) / n
+        metrics["tools/errors_per_completion"] = sum(i["tool_errors"] for i in infos) / n
+        metrics["tools/error_rate"] = sum(i["tool_errors"] for i in infos) / max(sum(i["tool_calls"] for i in infos), 1)
+        metrics["env/errors"] = sum(bool(i["env_error"]) for i in infos)
     for name in groups[0].per_func:
         vals = torch.tensor([v for g in groups for v in g.per_func[name] if v is not None] or [math.nan])
         metrics[f"rewards/{name}/mean"] = vals.mean().item()

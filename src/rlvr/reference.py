@@ -79,7 +79,7 @@ class KLReference:
         (the sampler's log-probs) and the reference.  Rollouts come in groups of group_size."""
         n = len(rollouts)
         batch = Batch.from_rollouts(rollouts, torch.zeros(n), torch.ones(n, dtype=torch.bool), pad_id, False, group_size)
-        return sequence_kl(batch.sampler_logprobs, self.ref_logprobs(batch), batch.completion_mask,
+        return sequence_kl(batch.sampler_logprobs, self.ref_logprobs(batch), batch.loss_mask,
                            self.settings.estimator).tolist()
 
     def penalize(self, rewards: list[float], rollouts: list[Rollout], pad_id: int,

@@ -62,7 +62,7 @@ IGNORED = {
                     "rlvr is deterministic from seed, resumes exactly, saves on SIGTERM and pushes the final model"),
     "optim_args": "transformers passes it to none of torch's AdamW variants (the adam_* settings are theirs)",
     **dict.fromkeys("""sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
-        entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target max_tool_calling_iterations""".split(),
+        entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target""".split(),
                     "a knob of a loss or feature rlvr does not have (see loss_type, entropy_coef)"),
     # Older TRL / transformers versions' settings that recipes still carry.
     **dict.fromkeys("""logging_dir overwrite_output_dir use_mps_device past_index ray_scope jit_mode_eval use_ipex
@@ -151,6 +151,8 @@ def translate(key: str, value: Any) -> tuple[str, Any] | None:
         return None  # TRL's default: nothing to resume; the deprecated cap unset
     if key == "hub_token" and value == "<HUB_TOKEN>":  # to_dict() hides the token behind this
         return None
+    if key == "max_tool_calling_iterations":  # TRL counts the tool rounds; rlvr the model's turns
+        return "max_turns", None if value is None else int(value) + 1
     if key == "warmup_steps" and isinstance(value, float) and 0 < value < 1:  # transformers 5: a float < 1 is a ratio
         return "warmup_ratio", value
     return key, value

@@ -55,6 +55,12 @@ class Rollout:
     logprobs: list[float]
     finish_reason: str
     text: str
+    # Multi-turn rollouts (rollout/multiturn.py): which completion tokens the policy wrote (False:
+    # an observation between turns, left out of the loss); the turns as chat messages; counters
+    # (turns, tool_calls, tool_errors, env_reward, env_error).  None for a single-turn rollout.
+    mask: list[bool] | None = None
+    messages: list[Message] | None = None
+    info: dict | None = None
 
     @property
     def truncated(self) -> bool:
@@ -82,6 +88,14 @@ class Batch:
     ref_logprobs: torch.Tensor | None = None  # [B, T]
     group_ids: torch.Tensor | None = None  # [B] long: rows with the same id share their prompt
     sampler_logprobs: torch.Tensor | None = None  # [B, T]
+    # [B, T]: False at completion tokens the policy did not write (a multi-turn rollout's observations):
+    # they are in the sequence the model reads, but not in the loss.  None: the policy wrote them all.
+    policy_mask: torch.Tensor | None = None
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """The tokens the loss, the KL and the importance weights cover: present, and written by the policy."""
+        return self.completion_mask if self.policy_mask is None else self.completion_mask & self.policy_mask
 
     @classmethod
     def from_rollouts(cls, rollouts: list[Rollout], advantages: torch.Tensor, keep: torch.Tensor, pad_id: int,
@@ -97,17 +111,20 @@ class Batch:
         completion_ids = torch.full((n, c_width), pad_id, dtype=torch.long)
         completion_mask = torch.zeros((n, c_width), dtype=torch.bool)
         sampler_logprobs = torch.zeros((n, c_width))
+        policy_mask = torch.ones((n, c_width), dtype=torch.bool) if any(r.mask is not None for r in rows) else None
         for i, r in enumerate(rows):
             p, c = len(r.prompt_ids), len(r.completion_ids)
             prompt_ids[i, p_width - p :] = torch.tensor(r.prompt_ids)
             prompt_mask[i, p_width - p :] = True
             completion_ids[i, :c] = torch.tensor(r.completion_ids)
             completion_mask[i, :c] = not (mask_truncated and r.truncated)
+            if r.mask is not None:  # a multi-turn rollout: the observations between turns are not the policy's
+                policy_mask[i, :c] = torch.tensor(r.mask[:c], dtype=torch.bool)
             reported = r.logprobs[:c]
             sampler_logprobs[i, : len(reported)] = torch.tensor(reported, dtype=torch.float)
         groups = None if group_size is None else (torch.arange(len(rollouts)) // group_size)[keep]
         return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages[keep].float(), group_ids=groups,
-                   sampler_logprobs=sampler_logprobs)
+                   sampler_logprobs=sampler_logprobs, policy_mask=policy_mask)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -121,7 +138,7 @@ class Batch:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.completion_mask.sum())
+        return int(self.loss_mask.sum())
 
     def select(self, index: torch.Tensor | slice) -> "Batch":
         """The rows `index`, with the padding columns that no selected row uses removed."""
@@ -143,8 +160,9 @@ class Batch:
             ref_logprobs=pick(self.ref_logprobs),
             group_ids=pick(self.group_ids),
             sampler_logprobs=pick(self.sampler_logprobs),
+            policy_mask=pick(self.policy_mask),
         )
-        for name in ("old_logprobs", "ref_logprobs", "sampler_logprobs"):
+        for name in ("old_logprobs", "ref_logprobs", "sampler_logprobs", "policy_mask"):
             if getattr(sub, name) is not None:
                 setattr(sub, name, getattr(sub, name)[:, :t_end])
         return sub

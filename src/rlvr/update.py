@@ -208,20 +208,20 @@ class PolicyUpdate:
             old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             weights = None
             if s.sampler_correction is not None and micro.sampler_logprobs is not None:
-                weights = sampler_importance_weights(old, micro.sampler_logprobs, micro.completion_mask,
+                weights = sampler_importance_weights(old, micro.sampler_logprobs, micro.loss_mask,
                                                      s.sampler_correction, s.sampler_clip_min, s.sampler_clip_max)
                 _add_sampling_sums(sums, weights, old, micro)
             loss, m = policy_loss(
-                logprobs, old, micro.advantages, micro.completion_mask, norm,
+                logprobs, old, micro.advantages, micro.loss_mask, norm,
                 loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high, delta=s.delta,
                 importance_sampling_level=s.importance_sampling_level, ref_logprobs=micro.ref_logprobs,
                 beta=self.kl.loss_beta, kl_estimator=self.kl.settings.estimator, importance_weights=weights,
-                entropy_mask=self._entropy_mask(entropy, micro.completion_mask),
+                entropy_mask=self._entropy_mask(entropy, micro.loss_mask),
             )
             backward(loss, self.scaler)
             self.between_micro_batches()
             sums["loss"] += loss.item()
-            sums["entropy"] += torch.where(micro.completion_mask, entropy, 0.0).sum().item()
+            sums["entropy"] += torch.where(micro.loss_mask, entropy, 0.0).sum().item()
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v.item()
         return sums
@@ -249,7 +249,7 @@ def _add_sampling_sums(sums: dict, weights, old, micro: Batch) -> None:
     """The importance-sampling metrics (TRL's names): the weights' sum, count, min and max over the
     masked tokens (token modes) or the completions with a token (sequence modes), and the sum and
     max of |old - sampler| log-prob differences over the masked tokens."""
-    mask = micro.completion_mask
+    mask = micro.loss_mask
     values = weights[mask] if weights.shape == mask.shape else weights[mask.any(-1)].flatten()
     key = "sampling/importance_sampling_ratio"
     sums[key] = sums.get(key, 0.0) + values.sum().item()

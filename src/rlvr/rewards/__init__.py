@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import Callable
 
 from rlvr.rewards.code import code_tests
+from rlvr.rewards.countdown import countdown
 from rlvr.rewards.deadline import RewardTimeout, time_limit
 from rlvr.rewards.format import boxed_format, format_curriculum, tag_count, think_answer_format
 from rlvr.rewards.length import cosine_length, repetition_penalty, soft_overlong
 from rlvr.rewards.math import accuracy, numeric_accuracy, signed_accuracy
+from rlvr.rewards.reasoning_gym import reasoning_gym_score
 from rlvr.types import Example, Rollout, ScoreList, TrainerState
 
 RewardFn = Callable[..., list]
@@ -133,7 +135,8 @@ def _load_file(path: Path):
 
 # What the trainer passes to every reward function, and the dataset columns built-ins read: not knobs.
 CONTEXT = {"completions", "prompts", "prompt_texts", "completion_ids", "trainer_state", "max_completion_length", "answer",
-           "test", "test_cases", "entry_point", "prompt_code"}
+           "test", "test_cases", "entry_point", "prompt_code", "nums", "target", "question", "metadata", "rg_dataset",
+           "rg_config"}
 
 
 def knobs(fn: RewardFn) -> list[str]:
@@ -212,9 +215,14 @@ class RewardSet:
         keys = dict.fromkeys(k for ex in examples for k in ex.columns)
         columns = {k: [ex.columns.get(k) for _, ex, _ in rows] for k in keys}
         columns.setdefault("answer", [ex.answer for _, ex, _ in rows])
-        completions = [
-            [{"role": "assistant", "content": r.text}] if ex.is_conversational else r.text for _, ex, r in rows
+        completions = [  # a multi-turn rollout's whole conversation (TRL's shape); its last turn is the answer
+            (r.messages or [{"role": "assistant", "content": r.text}]) if ex.is_conversational else r.text for _, ex, r in rows
         ]
+        infos = [r.info or {} for _, _, r in rows]
+        if any(infos):  # multi-turn: what the environment said; rollout_func: the fields it returned
+            columns["env_rewards"] = [i.get("env_reward") for i in infos]
+            for key in dict.fromkeys(k for i in infos for k in i.get("fields", {})):
+                columns[key] = [i.get("fields", {}).get(key) for i in infos]
         context = {
             "prompts": [ex.prompt for _, ex, _ in rows],
             "completion_ids": [r.completion_ids for _, _, r in rows],
@@ -270,6 +278,13 @@ def _check_output(name: str, values, n: int) -> list[float | None]:
     return out
 
 
+def environment(completions, env_rewards=None, **kwargs) -> list:
+    """The rewards an environment's steps gave each rollout, summed (environments.py); None where it gave none."""
+    if env_rewards is None:
+        return [None] * len(completions)
+    return [None if r is None else float(r) for r in env_rewards]
+
+
 # TRL's name for the math verifier (trl.rewards.accuracy_reward): `from rlvr.rewards import accuracy_reward`.
 accuracy_reward = accuracy
 
@@ -285,4 +300,7 @@ REWARDS: dict[str, RewardFn] = {
     "cosine_length": cosine_length,
     "repetition_penalty": repetition_penalty,
     "code_tests": code_tests,
+    "environment": environment,
+    "countdown": countdown,
+    "reasoning_gym": reasoning_gym_score,
 }

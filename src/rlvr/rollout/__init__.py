@@ -20,6 +20,10 @@ import torch
 from rlvr.types import Rollout
 
 
+class RolloutError(RuntimeError):
+    """A rollout the run cannot make: an environment whose reset fails, a rollout_func whose output is malformed."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     n: int = 1  # completions per prompt

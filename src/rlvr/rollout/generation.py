@@ -76,7 +76,8 @@ class Generations:
             metrics["sampling/dropped_groups"] = sum(not g.has_signal for g in groups)
         samples = [
             {"prompt": g.example.prompt, "answer": g.example.answer, "completion": r.text, "reward": reward,
-             "advantage": advantages[i * size + j].item(), "finish_reason": r.finish_reason}
+             "advantage": advantages[i * size + j].item(), "finish_reason": r.finish_reason,
+             **({"turns": r.messages} if r.messages else {})}
             for i, g in enumerate(chosen) for j, (r, reward) in enumerate(zip(g.rollouts, g.rewards))
         ][: s.num_completions_to_print]
         return Generation(batch, metrics, samples)

@@ -21,7 +21,9 @@ from rlvr.models import WeightCopy, eos_token_ids
 from rlvr.rewards import Scores
 from rlvr.rollout import training_params
 from rlvr.rollout.engine import make_sampler
+from rlvr.rollout.custom import custom_rollouts, load_rollout_func
 from rlvr.rollout.home import HomeThread
+from rlvr.rollout.multiturn import make_multiturn
 from rlvr.rollout.sampling import GroupGenerators
 from rlvr.tasks import build_rewards
 from rlvr.types import Example, Rollout, TrainerState
@@ -72,6 +74,8 @@ class RolloutStage:
         self.off_policy = cfg.use_vllm or cfg.rollout_workers > 0 or cfg.max_staleness > 0
         self._stream = None  # see side_stream
         self.params = training_params(cfg)
+        self.multiturn = make_multiturn(cfg, tokenizer)  # tools or an environment: rollouts of several turns
+        self.rollout_func = load_rollout_func(cfg.rollout_func) if cfg.rollout_func else None
 
     @property
     def pad_id(self) -> int:
@@ -83,13 +87,20 @@ class RolloutStage:
         streams = self._streams(len(examples), generator)
         mine = distributed.shard(len(examples), self.world)
         examples = examples[mine.start : mine.stop]
-        texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt, cfg.chat_template_kwargs,
-                              cfg.text_prompts == "raw")
-        prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
-        if self.workers is not None:  # rollout and reward on the Ray actors; the rollout time then includes the reward
-            groups, scores = self.workers.generate_and_score(examples, texts, prompt_ids, self.params, streams.seeds, state)
-            return Sampled(examples, groups, scores, time.perf_counter() - t0, 0.0)
-        groups = self.sampler.generate(prompt_ids, self.params, streams)
+        if self.multiturn is not None:  # the turns, the environment's answers between them, and the first prompts' texts
+            texts, groups = self.multiturn.generate(self.sampler, examples, [ex.prompt for ex in examples], self.params,
+                                                    streams)
+        else:
+            texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt,
+                                   cfg.chat_template_kwargs, cfg.text_prompts == "raw")
+        if self.multiturn is None and self.rollout_func is None:
+            prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
+            if self.workers is not None:  # rollout and reward on the Ray actors; the rollout time then includes the reward
+                groups, scores = self.workers.generate_and_score(examples, texts, prompt_ids, self.params, streams.seeds, state)
+                return Sampled(examples, groups, scores, time.perf_counter() - t0, 0.0)
+            groups = self.sampler.generate(prompt_ids, self.params, streams)
+        elif self.rollout_func is not None:
+            groups = custom_rollouts(self.rollout_func, cfg, self.tokenizer, self.sampler, examples, self.params, streams)
         rollout_seconds = time.perf_counter() - t0
         score = (examples, groups, texts, state, cfg.max_completion_length)
         scores, reward_seconds = self.home.call(self._score, *score) if self.home else self._score(*score)

@@ -1,30 +1,81 @@
-"""Where examples come from: built-in generated tasks, or a `datasets` dataset.
+"""Where examples come from: built-in generated tasks, presets that read a dataset, or a plain dataset.
 
 A task bundles prompts, reference answers and its verifier (the reward that
 decides correctness, used for held-out accuracy).  Add a task by giving it
-`name`, `verifier`, `check_args(args)` and `splits(args, seed)` and listing it
-in TASKS below.
+`name`, `verifier`, `check_args(args)`, `reward_args(args)` and either `splits(args, seed)`
+(it makes its own problems) or `reads_dataset = True` and `load(cfg)` (a preset: it reads
+`dataset`, or its own default from the hub), and listing it in TASKS below.
+
+`dataset=...` with the default task (arithmetic) is a plain dataset: its columns, prompts and the
+`accuracy` verifier as the dataset section of the README says.  With a preset (gsm8k, math500,
+aime) the preset's columns, prompt and grader apply to it; a task that makes its own problems
+(countdown, reasoning_gym, humaneval) refuses a dataset.
 """
 
 from __future__ import annotations
 
 from rlvr.tasks.arithmetic import ArithmeticTask
+from rlvr.tasks.countdown import CountdownTask
 from rlvr.tasks.humaneval import HumanEvalTask
+from rlvr.tasks.presets import PRESETS
+from rlvr.tasks.reasoning_gym import ReasoningGymTask
 from rlvr.types import Example
 
 
-def load_splits(cfg) -> tuple[list[Example], list[Example]]:
-    """(train, test) examples for the configured dataset or built-in task."""
-    if cfg.dataset:
+def task_of(cfg):
+    """The task that makes the examples and grades them; None for a plain dataset."""
+    task = TASKS[cfg.task]
+    if cfg.dataset and not getattr(task, "reads_dataset", False):
+        return None
+    return task
+
+
+def check_task(cfg) -> list[str]:
+    """Problems with `task`, `task_args` and their fit with `dataset`; loads no data."""
+    if cfg.task not in TASKS:
+        return [f"unknown task {cfg.task!r}; built-in tasks: {', '.join(TASKS)} (or set dataset=...)"]
+    task = TASKS[cfg.task]
+    if cfg.dataset and not getattr(task, "reads_dataset", False):
+        if cfg.task == ArithmeticTask.name:  # the default: a plain dataset, the task unused
+            return []
+        readers = ", ".join(name for name, t in TASKS.items() if getattr(t, "reads_dataset", False))
+        return [f"task={cfg.task} makes its own problems and reads no dataset: drop dataset={cfg.dataset}, or use a task "
+                f"that reads one ({readers}), or leave task unset for a plain dataset"]
+    try:
+        if hasattr(task, "check_available"):
+            task.check_available()
+    except ValueError as e:
+        return [str(e)]
+    try:
+        task.check_args(cfg.task_args)
+    except (TypeError, ValueError) as e:
+        return [f"task_args for {cfg.task!r}: {e}"]
+    return []
+
+
+def load_splits(cfg, evaluation: bool = False) -> tuple[list[Example], list[Example]]:
+    """(train, test) examples for the configured dataset or built-in task.  An evaluation set
+    (task=math500, aime) has no train split: an error unless `evaluation` (rlvr eval)."""
+    task = task_of(cfg)
+    if task is None:
         from rlvr.tasks.dataset import load_splits as load_dataset_splits
 
         return load_dataset_splits(cfg)
-    return TASKS[cfg.task].splits(cfg.task_args, cfg.seed)
+    if not getattr(task, "reads_dataset", False):
+        return task.splits(cfg.task_args, cfg.seed)
+    train, test = task.load(cfg)
+    if not train and not evaluation:
+        from rlvr.tasks.dataset import DatasetError
+
+        raise DatasetError(f"task={cfg.task} is an evaluation set with no train split: train on another task or dataset "
+                           f"(e.g. task=gsm8k), and measure with rlvr eval task={cfg.task}")
+    return train, test
 
 
 def verifier_name(cfg) -> str:
     """The reward that decides "correct" for accuracy: the task's verifier, else `accuracy`."""
-    return "accuracy" if cfg.dataset else TASKS[cfg.task].verifier
+    task = task_of(cfg)
+    return "accuracy" if task is None else task.verifier
 
 
 def reward_funcs(cfg) -> tuple[str, ...]:
@@ -42,12 +93,13 @@ def build_rewards(cfg, with_verifier: bool = False):
     if with_verifier and verifier not in names:
         names.append(verifier)
         weights.append(0.0)
-    task_args = {} if cfg.dataset else TASKS[cfg.task].reward_args(cfg.task_args)
+    task = task_of(cfg)
+    task_args = {} if task is None else task.reward_args(cfg.task_args)
     args = {name: {**task_args.get(name, {}), **cfg.reward_args.get(name, {})} for name in names}
     return RewardSet(names, weights, args, timeout=cfg.reward_timeout)
 
 
-TASKS = {ArithmeticTask.name: ArithmeticTask, HumanEvalTask.name: HumanEvalTask}
+TASKS = {task.name: task for task in (ArithmeticTask, HumanEvalTask, CountdownTask, ReasoningGymTask, *PRESETS)}
 
 
 class PromptStream:

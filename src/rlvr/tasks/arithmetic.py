@@ -32,6 +32,15 @@ TEMPLATES = {
         "Example: What is 2 + 3? Answer: 2 + 3 = 5, so the answer is \\boxed{{5}}.\n"
         "Now you: What is {expr}? Answer in the same way."
     ),
+    # The same with a calculator call (for tools=[calculator]): the model writes the call, reads the
+    # result in the next message, then boxes it.  JSON braces are doubled for str.format.
+    "calculator_example": (
+        "Example: What is 23 * 47? Answer: <tool_call>\n"
+        '{{"name": "calculator", "arguments": {{"expression": "23 * 47"}}}}\n'
+        "</tool_call>\n"
+        "Result: 1081. So the answer is \\boxed{{1081}}.\n"
+        "Now you: What is {expr}? Answer in the same way, using the calculator."
+    ),
 }
 _ENUMERATE_BELOW = 200_000
 

@@ -28,37 +28,49 @@ def load_splits(cfg) -> tuple[list[Example], list[Example]]:
     train, test, where = load_split_rows(cfg)
     prompt_col = pick_column(train.column_names, cfg.prompt_column, PROMPT_COLUMNS, "prompt", cfg.dataset)
     answer_col = pick_column(train.column_names, cfg.answer_column, ANSWER_COLUMNS, "answer", cfg.dataset, required=False)
-    return _examples(train, prompt_col, answer_col, "train", where), _examples(test, prompt_col, answer_col, "test", where)
+    return examples_of(train, prompt_col, answer_col, "train", where), examples_of(test, prompt_col, answer_col, "test", where)
 
 
 def load_split_rows(cfg):
     """(train, test, where): the two splits as `datasets` datasets, the test split held out of
     train when the dataset has none; `where(split, row, i)` names a row for an error message."""
-    import datasets
+    return split_rows(cfg.dataset, cfg.dataset_config, cfg.dataset_train_split, cfg.dataset_test_split, cfg.seed)
 
-    datasets.disable_progress_bars()
-    lines = check_jsonl(Path(cfg.dataset).expanduser()) if Path(cfg.dataset).suffix == ".jsonl" else None
-    dd = _load(cfg.dataset, cfg.dataset_config)
-    if lines is not None or cfg.dataset_test_split not in dd:  # remember where each row came from
-        dd = {name: split.add_column(ROW, list(range(len(split)))) for name, split in dd.items()}
-    if cfg.dataset_train_split not in dd:
-        raise DatasetError(f"{cfg.dataset} has no split {cfg.dataset_train_split!r}; splits: {', '.join(dd)}")
-    train = dd[cfg.dataset_train_split]
-    if cfg.dataset_test_split in dd:
-        test = dd[cfg.dataset_test_split]
+
+def split_rows(dataset: str, config: str | None, train_split: str, test_split: str, seed: int):
+    """load_split_rows for a dataset named by its arguments (a task's own hub dataset)."""
+    dd, lines = load_rows(dataset, config, keep_row=lambda dd: test_split not in dd)
+    if train_split not in dd:
+        raise DatasetError(f"{dataset} has no split {train_split!r}; splits: {', '.join(dd)}")
+    train = dd[train_split]
+    if test_split in dd:
+        test = dd[test_split]
     else:
         n_test = max(1, min(HOLDOUT_MAX, int(len(train) * HOLDOUT_FRACTION)))
         if len(train) < 2:
-            raise DatasetError(f"{cfg.dataset} has {len(train)} rows; need at least 2 to hold out a test split")
-        parts = train.train_test_split(test_size=n_test, seed=cfg.seed, shuffle=True)
+            raise DatasetError(f"{dataset} has {len(train)} rows; need at least 2 to hold out a test split")
+        parts = train.train_test_split(test_size=n_test, seed=seed, shuffle=True)
         train, test = parts["train"], parts["test"]
-    return train, test, _Where(cfg.dataset, lines)
+    return train, test, Where(dataset, lines)
+
+
+def load_rows(dataset: str, config: str | None, keep_row=lambda dd: False):
+    """(splits, lines): every split of the dataset, each row's index in its split kept in the column
+    ROW for a local JSONL file or where keep_row(splits) says so; lines: a JSONL file's line numbers."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    lines = check_jsonl(Path(dataset).expanduser()) if Path(dataset).suffix == ".jsonl" else None
+    dd = _load(dataset, config)
+    if lines is not None or keep_row(dd):  # remember where each row came from
+        dd = {name: split.add_column(ROW, list(range(len(split)))) for name, split in dd.items()}
+    return dd, lines
 
 
 ROW = "__rlvr_row__"  # a row's index in its split as loaded, before any held-out split is drawn
 
 
-class _Where:
+class Where:
     """Names a row for an error: the file and line of a local JSONL file, else the split and row."""
 
     def __init__(self, dataset: str, lines: list[int] | None):
@@ -135,7 +147,8 @@ def pick_column(columns, configured, candidates, what, name, required=True):
     return None
 
 
-def _examples(ds, prompt_col: str, answer_col: str | None, split: str, where) -> list[Example]:
+def examples_of(ds, prompt_col: str, answer_col: str | None, split: str, where) -> list[Example]:
+    """Examples of the rows: the prompt column checked, the answer as a string (also in the column `answer`)."""
     out = []
     for i, row in enumerate(ds):
         prompt = row[prompt_col]
@@ -156,7 +169,7 @@ def examples_from_rows(rows: list, prompt_column: str | None, answer_column: str
     columns = list(dict.fromkeys(k for row in rows[:100] for k in row))
     prompt_col = pick_column(columns, prompt_column, PROMPT_COLUMNS, "prompt", name)
     answer_col = pick_column(columns, answer_column, ANSWER_COLUMNS, "answer", name, required=False)
-    return _examples(rows, prompt_col, answer_col, name, lambda split, row, i: f"{name} row {i}")
+    return examples_of(rows, prompt_col, answer_col, name, lambda split, row, i: f"{name} row {i}")
 
 
 def _check_prompt(prompt, where: str) -> None:

@@ -1,0 +1,87 @@
+"""Environments: what a multi-turn rollout talks to.
+
+An environment is any object with two methods; one is made for each completion of each prompt
+(so it may keep state: a game board, a conversation, a budget):
+
+    reset(example) -> first messages, or None
+        `example` is the dataset row (rlvr.types.Example: .prompt, .answer, .columns).  Return the
+        messages (or plain text) the model starts from, or None for the row's own prompt.  Every
+        completion of one prompt must start from the same messages: GRPO compares them.
+    step(text) -> Step(observation, done, reward)
+        `text` is what the model just wrote (one turn).  Return done=True to end the rollout, or an
+        observation: text appended as a message (role "user" unless the Step says otherwise) after
+        which the model writes its next turn.  `reward` (optional, summed over the steps) reaches the
+        reward functions as `env_rewards`; list the built-in reward `environment` in reward_funcs
+        to train on it.
+
+The rollout also ends at `max_turns` model turns or when `max_completion_length` tokens (the
+model's and the observations' together) are used.  An environment that raises ends that rollout
+(its reward None), counted in env/errors; the run goes on.
+
+Tools (`tools=[...]`) are the built-in environment ToolEnvironment: each <tool_call> in the model's
+turn is run (tools.py) and the results come back as one `tool` message; a turn without a call ends
+the rollout.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Protocol
+
+from rlvr.tools import ToolBox, parse_tool_calls
+from rlvr.types import Example, Prompt
+
+
+@dataclass
+class Step:
+    observation: str | None = None
+    done: bool = False
+    reward: float | None = None
+    role: str = "user"  # who the observation is from, as a chat message
+
+
+class Environment(Protocol):
+    def reset(self, example: Example) -> Prompt | None: ...
+
+    def step(self, text: str) -> Step: ...
+
+
+class ToolEnvironment:
+    """Runs the tool calls of each turn; counts calls and errors."""
+
+    stop_strings = ("</tool_call>",)  # a turn ends where its call does: the model waits for the result
+
+    def __init__(self, toolbox: ToolBox):
+        self.toolbox = toolbox
+        self.calls = self.errors = 0
+
+    def reset(self, example: Example) -> None:
+        return None
+
+    def step(self, text: str) -> Step:
+        calls = parse_tool_calls(text)
+        if not calls:
+            return Step(done=True)
+        outputs = []
+        for call in calls:
+            output, ok = self.toolbox.run(call)
+            self.calls += 1
+            self.errors += not ok
+            outputs.append(output)
+        return Step(observation="\n".join(outputs), role="tool")
+
+
+def load_environment(spec):
+    """A factory of environments from a class, a function or "package.module:Name"."""
+    if isinstance(spec, str):
+        module, _, name = spec.partition(":")
+        if not module or not name:
+            raise ValueError(f"environment {spec!r}: expected package.module:ClassName")
+        try:
+            spec = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"environment {spec!r}: {e}") from None
+    if not callable(spec):
+        raise ValueError(f"environment {spec!r} is not a class or a function that makes one")
+    return spec

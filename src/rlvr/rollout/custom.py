@@ -1,0 +1,98 @@
+"""rollout_func: a function of yours samples the completions (TRL's hook of that name).
+
+    def my_rollouts(prompts, trainer) -> dict:
+        ...
+        return {"prompt_ids": [...], "completion_ids": [...], "logprobs": [...], "env_mask": [...], "my_field": [...]}
+
+`prompts` holds each prompt of the step num_generations times in a row (one entry per completion,
+as in TRL), as the dataset gives it (text or messages).  `trainer` has `args` (the Config),
+`processing_class` (the tokenizer) and `generate(prompt_ids, n=1, max_tokens=None)`, which samples
+with the run's own sampler (the in-process engine or vLLM) and returns per prompt n Rollouts
+(.completion_ids, .logprobs, .text, .finish_reason).
+
+The dict has one entry per prompt for each key: `prompt_ids`, `completion_ids` and `logprobs` (the
+sampler's log-probability of each completion token) are required; `env_mask` (1 for a token the
+policy wrote, 0 for one it did not, e.g. a tool's output) is optional and, as in TRL, keeps the
+0-tokens out of the loss; every other key reaches the reward functions as a keyword argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from rlvr.rollout import RolloutError
+from rlvr.types import Rollout
+
+GIVEN: dict = {}  # rollout functions given to GRPOTrainer as objects, by the name the Config holds
+REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
+
+
+def load_rollout_func(spec):
+    if callable(spec):
+        return spec
+    if spec in GIVEN:
+        return GIVEN[spec]
+    module, _, name = str(spec).partition(":")
+    if not module or not name:
+        raise ValueError(f"rollout_func {spec!r}: expected package.module:function")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"rollout_func {spec!r}: {e}") from None
+    if not callable(fn):
+        raise ValueError(f"rollout_func {spec!r} is not a function")
+    return fn
+
+
+def register_rollout_func(fn) -> str:
+    name = f"<{getattr(fn, '__name__', type(fn).__name__)}>"
+    GIVEN[name] = fn
+    return name
+
+
+class RolloutContext:
+    """What a rollout_func gets as `trainer`."""
+
+    def __init__(self, cfg, tokenizer, sampler, params, generator):
+        self.args, self.processing_class = cfg, tokenizer
+        self._sampler, self._params, self._generator = sampler, params, generator
+
+    def generate(self, prompt_ids: list[list[int]], n: int = 1, max_tokens: int | None = None) -> list[list[Rollout]]:
+        params = dataclasses.replace(self._params, n=n, max_tokens=max_tokens or self._params.max_tokens)
+        generator = self._generator if not hasattr(self._generator, "seeds") else None
+        return self._sampler.generate(prompt_ids, params, generator)
+
+
+def custom_rollouts(fn, cfg, tokenizer, sampler, examples, params, generator) -> list[list[Rollout]]:
+    """Per example, params.n Rollouts made by `fn`."""
+    n = params.n
+    prompts = [ex.prompt for ex in examples for _ in range(n)]
+    out = fn(prompts, RolloutContext(cfg, tokenizer, sampler, params, generator))
+    name = getattr(fn, "__name__", "rollout_func")
+    if not isinstance(out, dict):
+        raise RolloutError(f"rollout_func {name} must return a dict with {', '.join(REQUIRED)}; got {type(out).__name__}")
+    missing = [k for k in REQUIRED if k not in out]
+    if missing:
+        raise RolloutError(f"rollout_func {name} returned no {', '.join(missing)} (it must return {', '.join(REQUIRED)})")
+    for key, values in out.items():
+        if not hasattr(values, "__len__") or len(values) != len(prompts):
+            raise RolloutError(f"rollout_func {name}: {key!r} must have one entry per prompt ({len(prompts)}: each of the "
+                               f"{len(examples)} prompts {n} times); got {len(values) if hasattr(values, '__len__') else values!r}")
+    extra = [k for k in out if k not in (*REQUIRED, "env_mask")]
+    rollouts = []
+    for i in range(len(prompts)):
+        completion = [int(t) for t in out["completion_ids"][i]]
+        logprobs = [float(x) for x in out["logprobs"][i]]
+        if len(logprobs) != len(completion):
+            raise RolloutError(f"rollout_func {name}: completion {i} has {len(completion)} tokens but {len(logprobs)} logprobs")
+        mask = None
+        if "env_mask" in out:
+            mask = [bool(m) for m in out["env_mask"][i]]
+            if len(mask) != len(completion):
+                raise RolloutError(f"rollout_func {name}: env_mask {i} has {len(mask)} entries for {len(completion)} tokens")
+        finish = "length" if len(completion) >= cfg.max_completion_length else "stop"
+        text = tokenizer.decode(completion, skip_special_tokens=True)
+        rollouts.append(Rollout([int(t) for t in out["prompt_ids"][i]], completion, logprobs, finish, text, mask=mask,
+                                info={"fields": {k: out[k][i] for k in extra}}))
+    return [rollouts[g * n : (g + 1) * n] for g in range(len(examples))]

@@ -1,0 +1,255 @@
+"""Tools a policy may call in a multi-turn rollout, and how its calls are read.
+
+A tool is a plain Python function with type hints and a docstring whose `Args:` section describes
+each argument (as TRL's `tools=[...]`); transformers turns it into the JSON schema that chat
+templates with tool support (Qwen's, for one) show the model.  Two tools are built in:
+
+    python       runs the code in the sandbox (sandbox.py), with the isolation and limits of
+                 `code_tests`, and returns what it printed
+    calculator   evaluates an arithmetic expression (+ - * / // % ** and parentheses)
+
+A call is written in the tag format that Qwen's and Hermes' templates use, which is also the
+documented format for models whose template has no tool calling:
+
+    <tool_call>
+    {"name": "calculator", "arguments": {"expression": "12 * 34"}}
+    </tool_call>
+
+Nothing a tool does can stop the run: an exception, a wrong argument, a call past `tool_timeout`,
+a malformed call or an unknown tool all come back to the model as a one-line error message, and
+are counted; an output longer than `max_tool_output_chars` is cut, with a note saying so.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import math
+import operator
+import re
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_EXPRESSION_CHARS = 200  # the calculator refuses longer expressions
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model wrote: a tool's name and its arguments, or why it could not be read."""
+
+    name: str | None
+    arguments: dict
+    error: str | None = None
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """Every <tool_call> block of `text`, in order; an unclosed block at the end counts (generation
+    stops at the closing tag, which the sampler then cuts from the text)."""
+    calls = []
+    for body in _CALL.findall(text):
+        body = body.strip()
+        try:
+            data = json.loads(body)
+        except ValueError:
+            calls.append(ToolCall(None, {}, f"the tool call is not valid JSON: {body[:80]!r}"))
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            calls.append(ToolCall(None, {}, 'a tool call must be a JSON object {"name": ..., "arguments": {...}}'))
+            continue
+        args = data.get("arguments", data.get("parameters", {}))
+        if isinstance(args, str):  # OpenAI's shape: the arguments as a JSON string
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                args = None
+        if not isinstance(args, dict):
+            calls.append(ToolCall(data["name"], {}, f"the arguments of {data['name']!r} must be a JSON object"))
+            continue
+        calls.append(ToolCall(data["name"], args))
+    return calls
+
+
+def format_tool_call(name: str, arguments: dict) -> str:
+    """A call in the tag format (for prompts that show the model an example)."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+# --- built-in tools --------------------------------------------------------------------------
+
+def python(code: str) -> str:
+    """Run Python code in a sandbox and return what it printed (stdout, then stderr).
+
+    Args:
+        code: A complete Python program; use print() to show results.
+    """
+    raise RuntimeError("the python tool runs through Tool.python")  # the schema's source; see Tool.python
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression and return its value.
+
+    Args:
+        expression: Numbers with + - * / // % ** and parentheses, e.g. "(12 + 3) * 4".
+    """
+    if not isinstance(expression, str) or len(expression) > _EXPRESSION_CHARS:
+        raise ValueError(f"the expression must be a string of at most {_EXPRESSION_CHARS} characters")
+    value = _evaluate(ast.parse(expression.strip(), mode="eval").body)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)
+    return str(value)
+
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+
+
+def _evaluate(node):
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+        value = _evaluate(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 10**6):
+            raise ValueError("the power is too large")
+        if abs(left) > 1e30 or abs(right) > 1e30:
+            raise ValueError("a number is too large")
+        return _BINARY[type(node.op)](left, right)
+    raise ValueError("only numbers, + - * / // % ** and parentheses are allowed")
+
+
+BUILTIN_TOOLS = {"python": python, "calculator": calculator}
+
+
+# --- tools as the rollout sees them ---------------------------------------------------------
+
+class ToolError(ValueError):
+    """A tool that cannot be used: not found, or its docstring does not describe it."""
+
+
+@dataclass
+class Tool:
+    name: str
+    function: Callable
+    schema: dict  # the JSON schema a chat template shows the model
+
+    @classmethod
+    def of(cls, spec) -> "Tool":
+        """A Tool from a function, a built-in name (python, calculator) or "package.module:function"."""
+        function = spec
+        if isinstance(spec, str):
+            function = BUILTIN_TOOLS.get(spec) or _import(spec)
+        if not callable(function):
+            raise ToolError(f"tool {spec!r} is not a function")
+        from transformers.utils import get_json_schema
+
+        try:
+            schema = get_json_schema(function)
+        except Exception as e:  # transformers explains what the docstring lacks
+            name = getattr(function, "__name__", repr(function))
+            raise ToolError(f"tool {name!r}: {e} (a tool needs type hints and a docstring with an Args: section "
+                            "describing each argument)") from None
+        return cls(schema["function"]["name"], function, schema)
+
+
+def _import(spec: str):
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ToolError(f"tool {spec!r}: expected a built-in tool ({', '.join(BUILTIN_TOOLS)}) or package.module:function")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ToolError(f"tool {spec!r}: {e}") from None
+
+
+class ToolBox:
+    """The tools of a run, and the counters of what their calls did."""
+
+    def __init__(self, tools, timeout: float = 10.0, max_output_chars: int = 2000, allow_unisolated: bool = False):
+        self.tools = {t.name: t for t in (Tool.of(spec) for spec in tools)}
+        self.timeout, self.max_output_chars, self.allow_unisolated = timeout, max_output_chars, allow_unisolated
+
+    @property
+    def schemas(self) -> list[dict]:
+        return [t.schema for t in self.tools.values()]
+
+    def run(self, call: ToolCall) -> tuple[str, bool]:
+        """(what the model reads back, whether the call worked)."""
+        if call.error:
+            return f"Error: {call.error}", False
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return f"Error: unknown tool {call.name!r}; the tools are {', '.join(self.tools)}", False
+        if tool.function is python:
+            return self._python(call.arguments)
+        problem = _argument_problem(tool.function, call.arguments)
+        if problem:
+            return f"Error: {problem}", False
+        ok, value = _call_with_timeout(tool.function, call.arguments, self.timeout)
+        if not ok:
+            return f"Error: {value}", False
+        return self._cut(value if isinstance(value, str) else _to_text(value)), True
+
+    def _python(self, arguments: dict) -> tuple[str, bool]:
+        from rlvr.sandbox import SandboxLimits, run_python
+
+        code = arguments.get("code")
+        if not isinstance(code, str) or set(arguments) - {"code"}:
+            return "Error: python takes one argument, code (a string)", False
+        limits = SandboxLimits(timeout=self.timeout + 2.0, cpu_time=int(self.timeout) + 1,
+                               output=max(4096, 4 * self.max_output_chars))
+        result = run_python(code, limits=limits, allow_unisolated=self.allow_unisolated)
+        if result.timed_out:
+            return f"Error: the program ran past {self.timeout:g} s and was stopped", False
+        text = result.stdout + (("\n" if result.stdout else "") + result.stderr if result.stderr else "")
+        return self._cut(text.strip() or "(no output)"), result.returncode == 0
+
+    def _cut(self, text: str) -> str:
+        if len(text) <= self.max_output_chars:
+            return text
+        return text[: self.max_output_chars] + f"\n[output cut: {len(text) - self.max_output_chars} more characters]"
+
+
+def _argument_problem(function, arguments: dict) -> str | None:
+    try:
+        inspect.signature(function).bind(**arguments)
+    except TypeError as e:
+        return f"{function.__name__}: {e}"
+    except ValueError:  # a builtin without a signature: let the call say
+        return None
+    return None
+
+
+def _call_with_timeout(function, arguments: dict, timeout: float):
+    """(True, result) or (False, the error as one line).  The call runs on a daemon thread; one
+    past the timeout is left behind (Python cannot stop a thread) and reported as timed out."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = function(**arguments)
+        except BaseException as e:  # noqa: BLE001 - the model reads every failure back
+            box["error"] = f"{type(e).__name__}: {e}"
+
+    thread = threading.Thread(target=target, daemon=True, name=f"tool {function.__name__}")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return False, f"{function.__name__} ran past {timeout:g} s and was stopped waiting for"
+    if "error" in box:
+        return False, box["error"][:500]
+    return True, box.get("value")
+
+
+def _to_text(value) -> str:
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return str(int(value))
+    try:
+        return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    except (TypeError, ValueError):
+        return str(value)

@@ -1,0 +1,388 @@
+"""Multi-turn rollouts: the loss mask of a hand-built trajectory, tools that misbehave, malformed
+calls, environments, rollout_func, and runs on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+import torch
+
+from rlvr.config import ConfigError, build_config
+from rlvr.environments import Step, ToolEnvironment
+from rlvr.losses import LossNorm, policy_loss
+from rlvr.rollout import RolloutError, SamplingParams
+from rlvr.rollout.multiturn import MultiTurn
+from rlvr.tools import ToolBox, calculator, parse_tool_calls
+from rlvr.types import Batch, Example, Rollout
+
+CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 +-*/=?.,:;_'\"(){}[]\\<>\n")
+SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
+
+
+def _tokenizer():
+    """A character tokenizer that can spell JSON, with a ChatML template (no tool support)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIALS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>", bos_token="<|im_start|>",
+                                   unk_token="<unk>")
+    fast.chat_template = TEMPLATE
+    return fast
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return _tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tok, tmp_path_factory):
+    from conftest import make_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-json")
+    make_tiny_model(len(tok)).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+class ScriptedSampler:
+    """Writes the given turns in order, whatever the prompt (each call: the next turn for every
+    prompt); records the prompts it was given."""
+
+    def __init__(self, tokenizer, turns: list[str], eos_after: set[int] = frozenset()):
+        self.tokenizer, self.turns, self.eos_after, self.calls = tokenizer, turns, eos_after, []
+        self.eos = [tokenizer.eos_token_id]
+
+    def generate(self, prompt_ids, params, generator=None):
+        k = len(self.calls)
+        self.calls.append(prompt_ids)
+        ids = self.tokenizer(self.turns[k], add_special_tokens=False)["input_ids"]
+        if k in self.eos_after:
+            ids = ids + self.eos
+        ids = ids[: params.max_tokens]
+        finish = "length" if len(ids) == params.max_tokens and k not in self.eos_after else "stop"
+        text = self.turns[k]
+        return [[Rollout(list(p), list(ids), [-0.5] * len(ids), finish, text) for _ in range(params.n)] for p in prompt_ids]
+
+
+def _cfg(**settings):
+    return build_config({"tools": ["calculator"], "max_completion_length": 200, **settings})
+
+
+def test_a_two_turn_trajectory_masks_the_tool_output_out_of_the_loss(tok):
+    cfg = _cfg()
+    multi = MultiTurn(cfg, tok, lambda: ToolEnvironment(ToolBox(["calculator"])), ToolBox(["calculator"]).schemas)
+    sampler = ScriptedSampler(tok, [CALL, "so \\boxed{42}"], eos_after={1})
+    texts, groups = multi.generate(sampler, [Example("What is 6*7?")], ["What is 6*7?"], SamplingParams(n=2, max_tokens=200), None)
+    r = groups[0][0]
+    first = tok(CALL, add_special_tokens=False)["input_ids"]
+    second = tok("so \\boxed{42}", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    between = tok("<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    assert r.completion_ids == first + between + second  # the template's own markers around the tool's answer
+    assert r.mask == [True] * len(first) + [False] * len(between) + [True] * len(second)
+    assert r.text == "so \\boxed{42}" and r.info["turns"] == 2 and r.info["tool_calls"] == 1 and r.info["tool_errors"] == 0
+    assert [m["role"] for m in r.messages] == ["assistant", "tool", "assistant"] and r.messages[1]["content"] == "42"
+    # the second turn was sampled from the whole history: prompt, call, tool message, assistant header
+    assert sampler.calls[1][0] == r.prompt_ids + first + between
+    assert "calculator" in texts[0] and "<tool_call>" in texts[0]  # the template ignores tools: a system message shows them
+
+    batch = Batch.from_rollouts(groups[0], torch.tensor([1.0, -1.0]), torch.ones(2, dtype=torch.bool), tok.pad_token_id, False, 2)
+    assert batch.num_tokens == 2 * (len(first) + len(second))
+    assert batch.completion_mask.all()  # the model still reads the tool's tokens
+    # Only the policy's tokens count: changing the log-probs at the tool's tokens changes neither loss nor gradient.
+    n = len(first) + len(between) + len(second)
+    logp = torch.full((2, n), -0.7, requires_grad=True)
+    norm = LossNorm(2, batch.num_tokens, 200, 1)
+    loss, _ = policy_loss(logp, logp.detach() + 0.1, batch.advantages, batch.loss_mask, norm, loss_type="grpo")
+    loss.backward()
+    hole = slice(len(first), len(first) + len(between))
+    assert torch.all(logp.grad[:, hole] == 0) and torch.all(logp.grad[:, : len(first)] != 0)
+    # GRPO by hand: ratio exp(-0.1) inside the clip range, loss = -mean over rows of A x ratio
+    ratio = torch.exp(torch.tensor(-0.1))
+    assert loss.item() == pytest.approx(-(1.0 * ratio - 1.0 * ratio).item() / 2, abs=1e-6)
+
+
+def test_a_turn_that_ends_at_eos_gets_no_second_end_marker(tok):
+    multi = MultiTurn(_cfg(), tok, lambda: ToolEnvironment(ToolBox(["calculator"])), None)
+    sampler = ScriptedSampler(tok, [CALL, "done"], eos_after={0, 1})
+    _, groups = multi.generate(sampler, [Example("q")], ["q"], SamplingParams(n=1, max_tokens=200), None)
+    r = groups[0][0]
+    text = tok.decode(r.completion_ids)
+    assert "</tool_call><|im_end|>\n<|im_start|>tool\n42<|im_end|>" in text and "<|im_end|><|im_end|>" not in text
+
+
+def test_the_budget_covers_turns_and_observations_together(tok):
+    multi = MultiTurn(_cfg(max_completion_length=len(CALL) + 10), tok, lambda: ToolEnvironment(ToolBox(["calculator"])), None)
+    sampler = ScriptedSampler(tok, [CALL, "never sampled"])
+    _, groups = multi.generate(sampler, [Example("q")], ["q"], SamplingParams(n=1, max_tokens=len(CALL) + 10), None)
+    r = groups[0][0]
+    assert r.finish_reason == "length" and len(sampler.calls) == 1  # no room for the tool's answer and a reply
+    assert len(r.completion_ids) <= len(CALL) + 10
+
+
+def test_max_turns_ends_a_rollout_that_keeps_calling(tok):
+    multi = MultiTurn(_cfg(max_turns=3, max_completion_length=1000), tok, lambda: ToolEnvironment(ToolBox(["calculator"])), None)
+    sampler = ScriptedSampler(tok, [CALL] * 5)
+    _, groups = multi.generate(sampler, [Example("q")], ["q"], SamplingParams(n=1, max_tokens=1000), None)
+    assert groups[0][0].info["turns"] == 3 and len(sampler.calls) == 3 and groups[0][0].info["tool_calls"] == 3
+
+
+# --- tools that misbehave, calls that are malformed ------------------------------------------
+
+def hangs(seconds: int) -> str:
+    """Sleep.
+
+    Args:
+        seconds: How long.
+    """
+    time.sleep(seconds)
+    return "woke"
+
+
+def crashes(x: int) -> str:
+    """Fail.
+
+    Args:
+        x: Anything.
+    """
+    raise ValueError(f"bad x {x}")
+
+
+def floods(n: int) -> str:
+    """Return a lot.
+
+    Args:
+        n: Characters.
+    """
+    return "y" * n
+
+
+def test_a_tool_that_hangs_crashes_or_floods_returns_a_message_and_the_run_goes_on():
+    box = ToolBox([hangs, crashes, floods], timeout=0.5, max_output_chars=100)
+    t0 = time.perf_counter()
+    out, ok = box.run(parse_tool_calls('<tool_call>{"name": "hangs", "arguments": {"seconds": 30}}</tool_call>')[0])
+    assert not ok and "ran past 0.5 s" in out and time.perf_counter() - t0 < 5
+    out, ok = box.run(parse_tool_calls('<tool_call>{"name": "crashes", "arguments": {"x": 3}}</tool_call>')[0])
+    assert (out, ok) == ("Error: ValueError: bad x 3", False)
+    out, ok = box.run(parse_tool_calls('<tool_call>{"name": "floods", "arguments": {"n": 10000000}}</tool_call>')[0])
+    assert ok and out.startswith("y" * 100) and out.endswith("[output cut: 9999900 more characters]") and len(out) < 200
+
+
+def test_the_python_tool_runs_in_the_sandbox_with_limits():
+    box = ToolBox(["python"], timeout=2, max_output_chars=50)
+    run = lambda code: box.run(parse_tool_calls("<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}})  # noqa: E731
+                                                + "</tool_call>")[0])
+    assert run("print(6 * 7)") == ("42", True)
+    out, ok = run("print('z' * 10_000_000)")  # 10 MB: stopped at the sandbox's output cap, cut for the model
+    assert out.startswith("z" * 50) and "[output cut:" in out and len(out) < 120
+    t0 = time.perf_counter()
+    out, ok = run("while True: pass")
+    assert not ok and "ran past 2 s" in out and time.perf_counter() - t0 < 15
+    out, ok = run("import os; print(open('/etc/hostname').read() if False else os.getuid() == 0 and 1/0)")
+    assert not ok and "ZeroDivisionError" in out or ok  # whatever it does, it comes back as text
+
+
+@pytest.mark.parametrize("text, error", [
+    ("<tool_call>{not json}</tool_call>", "not valid JSON"),
+    ('<tool_call>["calculator"]</tool_call>', "must be a JSON object"),
+    ('<tool_call>{"arguments": {}}</tool_call>', "must be a JSON object"),
+    ('<tool_call>{"name": "calculator", "arguments": "[1]"}</tool_call>', "must be a JSON object"),
+])
+def test_a_malformed_call_is_an_error_message(text, error):
+    (call,) = parse_tool_calls(text)
+    out, ok = ToolBox(["calculator"]).run(call)
+    assert not ok and out.startswith("Error:") and error in out
+
+
+def test_unknown_tools_and_wrong_arguments_are_error_messages():
+    box = ToolBox(["calculator"])
+    out, ok = box.run(parse_tool_calls('<tool_call>{"name": "search", "arguments": {}}</tool_call>')[0])
+    assert not ok and "unknown tool 'search'; the tools are calculator" in out
+    out, ok = box.run(parse_tool_calls('<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>')[0])
+    assert not ok and "calculator" in out and "expr" in out
+    # OpenAI's shape (arguments as a JSON string) and an unclosed call at the end both read
+    (call,) = parse_tool_calls('<tool_call>{"name": "calculator", "arguments": "{\\"expression\\": \\"2**10\\"}"}')
+    assert box.run(call) == ("1024", True)
+
+
+def test_the_calculator_evaluates_arithmetic_and_nothing_else():
+    assert calculator("(12 + 3) * 4") == "60" and calculator("7 / 2") == "3.5" and calculator("-2 ** 3") == "-8"
+    for bad in ("__import__('os').system('id')", "9 ** 9 ** 9", "10 ** 1000", "x + 1", "1" * 300):
+        with pytest.raises((ValueError, SyntaxError)):
+            calculator(bad)
+    out, ok = ToolBox(["calculator"]).run(parse_tool_calls('<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}')[0])
+    assert not ok and "ZeroDivisionError" in out
+
+
+# --- environments ----------------------------------------------------------------------------
+
+class GuessEnv:
+    """Guess the row's number: each turn the model writes a number and hears higher or lower."""
+
+    def reset(self, example):
+        self.target = int(example.answer)
+        return [{"role": "user", "content": "guess a number"}]
+
+    def step(self, text):
+        guess = int(text.strip()) if text.strip().isdigit() else -1
+        if guess == self.target:
+            return Step(done=True, reward=1.0)
+        return Step("higher" if guess < self.target else "lower", reward=-0.1)
+
+
+class BrokenEnv(GuessEnv):
+    def step(self, text):
+        raise KeyError("board")
+
+
+def test_an_environment_talks_back_and_its_rewards_reach_the_reward_functions(tok):
+    from rlvr.rewards import RewardSet
+
+    multi = MultiTurn(build_config({"environment": "test_multiturn:GuessEnv", "max_turns": 4}), tok, GuessEnv)
+    sampler = ScriptedSampler(tok, ["3", "9", "5"], eos_after={0, 1, 2})
+    texts, groups = multi.generate(sampler, [Example("ignored", answer="5")], ["ignored"], SamplingParams(n=1, max_tokens=50), None)
+    r = groups[0][0]
+    assert "guess a number" in texts[0] and "ignored" not in texts[0]  # reset's messages replace the prompt
+    assert [m["content"] for m in r.messages] == ["3", "higher", "9", "lower", "5"]
+    assert r.info["env_reward"] == pytest.approx(0.8) and r.info["turns"] == 3
+    scores = RewardSet(["environment"], [1.0], {}).score_groups([Example("x", answer="5")], groups)
+    assert scores.total == [pytest.approx(0.8)]
+
+
+def test_an_environment_that_raises_ends_its_rollout_and_is_counted(tok):
+    multi = MultiTurn(build_config({"environment": "test_multiturn:BrokenEnv"}), tok, BrokenEnv)
+    _, groups = multi.generate(ScriptedSampler(tok, ["3"]), [Example("x", answer="5")], ["x"], SamplingParams(n=2, max_tokens=9), None)
+    assert all(r.info["env_error"] and r.info["env_reward"] is None for r in groups[0])
+
+
+def test_an_environment_must_start_a_group_from_one_place(tok):
+    class Random(GuessEnv):
+        count = 0
+
+        def reset(self, example):
+            Random.count += 1
+            return f"start {Random.count}"
+
+    multi = MultiTurn(build_config({"environment": "test_multiturn:GuessEnv"}), tok, Random)
+    with pytest.raises(RolloutError, match="different first messages"):
+        multi.generate(ScriptedSampler(tok, ["1"]), [Example("x", answer="5")], ["x"], SamplingParams(n=2, max_tokens=9), None)
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+def no_docstring(x: int) -> int:
+    return x
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"tools": ["nosuch"]}, "expected a built-in tool (python, calculator) or package.module:function"),
+    ({"tools": ["test_multiturn:no_docstring"]}, "needs type hints and a docstring"),
+    ({"tools": ["calculator"], "environment": "test_multiturn:GuessEnv"}, "cannot both be set"),
+    ({"tools": ["calculator"], "rollout_workers": 2}, "rollout_workers > 0 is not supported"),
+    ({"environment": "nosuch.module:Env"}, "No module named 'nosuch'"),
+    ({"tools": ["calculator"], "max_turns": 0}, "max_turns must be at least 1"),
+    ({"rollout_func": "test_multiturn:nothing_here"}, "has no attribute 'nothing_here'"),
+])
+def test_bad_multiturn_settings_are_refused_before_the_model_loads(settings, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_config(settings)
+
+
+def test_trls_max_tool_calling_iterations_counts_tool_rounds():
+    from rlvr.settings import resolve_config
+
+    cfg = resolve_config(["tools=[calculator]", "max_tool_calling_iterations=2"])
+    assert cfg.max_turns == 3
+
+
+# --- on the tiny model -----------------------------------------------------------------------
+
+def _run_config(model_dir, out, **settings):
+    return build_config({
+        "model": str(model_dir), "task_args": {"digits": 1, "num_train": 40, "num_test": 4},
+        "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 40, "learning_rate": 1e-3,
+        "max_steps": 2, "logging_steps": 1, "eval_on_start": False, "eval_on_end": True, "output_dir": str(out),
+        "log_completions": True, **settings})
+
+
+def test_training_with_tools_runs_and_logs_turns(model_dir, tmp_path):
+    from rlvr.run import train
+
+    train(_run_config(model_dir, tmp_path / "run", tools=["calculator"], max_turns=2, stop_strings=["}"]))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {"turns/mean", "tools/calls_per_completion", "tools/error_rate", "env/errors"} <= set(rows[0])
+    evaluated = json.loads((tmp_path / "run" / "eval_after.json").read_text())
+    assert evaluated["n"] == 4
+
+
+def test_training_with_an_environment_on_several_turns(model_dir, tmp_path, monkeypatch):
+    from rlvr.run import train
+
+    env_file = tmp_path / "envs" / "count_env.py"
+    env_file.parent.mkdir()
+    env_file.write_text(
+        "from rlvr.environments import Step\n"
+        "class CountEnv:\n"
+        "    def reset(self, example):\n        self.n = 0\n        return None\n"
+        "    def step(self, text):\n        self.n += 1\n"
+        "        return Step('again', done=self.n >= 3, reward=float(len(text) % 2))\n")
+    monkeypatch.syspath_prepend(str(env_file.parent))
+    train(_run_config(model_dir, tmp_path / "run", environment="count_env:CountEnv", reward_funcs=["environment"],
+                      max_completion_length=120, max_turns=3, eval_on_end=False,
+                      stop_strings=list("aeiou0123456789 ")))  # short turns from a random model
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["turns/max"] <= 3 and rows[0]["turns/mean"] > 1
+    sample = json.loads((tmp_path / "run" / "completions.jsonl").read_text().splitlines()[0])
+    assert "turns" in sample and sample["turns"][0]["role"] == "assistant"
+
+
+def my_rollouts(prompts, trainer):
+    """Samples one turn with rlvr's sampler, appends a fixed observation the policy did not write."""
+    tok = trainer.processing_class
+    ids = tok(["q: " + (p if isinstance(p, str) else p[-1]["content"]) for p in prompts], add_special_tokens=False)["input_ids"]
+    out = trainer.generate(ids, n=1, max_tokens=5)
+    tail = tok("ok", add_special_tokens=False)["input_ids"]
+    completions = [g[0].completion_ids + tail for g in out]
+    return {"prompt_ids": ids, "completion_ids": completions,
+            "logprobs": [g[0].logprobs + [0.0] * len(tail) for g in out],
+            "env_mask": [[1] * len(g[0].completion_ids) + [0] * len(tail) for g in out],
+            "source": ["mine"] * len(prompts)}
+
+
+def saw_source(completions, source=None, **kwargs):
+    return [1.0 if s == "mine" else 0.0 for s in source]
+
+
+def test_rollout_func_samples_and_its_fields_reach_the_rewards(model_dir, tmp_path):
+    from rlvr.run import train
+
+    summary = train(_run_config(model_dir, tmp_path / "run", rollout_func="test_multiturn:my_rollouts",
+                                reward_funcs=["test_multiturn:saw_source", "numeric_accuracy"], eval_on_end=False))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["rewards/saw_source/mean"] == 1.0 and summary["steps"] == 2
+
+
+def bad_rollouts(prompts, trainer):
+    return {"prompt_ids": [[1]] * len(prompts), "completion_ids": [[2]] * len(prompts)}
+
+
+def test_a_rollout_func_without_logprobs_is_a_clear_error(model_dir, tmp_path):
+    from rlvr.run import train
+
+    with pytest.raises(RolloutError, match="returned no logprobs"):
+        train(_run_config(model_dir, tmp_path / "run", rollout_func="test_multiturn:bad_rollouts"))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
