@@ -93,6 +93,35 @@ def test_two_processes_train_to_the_weights_of_one(tiny_model_dir, tmp_path, los
     assert sorted(p.name for p in (tmp_path / "two").glob("checkpoint-*")) == ["checkpoint-3"]
 
 
+ENVIRONMENT = """
+from rlvr.environments import Step
+
+class Echo:  # three turns: each answered with the last character the model wrote
+    def reset(self, example):
+        self.turns = 0
+
+    def step(self, text):
+        self.turns += 1
+        return Step(text[-1:] or "?", done=self.turns >= 3)
+"""
+
+
+def test_two_processes_with_multi_turn_rollouts_train_to_the_weights_of_one(tiny_model_dir, tmp_path, monkeypatch):
+    """Each rollout's later turns are seeded from its group: the processes sample what one process does."""
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(REWARD)
+    (tmp_path / "echo_env.py").write_text(ENVIRONMENT)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    turns = ["environment=echo_env:Echo", "max_turns=3", "max_completion_length=24", "stop_strings=[a,e,i,o,u,' ']"]
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo") + turns, processes=1)
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "two", "grpo") + turns, processes=2)
+    one, two = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-5
+    m1, m2 = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
+    assert [m["reward"] for m in m1] == [m["reward"] for m in m2]
+    assert [m["turns/mean"] for m in m1] == [m["turns/mean"] for m in m2] and max(m["turns/mean"] for m in m1) > 1
+
+
 def test_a_rank_without_signal_takes_part_without_hanging(tiny_model_dir, tmp_path):
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)

@@ -103,3 +103,13 @@ def test_loggers_name_the_run_and_never_get_the_hub_token(run_name, tmp_path, mo
     assert all(kw["config"]["hub_token"] is None for kw in inits)
     events = list((tmp_path / "run-20250101-000000" / "tensorboard").rglob("events.out.tfevents.*"))
     assert [e.parent.name for e in events] == [run_name or "tensorboard"]  # with a run_name: tensorboard/<run_name>
+
+
+def test_multi_turn_metrics_by_hand():
+    g = group([1.0, 0.0], lengths=[5, 5], truncated=[False, False], per_func={"accuracy": [1.0, 0.0]})
+    g.rollouts[0].info = {"turns": 3, "tool_calls": 2, "tool_errors": 1, "env_error": False, "env_reward": None}
+    g.rollouts[1].info = {"turns": 1, "tool_calls": 0, "tool_errors": 0, "env_error": True, "env_reward": None}
+    metrics = generation_metrics([g], [round_([g], {}, 1.0, 0.0)], group_size=2)
+    assert metrics["turns/mean"] == 2.0 and metrics["turns/max"] == 3  # (3 + 1) / 2
+    assert metrics["tools/calls_per_completion"] == 1.0 and metrics["tools/errors_per_completion"] == 0.5
+    assert metrics["tools/error_rate"] == 0.5 and metrics["env/errors"] == 1  # 1 of the 2 calls failed

@@ -176,21 +176,24 @@ def test_a_tool_that_hangs_crashes_or_floods_returns_a_message_and_the_run_goes_
     out, ok = box.run(parse_tool_calls('<tool_call>{"name": "crashes", "arguments": {"x": 3}}</tool_call>')[0])
     assert (out, ok) == ("Error: ValueError: bad x 3", False)
     out, ok = box.run(parse_tool_calls('<tool_call>{"name": "floods", "arguments": {"n": 10000000}}</tool_call>')[0])
-    assert ok and out.startswith("y" * 100) and out.endswith("[output cut: 9999900 more characters]") and len(out) < 200
+    assert ok and out == "y" * 75 + "\n[output cut: 9999900 characters]\n" + "y" * 25
 
 
 def test_the_python_tool_runs_in_the_sandbox_with_limits():
-    box = ToolBox(["python"], timeout=2, max_output_chars=50)
+    box = ToolBox(["python"], timeout=2, max_output_chars=400)
     run = lambda code: box.run(parse_tool_calls("<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}})  # noqa: E731
                                                 + "</tool_call>")[0])
     assert run("print(6 * 7)") == ("42", True)
     out, ok = run("print('z' * 10_000_000)")  # 10 MB: stopped at the sandbox's output cap, cut for the model
-    assert out.startswith("z" * 50) and "[output cut:" in out and len(out) < 120
+    assert out.startswith("z" * 300) and "[output cut:" in out and len(out) < 500
     t0 = time.perf_counter()
     out, ok = run("while True: pass")
     assert not ok and "ran past 2 s" in out and time.perf_counter() - t0 < 15
-    out, ok = run("import os; print(open('/etc/hostname').read() if False else os.getuid() == 0 and 1/0)")
-    assert not ok and "ZeroDivisionError" in out or ok  # whatever it does, it comes back as text
+    readme = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "README.md")
+    out, ok = run(f"print(open({readme!r}).read()[:20])")  # the sandbox holds no project files
+    assert not ok and "No such file or directory" in out, out
+    out, ok = run("raise SystemExit(3)")
+    assert (out, ok) == ("Error: the program was stopped (exit status 3)", False)
 
 
 @pytest.mark.parametrize("text, error", [
@@ -382,6 +385,36 @@ def test_a_rollout_func_without_logprobs_is_a_clear_error(model_dir, tmp_path):
 
     with pytest.raises(RolloutError, match="returned no logprobs"):
         train(_run_config(model_dir, tmp_path / "run", rollout_func="test_multiturn:bad_rollouts"))
+
+
+def test_grpo_trainer_takes_tools_as_functions_as_trl_does(model_dir, tmp_path):
+    """TRL's GRPOTrainer(tools=[fn]) with the import changed; the trainer samples one step ahead
+    (max_staleness=1), so the tools run in the sampling thread."""
+    from rlvr import GRPOConfig, GRPOTrainer
+
+    called = []
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        called.append((a, b))
+        return a + b
+
+    def length(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    rows = [{"prompt": f"{a} + 1 =", "answer": str(a + 1)} for a in range(4)]
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), num_generations=4, per_device_train_batch_size=8,
+                      max_completion_length=40, max_steps=2, max_tool_calling_iterations=1, max_staleness=1,
+                      stop_strings=list("aeiou "), report_to="none")
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=length, args=args, train_dataset=rows, tools=[add])
+    assert trainer.cfg.tools == ("<add>",) and trainer.cfg.max_turns == 2
+    trainer.train()
+    assert trainer.state.global_step == 2 and "turns/mean" in trainer.state.log_history[-1]
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_trl_setting_is_classified():
-    handled = {"activation_checkpointing", "resume_from_checkpoint", "vllm_importance_sampling_cap"}  # translate()
+    handled = {"activation_checkpointing", "resume_from_checkpoint", "vllm_importance_sampling_cap",
+               "max_tool_calling_iterations"}  # translate()
     unknown = [k for k in TRL if k not in trl_settings.TRL_NAMES | set(trl_settings.IGNORED) | set(trl_settings.UNSUPPORTED) | handled]
     assert not unknown and len(TRL) == 191
     assert trl_settings.TRL_NAMES <= set(FIELDS)  # each TRL name rlvr claims is a real setting

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from rlvr.rollout import SamplingParams
+from rlvr.rollout.sampling import GroupGenerators
 from rlvr.rollout.vllm import VLLMError
 from rlvr.rollout.vllm_client import VLLMServers
 
@@ -163,6 +164,48 @@ def check_weight_push(sampler, policy):
         model.load_state_dict(saved)
         sampler.update_weights(model)
     assert greedy(sampler, prompt_ids) == before
+
+
+class _Echo:
+    """Three turns: each answered by a user message quoting the model's last word."""
+
+    def reset(self, example):
+        self.turns = 0
+
+    def step(self, text):
+        from rlvr.environments import Step
+
+        self.turns += 1
+        return Step(f"You said {text.split()[-1] if text.split() else 'nothing'}. Go on.", done=self.turns >= 3)
+
+
+def check_multiturn(sampler, policy):
+    """Turns sampled by vLLM from the whole history: the policy's tokens carry the trainer's log-probs
+    given everything before them, the observations included (and are the only ones in the mask)."""
+    from rlvr.config import build_config
+    from rlvr.rollout.multiturn import MultiTurn
+    from rlvr.types import Example
+
+    model, tokenizer, _, _, _ = policy
+    cfg = build_config({"environment": "test_vllm:_Echo", "max_turns": 3, "max_completion_length": 96})
+    params = SamplingParams(n=2, max_tokens=96, temperature=0.8, stop_strings=(".",))
+    _, groups = MultiTurn(cfg, tokenizer, _Echo).generate(sampler, [Example(p) for p in PROMPTS], PROMPTS, params,
+                                                          GroupGenerators([11, 12]))
+    rollouts = [r for g in groups for r in g]
+    assert max(r.info["turns"] for r in rollouts) > 1 and any(not all(r.mask) for r in rollouts)
+    mask = torch.cat([torch.tensor(r.mask) for r in rollouts])
+    diff = torch.cat([(torch.tensor(r.logprobs) - trainer_logprobs(model, r, 0.8)).abs() for r in rollouts])[mask]
+    assert diff.mean() < 1e-3 and diff.max() < 2e-2, (diff.mean(), diff.max())
+
+
+@needs_vllm
+def test_colocate_samples_multi_turn_rollouts(colocate, policy):
+    check_multiturn(colocate, policy)
+
+
+@needs_vllm
+def test_server_samples_multi_turn_rollouts(server, policy):
+    check_multiturn(server, policy)
 
 
 @needs_vllm

@@ -110,12 +110,29 @@ class RunObjects:
     train_rows: list | None = None  # sft / dpo: the train_dataset's rows (finetune/data.py reads them)
 
 
+def _multiturn_settings(tools, rollout_func, environment_factory) -> dict:
+    """tools (functions or names), rollout_func and environment_factory given as objects, as the
+    names the Config holds (the objects are registered where those names resolve)."""
+    from rlvr.environments import register_environment
+    from rlvr.rollout.custom import register_rollout_func
+    from rlvr.tools import register_tool
+
+    out = {}
+    if tools:
+        out["tools"] = [t if isinstance(t, str) else register_tool(t) for t in tools]
+    if rollout_func is not None:
+        out["rollout_func"] = rollout_func if isinstance(rollout_func, str) else register_rollout_func(rollout_func)
+    if environment_factory is not None:
+        out["environment"] = (environment_factory if isinstance(environment_factory, str)
+                              else register_environment(environment_factory))
+    return out
+
+
 class GRPOTrainer:
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  quantization_config=None, peft_config=None, tools=None, rollout_func=None, environment_factory=None):
-        for name, value in (("reward_processing_classes", reward_processing_classes), ("quantization_config", quantization_config),
-                            ("tools", tools), ("rollout_func", rollout_func), ("environment_factory", environment_factory)):
+        for name, value in (("reward_processing_classes", reward_processing_classes), ("quantization_config", quantization_config)):
             if value is not None:
                 raise ConfigError(f"GRPOTrainer({name}=...) is not supported yet")
         if any(o is not None for o in optimizers):
@@ -138,6 +155,7 @@ class GRPOTrainer:
         for f in funcs:
             names.append(f if isinstance(f, str) else register_reward(f, taken=set(names)))
         settings["reward_funcs"] = names
+        settings.update(_multiturn_settings(tools, rollout_func, environment_factory))
         settings["dataset"] = "<train_dataset>"  # given as an object: the verifier is `accuracy`, as for any dataset
         settings.setdefault("text_prompts", "raw")  # TRL: a plain-text prompt is the model's input as it is
         if eval_dataset is None:  # as TRL: no evaluation without an eval_dataset

@@ -72,8 +72,19 @@ class ToolEnvironment:
         return Step(observation="\n".join(outputs), role="tool")
 
 
+GIVEN: dict = {}  # environment factories given to GRPOTrainer as objects, by the name the Config holds
+
+
+def register_environment(factory) -> str:
+    name = f"<{getattr(factory, '__name__', type(factory).__name__)}>"
+    GIVEN[name] = factory
+    return name
+
+
 def load_environment(spec):
     """A factory of environments from a class, a function or "package.module:Name"."""
+    if isinstance(spec, str) and spec in GIVEN:
+        return GIVEN[spec]
     if isinstance(spec, str):
         module, _, name = spec.partition(":")
         if not module or not name:

@@ -144,7 +144,7 @@ def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
     }
     if groups[0].kl is not None:
         metrics["kl"] = sum(k for g in groups for k in g.kl) / max(lengths.sum().item(), 1.0)
-    infos = [r.info for r in rollouts if r.info is not None and "turns" in r.info]
+    infos = [r.info for r in rollouts if getattr(r, "info", None) and "turns" in r.info]
     if infos:  # multi-turn rollouts (rollout/multiturn.py), per completion
         n = len(infos)
         metrics["turns/mean"] = sum(i["turns"] for i in infos) / n

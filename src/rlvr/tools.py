@@ -29,6 +29,7 @@ import json
 import math
 import operator
 import re
+import signal
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -123,14 +124,23 @@ def _evaluate(node):
     raise ValueError("only numbers, + - * / // % ** and parentheses are allowed")
 
 
-BUILTIN_TOOLS = {"python": python, "calculator": calculator}
-
-
-# --- tools as the rollout sees them ---------------------------------------------------------
-
 class ToolError(ValueError):
     """A tool that cannot be used: not found, or its docstring does not describe it."""
 
+
+BUILTIN_TOOLS = {"python": python, "calculator": calculator}
+GIVEN: dict = {}  # tools given to GRPOTrainer as functions, by the name the Config holds
+
+
+def register_tool(function) -> str:
+    if not callable(function):
+        raise ToolError(f"tools: {function!r} is not a function")
+    name = f"<{getattr(function, '__name__', type(function).__name__)}>"
+    GIVEN[name] = function
+    return name
+
+
+# --- tools as the rollout sees them ---------------------------------------------------------
 
 @dataclass
 class Tool:
@@ -143,7 +153,7 @@ class Tool:
         """A Tool from a function, a built-in name (python, calculator) or "package.module:function"."""
         function = spec
         if isinstance(spec, str):
-            function = BUILTIN_TOOLS.get(spec) or _import(spec)
+            function = BUILTIN_TOOLS.get(spec) or GIVEN.get(spec) or _import(spec)
         if not callable(function):
             raise ToolError(f"tool {spec!r} is not a function")
         from transformers.utils import get_json_schema
@@ -204,15 +214,21 @@ class ToolBox:
         limits = SandboxLimits(timeout=self.timeout + 2.0, cpu_time=int(self.timeout) + 1,
                                output=max(4096, 4 * self.max_output_chars))
         result = run_python(code, limits=limits, allow_unisolated=self.allow_unisolated)
-        if result.timed_out:
+        if result.timed_out or result.returncode in (128 + signal.SIGXCPU, -signal.SIGXCPU):  # wall clock or CPU time
             return f"Error: the program ran past {self.timeout:g} s and was stopped", False
-        text = result.stdout + (("\n" if result.stdout else "") + result.stderr if result.stderr else "")
-        return self._cut(text.strip() or "(no output)"), result.returncode == 0
+        text = (result.stdout + (("\n" if result.stdout else "") + result.stderr if result.stderr else "")).strip()
+        if result.returncode != 0 and not text:
+            text = f"Error: the program was stopped (exit status {result.returncode})"
+        return self._cut(text or "(no output)"), result.returncode == 0
 
     def _cut(self, text: str) -> str:
-        if len(text) <= self.max_output_chars:
+        """At most max_output_chars of `text`: its start and its end (where a traceback says what went
+        wrong), with a note of how much was cut between them."""
+        limit = self.max_output_chars
+        if len(text) <= limit:
             return text
-        return text[: self.max_output_chars] + f"\n[output cut: {len(text) - self.max_output_chars} more characters]"
+        tail = limit // 4
+        return f"{text[: limit - tail]}\n[output cut: {len(text) - limit} characters]\n{text[len(text) - tail :] if tail else ''}"
 
 
 def _argument_problem(function, arguments: dict) -> str | None:

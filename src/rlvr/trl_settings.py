@@ -152,7 +152,7 @@ def translate(key: str, value: Any) -> tuple[str, Any] | None:
     if key == "hub_token" and value == "<HUB_TOKEN>":  # to_dict() hides the token behind this
         return None
     if key == "max_tool_calling_iterations":  # TRL counts the tool rounds; rlvr the model's turns
-        return "max_turns", None if value is None else int(value) + 1
+        return None if value is None else ("max_turns", value + 1 if isinstance(value, int) and not isinstance(value, bool) else value)
     if key == "warmup_steps" and isinstance(value, float) and 0 < value < 1:  # transformers 5: a float < 1 is a ratio
         return "warmup_ratio", value
     return key, value

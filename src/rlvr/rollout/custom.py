@@ -22,6 +22,8 @@ import dataclasses
 import importlib
 
 from rlvr.rollout import RolloutError
+from rlvr.rollout.multiturn import mix_seed
+from rlvr.rollout.sampling import GroupGenerators
 from rlvr.types import Rollout
 
 GIVEN: dict = {}  # rollout functions given to GRPOTrainer as objects, by the name the Config holds
@@ -57,10 +59,16 @@ class RolloutContext:
     def __init__(self, cfg, tokenizer, sampler, params, generator):
         self.args, self.processing_class = cfg, tokenizer
         self._sampler, self._params, self._generator = sampler, params, generator
+        self._calls = 0
 
     def generate(self, prompt_ids: list[list[int]], n: int = 1, max_tokens: int | None = None) -> list[list[Rollout]]:
+        """Per prompt, n Rollouts from the run's sampler; seeded from the step's streams, so a resumed
+        run samples the same."""
         params = dataclasses.replace(self._params, n=n, max_tokens=max_tokens or self._params.max_tokens)
-        generator = self._generator if not hasattr(self._generator, "seeds") else None
+        generator = self._generator
+        if isinstance(generator, GroupGenerators):  # one stream per prompt given, derived from the step's first
+            generator = GroupGenerators([mix_seed(generator.seeds[0], i, self._calls) for i in range(len(prompt_ids))])
+        self._calls += 1
         return self._sampler.generate(prompt_ids, params, generator)
 
 

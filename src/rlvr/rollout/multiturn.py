@@ -146,7 +146,7 @@ class MultiTurn:
             if not live:
                 break
             room = max(self.budget - len(t.ids) for _, _, t in live)
-            streams = generator if seeds is None else GroupGenerators([_mix(seeds[g], m, turn) for g, m, _ in live])
+            streams = generator if seeds is None else GroupGenerators([mix_seed(seeds[g], m, turn) for g, m, _ in live])
             outs = sampler.generate([t.prompt_ids + t.ids for _, _, t in live],
                                     dataclasses.replace(params, n=1, max_tokens=room), streams)
             for (_, _, t), (r,) in zip(live, outs):
@@ -226,7 +226,7 @@ def _template_shows_tools(tokenizer, schemas: list[dict], kwargs: dict) -> bool:
     return plain != with_tools
 
 
-def _mix(seed: int, member: int, turn: int) -> int:
+def mix_seed(seed: int, member: int, turn: int) -> int:
     """A seed for one rollout's turn, from its group's seed: the same wherever the group is sampled."""
     return (seed * 1_000_003 + member * 10_007 + turn * 101) % (2**62)
 

@@ -57,15 +57,13 @@ class Preset:
         from rlvr.tasks.dataset import DatasetError, pick_column, split_rows
 
         given = cfg.dataset is not None
-        name = cfg.dataset if given else self.hub
+        name, config = (cfg.dataset, cfg.dataset_config) if given else (self.hub, self.hub_config)
+        train_split, test_split = (cfg.dataset_train_split, cfg.dataset_test_split) if given else (self.train_split, self.test_split)
         try:
             if self.train_split is None:
-                train, test, where = None, *self._test_only(name, cfg.dataset_config if given else self.hub_config,
-                                                            cfg.dataset_test_split if given else self.test_split)
-            elif given:
-                train, test, where = split_rows(name, cfg.dataset_config, cfg.dataset_train_split, cfg.dataset_test_split, cfg.seed)
+                train, (test, where) = None, self._test_only(name, config, test_split)
             else:
-                train, test, where = split_rows(name, self.hub_config, self.train_split, self.test_split, cfg.seed)
+                train, test, where = split_rows(name, config, train_split, test_split, cfg.seed)
         except DatasetError as e:
             if given or not str(e).startswith("could not load dataset"):
                 raise
@@ -75,9 +73,8 @@ class Preset:
         columns = (test if train is None else train).column_names
         prompt_col = pick_column(columns, cfg.prompt_column, self.prompt_columns, "prompt", name)
         answer_col = pick_column(columns, cfg.answer_column, self.answer_columns, "answer", name)
-        made = [[] if rows is None else self._examples(rows, prompt_col, answer_col, split, where)
-                for split, rows in (("train", train), ("test", test))]
-        return made[0], made[1]
+        train = [] if train is None else self._examples(train, prompt_col, answer_col, "train", where)
+        return train, self._examples(test, prompt_col, answer_col, "test", where)
 
     def _test_only(self, name: str, config: str | None, test_split: str):
         from rlvr.tasks.dataset import DatasetError, Where, load_rows

@@ -52,7 +52,7 @@ class ReasoningGymTask:
         name = a["name"]
         if name is None:
             raise ValueError(f"name is required: one of reasoning-gym's {len(datasets)} datasets, e.g. {_examples(datasets)}")
-        if name not in datasets:
+        if not isinstance(name, str) or name not in datasets:
             close = difflib.get_close_matches(str(name), list(datasets), n=3)
             hint = f"did you mean {', '.join(close)}? " if close else ""
             raise ValueError(f"unknown reasoning-gym dataset {name!r}; {hint}valid names include {_examples(datasets)} "
