@@ -19,31 +19,14 @@ from rlvr.tools import ToolBox, calculator, parse_tool_calls
 from rlvr.types import Batch, Example, Rollout
 
 CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 +-*/=?.,:;_'\"(){}[]\\<>\n")
-SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'
-
-
-def _tokenizer():
-    """A character tokenizer that can spell JSON, with a ChatML template (no tool support)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(SPECIALS)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>", bos_token="<|im_start|>",
-                                   unk_token="<unk>")
-    fast.chat_template = TEMPLATE
-    return fast
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return _tokenizer()
+    from conftest import make_tokenizer
+
+    return make_tokenizer(CHARS)  # it can spell JSON; ChatML without tool support
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +119,37 @@ def test_max_turns_ends_a_rollout_that_keeps_calling(tok):
     sampler = ScriptedSampler(tok, [CALL] * 5)
     _, groups = multi.generate(sampler, [Example("q")], ["q"], SamplingParams(n=1, max_tokens=1000), None)
     assert groups[0][0].info["turns"] == 3 and len(sampler.calls) == 3 and groups[0][0].info["tool_calls"] == 3
+
+
+def test_a_template_with_tool_support_shows_the_tools_and_one_without_a_tool_role_gets_a_user_message(tok):
+    """Qwen-like: the template renders `tools` itself and refuses a role it does not know; the tool's
+    answer then comes back as a user message in <tool_response> tags."""
+    from transformers import PreTrainedTokenizerFast
+
+    qwenish = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, pad_token="<pad>", eos_token="<|im_end|>",
+                                      bos_token="<|im_start|>", unk_token="<unk>")
+    qwenish.chat_template = (
+        "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+        "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+        "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    box = ToolBox(["calculator"])
+    multi = MultiTurn(_cfg(), qwenish, lambda: ToolEnvironment(box), box.schemas)
+    texts, groups = multi.generate(ScriptedSampler(qwenish, [CALL, "42"], eos_after={1}), [Example("q")], ["q"],
+                                   SamplingParams(n=1, max_tokens=200), None)
+    assert texts[0].startswith("<|im_start|>system\nTools: [{") and "To call one, write" not in texts[0]
+    text = qwenish.decode(groups[0][0].completion_ids)
+    assert "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n42" in text
+
+
+def test_raw_prompts_get_the_tool_answer_in_tags(tok):
+    box = ToolBox(["calculator"])
+    multi = MultiTurn(_cfg(text_prompts="raw"), tok, lambda: ToolEnvironment(box), box.schemas)
+    texts, groups = multi.generate(ScriptedSampler(tok, [CALL, "42"]), [Example("Q: 6*7?")], ["Q: 6*7?"],
+                                   SamplingParams(n=1, max_tokens=200), None)
+    assert texts[0].endswith("Q: 6*7?") and "calculator" in texts[0]
+    assert tok.decode(groups[0][0].completion_ids) == CALL + "\n<tool_response>\n42\n</tool_response>\n42"
 
 
 # --- tools that misbehave, calls that are malformed ------------------------------------------

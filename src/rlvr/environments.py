@@ -25,10 +25,10 @@ the rollout.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Protocol
 
+from rlvr.plugins import load_named, register
 from rlvr.tools import ToolBox, parse_tool_calls
 from rlvr.types import Example, Prompt
 
@@ -76,23 +76,9 @@ GIVEN: dict = {}  # environment factories given to GRPOTrainer as objects, by th
 
 
 def register_environment(factory) -> str:
-    name = f"<{getattr(factory, '__name__', type(factory).__name__)}>"
-    GIVEN[name] = factory
-    return name
+    return register(factory, GIVEN)
 
 
 def load_environment(spec):
     """A factory of environments from a class, a function or "package.module:Name"."""
-    if isinstance(spec, str) and spec in GIVEN:
-        return GIVEN[spec]
-    if isinstance(spec, str):
-        module, _, name = spec.partition(":")
-        if not module or not name:
-            raise ValueError(f"environment {spec!r}: expected package.module:ClassName")
-        try:
-            spec = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"environment {spec!r}: {e}") from None
-    if not callable(spec):
-        raise ValueError(f"environment {spec!r} is not a class or a function that makes one")
-    return spec
+    return load_named(spec, "environment", GIVEN, "package.module:ClassName")

@@ -23,7 +23,6 @@ are counted; an output longer than `max_tool_output_chars` is cut, with a note s
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
 import json
 import math
@@ -33,6 +32,8 @@ import signal
 import threading
 from dataclasses import dataclass
 from typing import Callable
+
+from rlvr.plugins import load_named, register
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _EXPRESSION_CHARS = 200  # the calculator refuses longer expressions
@@ -135,9 +136,7 @@ GIVEN: dict = {}  # tools given to GRPOTrainer as functions, by the name the Con
 def register_tool(function) -> str:
     if not callable(function):
         raise ToolError(f"tools: {function!r} is not a function")
-    name = f"<{getattr(function, '__name__', type(function).__name__)}>"
-    GIVEN[name] = function
-    return name
+    return register(function, GIVEN)
 
 
 # --- tools as the rollout sees them ---------------------------------------------------------
@@ -151,11 +150,13 @@ class Tool:
     @classmethod
     def of(cls, spec) -> "Tool":
         """A Tool from a function, a built-in name (python, calculator) or "package.module:function"."""
-        function = spec
-        if isinstance(spec, str):
-            function = BUILTIN_TOOLS.get(spec) or GIVEN.get(spec) or _import(spec)
-        if not callable(function):
-            raise ToolError(f"tool {spec!r} is not a function")
+        if isinstance(spec, str) and spec in BUILTIN_TOOLS:
+            function = BUILTIN_TOOLS[spec]
+        else:
+            try:
+                function = load_named(spec, "tool", GIVEN, f"a built-in tool ({', '.join(BUILTIN_TOOLS)}) or package.module:function")
+            except ValueError as e:
+                raise ToolError(str(e)) from None
         from transformers.utils import get_json_schema
 
         try:
@@ -165,16 +166,6 @@ class Tool:
             raise ToolError(f"tool {name!r}: {e} (a tool needs type hints and a docstring with an Args: section "
                             "describing each argument)") from None
         return cls(schema["function"]["name"], function, schema)
-
-
-def _import(spec: str):
-    module, _, name = spec.partition(":")
-    if not module or not name:
-        raise ToolError(f"tool {spec!r}: expected a built-in tool ({', '.join(BUILTIN_TOOLS)}) or package.module:function")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ToolError(f"tool {spec!r}: {e}") from None
 
 
 class ToolBox:

@@ -19,8 +19,8 @@ policy wrote, 0 for one it did not, e.g. a tool's output) is optional and, as in
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
+from rlvr.plugins import load_named, register
 from rlvr.rollout import RolloutError
 from rlvr.rollout.multiturn import mix_seed
 from rlvr.rollout.sampling import GroupGenerators
@@ -31,26 +31,11 @@ REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
 
 
 def load_rollout_func(spec):
-    if callable(spec):
-        return spec
-    if spec in GIVEN:
-        return GIVEN[spec]
-    module, _, name = str(spec).partition(":")
-    if not module or not name:
-        raise ValueError(f"rollout_func {spec!r}: expected package.module:function")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"rollout_func {spec!r}: {e}") from None
-    if not callable(fn):
-        raise ValueError(f"rollout_func {spec!r} is not a function")
-    return fn
+    return load_named(spec, "rollout_func", GIVEN, "package.module:function")
 
 
 def register_rollout_func(fn) -> str:
-    name = f"<{getattr(fn, '__name__', type(fn).__name__)}>"
-    GIVEN[name] = fn
-    return name
+    return register(fn, GIVEN)
 
 
 class RolloutContext:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import random
 
+from rlvr.tasks.args import with_defaults
 from rlvr.types import Example
 
 DEFAULTS = {"digits": 1, "operands": 2, "operators": "+-", "num_train": 5000, "num_test": 100, "template": "boxed_example", "final_number": False, "seed": None}
@@ -32,14 +33,14 @@ TEMPLATES = {
         "Example: What is 2 + 3? Answer: 2 + 3 = 5, so the answer is \\boxed{{5}}.\n"
         "Now you: What is {expr}? Answer in the same way."
     ),
-    # The same with a calculator call (for tools=[calculator]): the model writes the call, reads the
-    # result in the next message, then boxes it.  JSON braces are doubled for str.format.
+    # A calculator call to copy (for tools=[calculator]): the model writes the call with its own
+    # numbers, reads the result in the next message, then answers.  JSON braces are doubled for format.
     "calculator_example": (
-        "Example: What is 23 * 47? Answer: <tool_call>\n"
+        "To multiply, call the calculator like this:\n<tool_call>\n"
         '{{"name": "calculator", "arguments": {{"expression": "23 * 47"}}}}\n'
         "</tool_call>\n"
-        "Result: 1081. So the answer is \\boxed{{1081}}.\n"
-        "Now you: What is {expr}? Answer in the same way, using the calculator."
+        "then read its result and write the answer as \\boxed{{1081}}.\n"
+        "What is {expr}?"
     ),
 }
 _ENUMERATE_BELOW = 200_000
@@ -51,10 +52,7 @@ class ArithmeticTask:
 
     @staticmethod
     def check_args(args: dict) -> dict:
-        unknown = set(args) - set(DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-        a = {**DEFAULTS, **args}
+        a = with_defaults(args, DEFAULTS)
         for key in ("digits", "operands", "num_train", "num_test"):
             if not isinstance(a[key], int) or isinstance(a[key], bool) or a[key] < 1:
                 raise ValueError(f"{key} must be a positive integer, got {a[key]!r}")

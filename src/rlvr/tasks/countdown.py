@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 
+from rlvr.tasks.args import with_defaults
 from rlvr.types import Example
 
 DEFAULTS = {"count": 3, "min_number": 1, "max_number": 99, "min_target": 1, "max_target": 100, "num_train": 5000,
@@ -46,10 +47,7 @@ class CountdownTask:
 
     @staticmethod
     def check_args(args: dict) -> dict:
-        unknown = set(args) - set(DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-        a = {**DEFAULTS, **args}
+        a = with_defaults(args, DEFAULTS)
         for key in ("min_number", "max_number", "min_target", "max_target", "num_train", "num_test"):
             if not isinstance(a[key], int) or isinstance(a[key], bool):
                 raise ValueError(f"{key} must be an integer, got {a[key]!r}")

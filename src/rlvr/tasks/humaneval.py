@@ -22,6 +22,7 @@ import json
 import random
 from pathlib import Path
 
+from rlvr.tasks.args import with_defaults
 from rlvr.types import Example
 
 DEFAULTS = {"num_test": 64, "seed": None, "timeout": 10.0, "allow_unisolated": False}
@@ -38,10 +39,7 @@ class HumanEvalTask:
 
     @staticmethod
     def check_args(args: dict) -> dict:
-        unknown = set(args) - set(DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown key(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-        a = {**DEFAULTS, **args}
+        a = with_defaults(args, DEFAULTS)
         if not isinstance(a["num_test"], int) or isinstance(a["num_test"], bool) or not 1 <= a["num_test"] < NUM_PROBLEMS:
             raise ValueError(f"num_test must be an integer from 1 to {NUM_PROBLEMS - 1}, got {a['num_test']!r}")
         if a["seed"] is not None and (not isinstance(a["seed"], int) or isinstance(a["seed"], bool)):
