@@ -3,8 +3,8 @@ r"""The Countdown verifier (TinyZero's task): reach the target from the given nu
 The completion's expression is its last ``<answer>...</answer>`` block (TinyZero's layout), else
 its last ``\boxed{...}``.  A trailing ``= <target>`` is allowed, and so are ``$...$``, ``\times``,
 ``\cdot``, ``×``, ``\div``, ``÷`` and a Unicode minus.  The expression is parsed with `ast`, never
-evaluated as Python: only ASCII integer literals, binary ``+ - * /``, a leading minus and
-parentheses are accepted; anything else (a name, a call, ``**``, ``//``, a decimal point, a
+evaluated as Python: only ASCII integer literals, binary ``+ - * /``, unary minus (``7*3 + -5``,
+as TinyZero and reasoning-gym accept it) and parentheses are accepted; anything else (a name, a call, ``**``, ``//``, a decimal point, a
 non-ASCII digit, more than MAX_EXPRESSION_CHARS characters) scores 0.
 
 The rules, those of TinyZero's ``validate_equation`` made exact:
@@ -114,7 +114,7 @@ def parse_expression(expression: str) -> ast.expr:
                 raise Invalid("only + - * /")
         elif isinstance(node, ast.UnaryOp):
             if not isinstance(node.op, ast.USub):
-                raise Invalid("only a leading minus")
+                raise Invalid("only a unary minus")
         elif not isinstance(node, (ast.operator, ast.unaryop)):
             raise Invalid(f"{type(node).__name__} is not allowed")
     return tree
