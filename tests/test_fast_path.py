@@ -1,12 +1,17 @@
-"""rlvr's own Llama forward (llama.py, logprobs.py) against the Hugging Face model it runs:
-same log-probs, same gradients, same greedy tokens."""
+"""rlvr's own Llama forward (llama.py, logprobs.py) against the Hugging Face model it runs, for
+each family it covers (Llama, Mistral, Qwen2, Qwen3): same log-probs, same gradients, same greedy
+tokens; and the one line a model it does not cover prints."""
+
+import logging
 
 import pytest
 import torch
 
-from rlvr.llama import LlamaRunner, supports
+from rlvr.llama import LlamaRunner, fast_path_reason, supports
 from rlvr.logprobs import batch_logprobs
 from rlvr.logprobs import linear_logprobs
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.engine import FastSampler, HFSampler, make_sampler
 from rlvr.types import Batch, Rollout
 
 PROMPTS = [[1, 24, 22, 8, 33, 41, 35], [1, 24, 9], [1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39]]
@@ -31,21 +36,61 @@ def fast_logprobs(model, temperature=1.0):
     return linear_logprobs(hidden, model.lm_head.weight, targets, temperature, chunk=5)[0]
 
 
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
+
+
+def make_family_model(kind: str, vocab_size: int, seed: int = 0):
+    """A tiny random model of one family, with what sets it apart switched on: Qwen2's q/k/v biases,
+    Qwen3's q/k norms with head_dim (16) apart from hidden / heads (8), untied output layers for
+    Llama and Mistral.  Norm weights and biases are drawn at random (transformers starts them at
+    1 and 0), so that a norm or a bias applied in the wrong place shows."""
+    import transformers
+
+    sizes = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    config = {
+        "llama": lambda: transformers.LlamaConfig(**sizes, tie_word_embeddings=False),
+        "mistral": lambda: transformers.MistralConfig(**sizes, sliding_window=None, tie_word_embeddings=False),
+        "qwen2": lambda: transformers.Qwen2Config(**sizes, tie_word_embeddings=True),
+        "qwen3": lambda: transformers.Qwen3Config(**sizes, head_dim=16, tie_word_embeddings=True),
+    }[kind]()
+    torch.manual_seed(seed + FAMILIES.index(kind))  # Llama and Mistral have the same block: not the same weights
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape) * 0.3)
+    return model
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request, tiny):
+    """(model, tokenizer): a tiny random model of each family the fast path covers, with the tiny tokenizer."""
+    _, tokenizer = tiny
+    return make_family_model(request.param, len(tokenizer)), tokenizer
+
+
 def test_the_tiny_llama_is_supported(tiny):
     model, _ = tiny
     assert supports(model)
     assert not supports(torch.nn.Linear(2, 2))
 
 
+def test_each_family_is_on_the_fast_path(family):
+    model, tokenizer = family
+    assert fast_path_reason(model) is None and supports(model)
+    assert type(make_sampler(model, tokenizer, [2])) is FastSampler
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_logprobs_equal_the_hugging_face_forward(tiny, temperature):
-    model, _ = tiny
+def test_logprobs_equal_the_hugging_face_forward(family, temperature):
+    model, _ = family
     with torch.no_grad():
-        assert torch.allclose(fast_logprobs(model, temperature), reference_logprobs(model, temperature), atol=1e-5)
+        assert (fast_logprobs(model, temperature) - reference_logprobs(model, temperature)).abs().max() < 1e-5
 
 
-def test_gradients_equal_the_hugging_face_forward(tiny):
-    model, _ = tiny
+def test_gradients_equal_the_hugging_face_forward(family):
+    model, _ = family
     weights = torch.linspace(-1, 1, sum(len(c) for c in COMPLETIONS))
 
     def grads(fn):
@@ -103,12 +148,12 @@ def test_bf16_logprobs_stay_close(tiny):
         assert torch.allclose(bf16, reference_logprobs(model), atol=0.05)
 
 
-def test_the_update_gives_the_same_loss_and_gradients_on_both_paths(tiny, tmp_path):
+def test_the_update_gives_the_same_loss_and_gradients_on_both_paths(family, tmp_path):
     from rlvr.config import build_config
     from rlvr.trainer import Trainer
     from rlvr.types import Example
 
-    model, tokenizer = tiny
+    model, tokenizer = family
     cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "num_generations": 3,
                         "per_device_train_batch_size": 2, "gradient_accumulation_steps": 3, "loss_type": "grpo", "beta": 0.05})
     trainer = Trainer(cfg, model, tokenizer, [Example("q", "1")], tmp_path, 5)
@@ -281,3 +326,94 @@ def test_a_run_with_gradient_checkpointing_trains_to_the_same_weights(tiny_run_c
     assert all(torch.equal(a[k], b[k]) for k in a)
     rows = [json.loads(line) for line in (tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["grad_norm"] > 0 for r in rows)
+
+
+# --- sampling: the fast sampler decodes what the model's own forward decodes ----------------
+
+
+def test_greedy_outputs_are_identical_on_both_samplers_and_generate(family):
+    """Prompts of different lengths (left-padded together on the generic path), two completions
+    each: FastSampler, HFSampler and transformers' generate give the same greedy tokens, and the
+    two samplers the same per-token log-probs."""
+    model, tokenizer = family
+    prompts = [p[:9] for p in PROMPTS]
+    params = SamplingParams(n=2, max_tokens=12, temperature=0)
+    fast = FastSampler(model, tokenizer, [10_000]).generate(prompts, params)  # an id never produced: run to length
+    generic = HFSampler(model, tokenizer, [10_000]).generate(prompts, params)
+    for prompt, fast_group, generic_group in zip(prompts, fast, generic):
+        x = torch.tensor([prompt])
+        ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
+        for f, g in zip(fast_group, generic_group):
+            assert f.completion_ids == g.completion_ids == ref[0, x.shape[1]:].tolist()
+            assert max(abs(a - b) for a, b in zip(f.logprobs, g.logprobs)) < 1e-4
+
+
+def test_lora_on_qwen3_equals_peft_forward():
+    """LoRA adapters on every linear layer of a Qwen3 model (k_proj feeds its k_norm): the fast
+    path's log-probs and the adapters' gradients equal peft's own forward."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(make_family_model("qwen3", 64), LoraConfig(r=4, lora_alpha=8, target_modules=modules))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.3)
+    assert supports(model)
+    weights = torch.linspace(-1, 1, sum(len(c) for c in COMPLETIONS))
+
+    def grads(fn):
+        model.zero_grad()
+        logp = fn(model)
+        (logp * weights).sum().backward()
+        return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    (fast, fast_grads), (ref, ref_grads) = grads(fast_logprobs), grads(reference_logprobs)
+    assert (fast - ref).abs().max() < 1e-5
+    assert len(ref_grads) == 2 * 7 * 2 and fast_grads.keys() == ref_grads.keys()  # A and B, 7 modules, 2 layers
+    for name, g in ref_grads.items():
+        assert (fast_grads[name] - g).abs().max() / g.abs().max().clamp(min=1e-8) < 1e-5, name
+
+
+# --- a model the fast path does not cover ---------------------------------------------------
+
+
+def _tiny_gemma3(vocab_size):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=8, sliding_window=4, max_position_embeddings=256)
+    return Gemma3ForCausalLM(config)
+
+
+def test_a_model_off_the_fast_path_says_once_which_path_and_why(tiny, caplog, monkeypatch):
+    """Gemma 3 (and Mistral with its sliding window) sample on the generic path, and the first
+    sampler made for each says so in one line naming the model type and the reason."""
+    import rlvr.rollout.engine as engine
+
+    _, tokenizer = tiny
+    monkeypatch.setattr(engine, "_REPORTED", set())
+    gemma = _tiny_gemma3(len(tokenizer))
+    assert fast_path_reason(gemma).startswith("gemma3_text: sliding-window attention")
+    with caplog.at_level(logging.WARNING, logger="rlvr.rollout.engine"):
+        samplers = [make_sampler(gemma, tokenizer, [2]) for _ in range(3)]
+    assert all(type(s) is HFSampler for s in samplers)
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlvr.rollout.engine"]
+    assert lines == ["gemma3_text: sliding-window attention and Gemma's decoder block are not implemented on rlvr's fast path; "
+                     "using the model's own forward (slower)"]
+    out = samplers[0].generate([PROMPTS[1]], SamplingParams(n=2, max_tokens=3, temperature=0))
+    assert [len(r.completion_ids) for r in out[0]] == [3, 3]
+
+    caplog.clear()
+    from transformers import MistralConfig, MistralForCausalLM
+
+    windowed = MistralForCausalLM(MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                num_attention_heads=4, num_key_value_heads=2, sliding_window=16))
+    with caplog.at_level(logging.WARNING, logger="rlvr.rollout.engine"):
+        assert type(make_sampler(windowed, tokenizer, [2])) is HFSampler
+        make_sampler(windowed, tokenizer, [2])
+    assert [r.getMessage() for r in caplog.records] == [
+        "mistral: sliding-window attention is not implemented on rlvr's fast path; using the model's own forward (slower)"]
+    with pytest.raises(ValueError, match="mistral: sliding-window"):
+        LlamaRunner(windowed)

@@ -2,7 +2,8 @@
 
 Why: a GRPO step runs the same model two ways, and the generic path pays for
 work it does not need.  This module runs the weights of a LlamaForCausalLM (or
-Mistral / Qwen2, same block) directly with torch ops, so that
+Mistral without a sliding window, Qwen2, Qwen3: the same block, Qwen3's with an
+RMSNorm over each query and key head before RoPE) directly with torch ops, so that
 
 * rollout decodes with a preallocated KV cache, each prompt prefilled once and
   its cache copied to its G completions, and rows that finish dropped;
@@ -20,7 +21,15 @@ It reads the parameters of the Hugging Face modules (no copies), so an
 optimizer step on the model is seen by the next call.  The result equals the
 Hugging Face forward up to floating-point reordering; tests check log-probs to
 1e-4 and gradients to 1e-5 relative.  `supports(model)` says whether a model can
-use this path; others use the generic one.
+use this path, `fast_path_reason(model)` why not; others use the generic one.
+
+Gemma 3 stays on the generic path: it is not a variant of this block but a second one.
+Five layers in six attend through a sliding window (a windowed mask in prefill, in the
+static decode cache and in the update's shared prompt keys), with their own RoPE base;
+each layer has four norms of (1 + weight) rather than two, a GELU-tanh MLP, and
+scores scaled by query_pre_attn_scalar; the embeddings are scaled by sqrt(hidden) in
+the weights' dtype; the multimodal model nests the text model one level deeper.
+Supporting it means a Gemma runner beside this one, with its own equality tests.
 """
 
 from __future__ import annotations
@@ -31,28 +40,46 @@ from torch.utils.checkpoint import checkpoint
 
 from rlvr.lora import adapters_enabled, effective_weight, is_adapted, unwrap
 
-SUPPORTED = ("llama", "mistral", "qwen2")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+WHY_NOT = {  # families users ask about, and what keeps each off this path (see the module docstring)
+    kind: "sliding-window attention and Gemma's decoder block are not implemented on rlvr's fast path"
+    for kind in ("gemma3", "gemma3_text", "gemma2")
+}
 
 
 def supports(model) -> bool:
     """True for a Llama-family model, also one with LoRA adapters (peft) on its attention and MLP
     layers; an adapter on the embeddings or the output layer needs the generic path."""
+    return fast_path_reason(model) is None
+
+
+def fast_path_reason(model) -> str | None:
+    """None when this runner can run `model`, else one line, starting with the model type, that says why not."""
     model = unwrap(model)
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "model_type", None) not in SUPPORTED:
-        return False
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) and config.model_type != "llama":
-        return False  # windowed attention is not implemented here
+    kind = getattr(config, "model_type", None)
+    if kind is None:
+        return f"{type(model).__name__}: not a transformers model"
+    if kind not in SUPPORTED:
+        return f"{kind}: " + WHY_NOT.get(kind, f"rlvr's fast path covers {', '.join(SUPPORTED)} only")
+    windowed = kind != "llama" and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+    if windowed or any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return f"{kind}: sliding-window attention is not implemented on rlvr's fast path"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"{kind}: the MLP's activation {config.hidden_act!r} is not implemented on rlvr's fast path (SiLU only)"
     inner = getattr(model, "model", None)
     if not all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
-        return False
-    return not is_adapted(inner.embed_tokens) and not is_adapted(getattr(model, "lm_head", None))
+        return f"{kind}: {type(model).__name__} does not hold model.embed_tokens, layers, norm and rotary_emb"
+    if is_adapted(inner.embed_tokens) or is_adapted(getattr(model, "lm_head", None)):
+        return f"{kind}: a LoRA adapter on the embeddings or the output layer needs the model's own forward"
+    return None
 
 
 class LlamaRunner:
     def __init__(self, model):
-        if not supports(model):
-            raise ValueError(f"{type(model).__name__} is not a Llama-family model this runner supports")
+        reason = fast_path_reason(model)
+        if reason is not None:
+            raise ValueError(f"{type(model).__name__} cannot run on rlvr's fast path: {reason}")
         model = unwrap(model)  # LoRA: the adapter layers are called in place of the plain linears
         cfg = model.config
         self.model = model
@@ -62,6 +89,7 @@ class LlamaRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = cfg.rms_norm_eps
         self.scale = self.head_dim**-0.5
+        self.qk_norm = hasattr(self.inner.layers[0].self_attn, "q_norm")  # Qwen3
 
     # --- pieces -------------------------------------------------------------------------
 
@@ -90,6 +118,8 @@ class LlamaRunner:
         q = attn.q_proj(h).view(n, self.heads, self.head_dim)
         k = attn.k_proj(h).view(n, self.kv_heads, self.head_dim)
         v = attn.v_proj(h).view(n, self.kv_heads, self.head_dim)
+        if self.qk_norm:  # an RMSNorm over each head's vector, before RoPE
+            q, k = self._norm(q, attn.q_norm), self._norm(k, attn.k_norm)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
 
     @staticmethod
@@ -163,8 +193,8 @@ class LlamaRunner:
         state = DecodeState(self, rows, width + max_new, dtype, device)
         index = _padded_index(lengths, width, device)  # where each flat token sits in [P, width]
         mask = _causal_padded_mask(lengths, width, device)
-        for i, (ln1, qkv, o, ln2, gate_up, down) in enumerate(weights.layers):
-            q, k, v = self._split_qkv(qkv(self._norm(x, ln1).to(dtype)), cos, sin)
+        for i, (ln1, qkv, qk_norm, o, ln2, gate_up, down) in enumerate(weights.layers):
+            q, k, v = self._split_qkv(qkv(self._norm(x, ln1).to(dtype)), qk_norm, cos, sin)
             qp, kp, vp = (_to_padded(t, index, len(lengths), width) for t in (q, k, v))
             out = _from_padded(self._attend(qp, kp, vp, mask), index)
             x = x + o(out)
@@ -192,8 +222,8 @@ class LlamaRunner:
         slot = state.length  # the cache column this token's key goes to
         state.mask[:, slot] = True
         mask = state.mask[:, None, None, : slot + 1]  # [rows, 1, 1, keys]
-        for i, (ln1, qkv, o, ln2, gate_up, down) in enumerate(weights.layers):
-            q, k, v = self._split_qkv(qkv(self._norm(x, ln1).to(dtype)), cos, sin)
+        for i, (ln1, qkv, qk_norm, o, ln2, gate_up, down) in enumerate(weights.layers):
+            q, k, v = self._split_qkv(qkv(self._norm(x, ln1).to(dtype)), qk_norm, cos, sin)
             state.k[i, :, :, :, slot] = k
             state.v[i, :, :, slot] = v
             out = self._attend_one(q, state.k[i, :, :, :, : slot + 1], state.v[i, :, :, : slot + 1], mask)
@@ -222,12 +252,15 @@ class LlamaRunner:
             self._weights = InferenceWeights(self, dtype, rows)
         return self._weights
 
-    def _split_qkv(self, fused, cos, sin):
-        """The fused projection [n, (H + 2 Hkv) D] -> q [n, H, D], k, v [n, Hkv, D]; RoPE on q and k at once."""
+    def _split_qkv(self, fused, qk_norm, cos, sin):
+        """The fused projection [n, (H + 2 Hkv) D] -> q [n, H, D], k, v [n, Hkv, D]; the q/k norms
+        (qk_norm [H + Hkv, D], or None) and RoPE on q and k at once."""
         n = fused.shape[0]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        qk = self._rotate(fused[:, : q_size + kv_size].view(n, self.heads + self.kv_heads, self.head_dim), cos, sin)
-        qk = qk.to(fused.dtype)
+        qk = fused[:, : q_size + kv_size].view(n, self.heads + self.kv_heads, self.head_dim)
+        if qk_norm is not None:
+            qk = self._norm(qk, qk_norm)
+        qk = self._rotate(qk, cos, sin).to(fused.dtype)
         v = fused[:, q_size + kv_size :].view(n, self.kv_heads, self.head_dim)
         return qk[:, : self.heads], qk[:, self.heads :], v
 
@@ -259,8 +292,9 @@ class _Linear:
 
 class InferenceWeights:
     """A read-only copy of the weights for sampling: in the sampling dtype, q/k/v and gate/up
-    each fused into one matrix, prepacked.  Rebuilt only when the parameters have changed.
-    With LoRA each weight is the merged W + scale * B A (lora.effective_weight)."""
+    each fused into one matrix, prepacked, and Qwen3's q/k norm weights stacked per head [H + Hkv, D].
+    Rebuilt only when the parameters have changed.  With LoRA each weight is the merged
+    W + scale * B A (lora.effective_weight)."""
 
     def __init__(self, runner: LlamaRunner, dtype: torch.dtype, rows: int):
         self.dtype = dtype
@@ -273,9 +307,13 @@ class InferenceWeights:
                 a, m = layer.self_attn, layer.mlp
                 biases = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
                 qkv_bias = torch.cat(biases).to(dtype) if biases[0] is not None else None
+                qk_norm = None
+                if runner.qk_norm:
+                    qk_norm = torch.cat([a.q_norm.weight.expand(runner.heads, -1), a.k_norm.weight.expand(runner.kv_heads, -1)])
                 self.layers.append((
                     layer.input_layernorm.weight,
                     _Linear(torch.cat([w(a.q_proj), w(a.k_proj), w(a.v_proj)]).to(dtype), qkv_bias, rows),
+                    qk_norm,
                     _Linear(w(a.o_proj).to(dtype), None if a.o_proj.bias is None else a.o_proj.bias.to(dtype), rows),
                     layer.post_attention_layernorm.weight,
                     _Linear(torch.cat([w(m.gate_proj), w(m.up_proj)]).to(dtype), None, rows),

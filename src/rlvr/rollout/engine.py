@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 
 import torch
 from transformers import DynamicCache
 
-from rlvr.llama import LlamaRunner, supports
+from rlvr.llama import LlamaRunner, fast_path_reason
 from rlvr.rollout import SamplingParams, pad_token_id
 from rlvr.rollout.sampling import GroupGenerators, sample_next, seen_tokens
 from rlvr.runtime import configure_allocator
 from rlvr.types import Rollout
+
+log = logging.getLogger(__name__)
+_REPORTED: set[str] = set()  # why models took the generic path, each said once per process
 
 
 class HFSampler:
@@ -173,7 +177,11 @@ class FastSampler(HFSampler):
 
 
 def make_sampler(model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False):
-    """The fast sampler where the model's architecture allows, else the generic one."""
+    """The fast sampler where the model's architecture allows, else the generic one, saying once why."""
     configure_allocator()
-    cls = FastSampler if supports(model) else HFSampler
+    reason = fast_path_reason(model)
+    if reason is not None and reason not in _REPORTED:
+        _REPORTED.add(reason)
+        log.warning("%s; using the model's own forward (slower)", reason)
+    cls = FastSampler if reason is None else HFSampler
     return cls(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
