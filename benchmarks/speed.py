@@ -321,6 +321,11 @@ def summarize(steps: dict, rollout: dict) -> dict:
             peak = rollout.get(f"matmul_flops_{precision}")
             if peak:
                 r["update_peak_fraction"] = r["update_flops"] / r["update_seconds"] / peak
+                # The whole step against the machine's limit: its FLOPs (the update's, plus 2 x parameters
+                # per sampled token; the prompts' prefill is left out, so this is a lower bound) at the
+                # matmul peak measured in this run, over the step's seconds.
+                r["step_flops"] = r["update_flops"] + r["completion_tokens_per_step"] * rollout["flops_per_token"]
+                r["step_limit_fraction"] = r["step_flops"] / peak / r["seconds_per_step"]
         if "seconds_per_step" in r and "seconds_per_step" in t:
             # The two runs sample different completions: compare seconds per completion token,
             # i.e. seconds per step for the same number of completion tokens.
@@ -336,6 +341,9 @@ def summarize(steps: dict, rollout: dict) -> dict:
     fractions = [pair["rlvr"]["update_peak_fraction"] for pair in steps.values() if "update_peak_fraction" in pair.get("rlvr", {})]
     if fractions:
         report["update_peak_fraction"] = min(fractions)
+    for precision, pair in steps.items():
+        if "step_limit_fraction" in pair.get("rlvr", {}):
+            report[f"step_limit_fraction_{precision}"] = pair["rlvr"]["step_limit_fraction"]
     return report
 
 
@@ -366,7 +374,11 @@ def format_report(report: dict) -> str:
     for precision, pair in report["steps"].items():
         if "update_peak_fraction" in pair.get("rlvr", {}):
             lines.append(f"update {precision}: {pair['rlvr']['update_peak_fraction']:.0%} of the matmul peak")
-    for key in ("step_speedup_vs_trl", "rollout_speedup_vs_generate", "rollout_roofline_fraction", "update_peak_fraction"):
+        if "step_limit_fraction" in pair.get("rlvr", {}):
+            lines.append(f"step {precision}: {pair['rlvr']['step_limit_fraction']:.0%} of the time its FLOPs take at the matmul peak")
+    keys = ("step_speedup_vs_trl", "rollout_speedup_vs_generate", "rollout_roofline_fraction", "update_peak_fraction",
+            *(f"step_limit_fraction_{p}" for p in report["steps"]))
+    for key in keys:
         if key in report:
             lines.append(f"{key}: {report[key]:.2f}")
     return "\n".join(lines)
