@@ -28,7 +28,15 @@ def split_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 
 def demo_config_path() -> Path:
-    return Path(str(resources.files("rlvr") / "configs" / "demo.yaml"))
+    return packaged_config_path("demo")
+
+
+def packaged_config_path(name: str) -> Path | None:
+    """rlvr/configs/NAME.yaml for a bare name that is one (demo, tools_demo), else None."""
+    if not name.replace("_", "").replace("-", "").isalnum():
+        return None
+    path = Path(str(resources.files("rlvr") / "configs" / f"{name}.yaml"))
+    return path if path.is_file() else None
 
 
 def resolve_config(args: list[str], default_file: str | None = None, run_base: bool = False,
@@ -45,8 +53,8 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
     """
     config_file, overrides = split_args(args)
     config_file = config_file or default_file
-    if config_file == "demo":
-        config_file = str(demo_config_path())
+    if config_file and packaged_config_path(config_file):  # `rlvr train demo`, `rlvr train tools_demo`
+        config_file = str(packaged_config_path(config_file))
     file_values = load_yaml(config_file) if config_file else {}
     override_values = parse_overrides(overrides)
     base, defaults = {}, {}

@@ -42,6 +42,15 @@ TEMPLATES = {
         "then read its result and write the answer as \\boxed{{1081}}.\n"
         "What is {expr}?"
     ),
+    # The call spelled out with the problem's own expression: what is left to learn is to make the
+    # call and to answer with the result it returns (the tools demo, configs/tools_demo.yaml).
+    "calculator_call": (
+        "To multiply, call the calculator like this:\n<tool_call>\n"
+        '{{"name": "calculator", "arguments": {{"expression": "{expr}"}}}}\n'
+        "</tool_call>\n"
+        "then read its result and write the answer as \\boxed{{}}.\n"
+        "What is {expr}?"
+    ),
 }
 _ENUMERATE_BELOW = 200_000
 
