@@ -74,10 +74,12 @@ def _same_as(out: Path, straight: Path) -> None:
 
 
 def _until_done(args: list[str], out: Path, attempts: int = 12) -> int:
-    """resume=true until the run ends; the number of resumes it took."""
+    """resume=true until the run ends; the number of resumes it took.  Where every blow landed before
+    the run took its directory (a slow start), there is nothing to resume: the run starts afresh, as a
+    user would start it (resume=true refuses a directory that does not exist)."""
     err = ""
     for attempt in range(attempts):
-        proc = _start(args + ["resume=true"])
+        proc = _start(args + (["resume=true"] if out.exists() else []))
         code = proc.wait(timeout=300)
         if code == 0:
             return attempt + 1
