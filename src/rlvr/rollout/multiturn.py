@@ -84,7 +84,8 @@ class MultiTurn:
             else:
                 self.tools_text = TOOLS_PROMPT.format(schemas="\n".join(json.dumps(s) for s in tool_schemas))
         self.stop_strings = tuple(getattr(make_env(), "stop_strings", ()))
-        self._end = None if self.raw else self._apply(_probe(), False).split(_HOLE)[-1]  # after a model turn
+        self._base = None if self.raw else self._apply(_probe(), False)  # a user turn and a model turn, rendered once
+        self._end = None if self.raw else self._base.split(_HOLE)[-1]  # what the template writes after a model turn
 
     # --- prompts -------------------------------------------------------------------------
 
@@ -116,7 +117,7 @@ class MultiTurn:
         return end + self._message(role, content)
 
     def _message(self, role: str, content: str) -> str:
-        base = self._apply(_probe(), False)
+        base = self._base
         for r, c in ((role, content), ("user", f"<tool_response>\n{content}\n</tool_response>")):
             try:
                 full = self._apply([*_probe(), {"role": r, "content": c}], True)
