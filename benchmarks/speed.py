@@ -242,19 +242,26 @@ def run_rollout(precisions: list[str], batches: list[int]) -> dict:
         synchronize()
         generate_speed[precision, batch] = batch * MAX_NEW / (time.perf_counter() - start)
         print(f"  generate {precision} batch {batch}: {generate_speed[precision, batch]:.0f} tok/s", file=sys.stderr, flush=True)
-    for precision, batch in cases:
+    def sample(precision, batch, **kw) -> float:
         chunk = ids[: batch // GROUP]
-        sampler = make_sampler(model, tokenizer, eos_token_ids=[], bf16=precision == "bf16")
+        sampler = make_sampler(model, tokenizer, eos_token_ids=[], max_batch_size=max(64, batch), bf16=precision == "bf16", **kw)
         sampler.generate(chunk, SamplingParams(n=GROUP, max_tokens=4, temperature=TEMPERATURE, top_p=TOP_P))
+        synchronize()
         start = time.perf_counter()
         groups = sampler.generate(chunk, SamplingParams(n=GROUP, max_tokens=MAX_NEW, temperature=TEMPERATURE, top_p=TOP_P),
                                   torch.Generator().manual_seed(SEED))
-        ours = sum(len(r.completion_ids) for g in groups for r in g) / (time.perf_counter() - start)
+        synchronize()
+        return sum(len(r.completion_ids) for g in groups for r in g) / (time.perf_counter() - start)
+
+    for precision, batch in cases:
+        ours = sample(precision, batch)
         hf = generate_speed[precision, batch]
         roofline = out[f"matmul_flops_{precision}"] / flops_per_token
-        out["rows"].append({"precision": precision, "batch": batch, "generate_tokens_per_s": hf,
-                            "rlvr_tokens_per_s": ours, "speedup": ours / hf,
-                            "generate_roofline_fraction": hf / roofline, "rlvr_roofline_fraction": ours / roofline})
+        row = {"precision": precision, "batch": batch, "generate_tokens_per_s": hf, "rlvr_tokens_per_s": ours,
+               "speedup": ours / hf, "generate_roofline_fraction": hf / roofline, "rlvr_roofline_fraction": ours / roofline}
+        if DEVICE.startswith("cuda"):  # the same sampler launching each kernel (no CUDA graphs)
+            row["rlvr_eager_tokens_per_s"] = sample(precision, batch, cuda_graphs=False)
+        out["rows"].append(row)
         print(f"  rlvr {precision} batch {batch}: {ours:.0f} tok/s", file=sys.stderr, flush=True)
     return out
 
@@ -366,8 +373,9 @@ def format_report(report: dict) -> str:
     lines += ["", f"Rollout: tokens/s at 64 new tokens, 8 completions per prompt; roofline = matmul FLOP/s / {r['flops_per_token'] / 1e6:.0f} MFLOP per token",
               f"{'':16}{'generate':>10}{'rlvr':>8}{'ratio':>7}{'generate roof':>15}{'rlvr roof':>11}"]
     for row in r["rows"]:
+        eager = f"{row['rlvr_eager_tokens_per_s']:>13.0f} without CUDA graphs" if "rlvr_eager_tokens_per_s" in row else ""
         lines.append(f"{row['precision'] + ' batch ' + str(row['batch']):16}{row['generate_tokens_per_s']:>10.0f}{row['rlvr_tokens_per_s']:>8.0f}"
-                     f"{row['speedup']:>6.1f}x{row['generate_roofline_fraction']:>14.0%}{row['rlvr_roofline_fraction']:>11.0%}")
+                     f"{row['speedup']:>6.1f}x{row['generate_roofline_fraction']:>14.0%}{row['rlvr_roofline_fraction']:>11.0%}{eager}")
     for precision in ("fp32", "bf16"):
         if f"matmul_flops_{precision}" in r:
             lines.append(f"matmul {precision}: {r[f'matmul_flops_{precision}'] / 1e9:.0f} GFLOP/s")

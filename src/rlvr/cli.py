@@ -273,7 +273,7 @@ def cmd_sample(args: list[str]) -> int:
         raise ConfigError(f"n must be a positive integer, got {n!r}")
     cfg = build_config(load_yaml(config_file) if config_file else {}, values)
     model, tokenizer, path = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu), cfg.model_init_kwargs, cfg.trust_remote_code)
-    sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16)
+    sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16, cuda_graphs=cfg.cuda_graphs)
     texts = render_prompts(tokenizer, [prompt], cfg.system_prompt, cfg.chat_template_kwargs, cfg.text_prompts == "raw")
     ids = tokenize_prompts(tokenizer, texts, cfg.max_prompt_length)
     params = dataclasses.replace(training_params(cfg), n=n)

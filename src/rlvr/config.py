@@ -70,6 +70,7 @@ class Config:
     stop_strings: tuple = ()  # generation also stops at any of these (text is cut before it)
     generation_batch_size: int | None = None  # completions per generation; default per_device_train_batch_size x steps_per_generation
     steps_per_generation: int | None = None  # micro-batches each generation feeds; default gradient_accumulation_steps (one optimizer step)
+    cuda_graphs: bool = True  # on a CUDA GPU the in-process sampler replays its decode step from CUDA graphs (fast-path models); false = eager
     use_vllm: bool = False  # sample with vLLM instead of the in-process engine
     vllm_mode: str = "colocate"  # server: a separate `rlvr vllm-serve` | colocate: vLLM inside the training process
     vllm_gpu_memory_utilization: float = 0.3  # colocate: the share of accelerator memory vLLM may take

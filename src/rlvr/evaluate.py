@@ -71,7 +71,8 @@ def evaluate_model(model, tokenizer, examples: list[Example], cfg, shot_pool: li
     from rlvr.rollout.engine import make_sampler
     from rlvr.tasks import build_rewards, verifier_name
 
-    sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16)
+    sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16,
+                           cuda_graphs=cfg.cuda_graphs)
     return evaluate(sampler, tokenizer, examples, build_rewards(cfg, with_verifier=True), verifier_name(cfg), cfg,
                     generator=torch.Generator().manual_seed(cfg.seed), shot_pool=shot_pool)
 

@@ -216,23 +216,38 @@ class LlamaRunner:
         if len(tokens) < state.rows:
             full = torch.zeros(state.rows, dtype=tokens.dtype, device=tokens.device)
             tokens = full.index_copy(0, state.active, tokens)
-        weights, dtype = state.weights, state.dtype
         x = self.inner.embed_tokens(tokens).float()  # [rows, hidden]
         cos, sin = self._rope(x, state.positions)
         slot = state.length  # the cache column this token's key goes to
         state.mask[:, slot] = True
-        mask = state.mask[:, None, None, : slot + 1]  # [rows, 1, 1, keys]
-        for i, (ln1, qkv, qk_norm, o, ln2, gate_up, down) in enumerate(weights.layers):
-            q, k, v = self._split_qkv(qkv(self._norm(x, ln1).to(dtype)), qk_norm, cos, sin)
-            state.k[i, :, :, :, slot] = k
-            state.v[i, :, :, slot] = v
-            out = self._attend_one(q, state.k[i, :, :, :, : slot + 1], state.v[i, :, :, : slot + 1], mask)
-            x = x + o(out)
-            x = x + self._fused_mlp(self._norm(x, ln2).to(dtype), gate_up, down)
+        x = self.decode_layers(x, cos, sin, state, state.rows, slot, slot + 1)
         state.advance()
         if len(state.active) < state.rows:
             x = x[state.active]
-        return weights.lm_head(self._norm(x, self.inner.norm.weight).to(dtype)).float()
+        return self.decode_logits(x, state)
+
+    def decode_logits(self, x, state: "DecodeState") -> torch.Tensor:
+        """Final hidden states [rows, hidden] -> fp32 logits [rows, vocab]."""
+        return state.weights.lm_head(self._norm(x, self.inner.norm.weight).to(state.dtype)).float()
+
+    def decode_layers(self, x, cos, sin, state: "DecodeState", rows: int, slot, window: int) -> torch.Tensor:
+        """The decoder layers for one token in each of the cache's first `rows` rows: x [rows, hidden]
+        -> [rows, hidden].  Keys and values are written at column `slot` (an int, or a one-element
+        tensor, which a CUDA graph can replay: rollout/graphs.py), attention reads columns [:window]."""
+        weights, dtype = state.weights, state.dtype
+        mask = state.mask[:rows, None, None, :window]  # [rows, 1, 1, keys]
+        for i, (ln1, qkv, qk_norm, o, ln2, gate_up, down) in enumerate(weights.layers):
+            q, k, v = self._split_qkv(qkv(self._norm(x, ln1).to(dtype)), qk_norm, cos, sin)
+            if isinstance(slot, int):
+                state.k[i, :rows, :, :, slot] = k
+                state.v[i, :rows, :, slot] = v
+            else:
+                state.k[i, :rows].index_copy_(3, slot, k[..., None])
+                state.v[i, :rows].index_copy_(2, slot, v[:, :, None])
+            out = self._attend_one(q, state.k[i, :rows, :, :, :window], state.v[i, :rows, :, :window], mask)
+            x = x + o(out)
+            x = x + self._fused_mlp(self._norm(x, ln2).to(dtype), gate_up, down)
+        return x
 
     def _attend_one(self, q, k_t, v, mask):
         """Attention of one new token per row: q [rows, H, D] against keys k_t [rows, Hkv, D, S]

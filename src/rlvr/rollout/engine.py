@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from rlvr.llama import LlamaRunner, fast_path_reason
 from rlvr.rollout import SamplingParams, pad_token_id
+from rlvr.rollout.graphs import StaticDecoder
 from rlvr.rollout.sampling import GroupGenerators, sample_next, seen_tokens
 from rlvr.runtime import configure_allocator
 from rlvr.types import Rollout
@@ -176,12 +177,38 @@ class FastSampler(HFSampler):
         return state
 
 
-def make_sampler(model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False):
-    """The fast sampler where the model's architecture allows, else the generic one, saying once why."""
+class GraphSampler(FastSampler):
+    """The fast sampler with llama.py's decode step given static shapes (rollout/graphs.py) and,
+    on a CUDA GPU with `graphs`, replayed from CUDA graphs."""
+
+    def __init__(self, model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False,
+                 graphs: bool = True, block: int = 256):
+        super().__init__(model, tokenizer, eos_token_ids, max_batch_size, bf16)
+        self.graphs, self.block = graphs, block  # block: attention windows are multiples of it
+
+    def _prefill(self, prompts, n: int, max_new: int):
+        logits, state = super()._prefill(prompts, n, max_new)
+        return logits, StaticDecoder(self.runner, state, graphs=self.graphs, block=self.block)
+
+    def _step(self, tok, decoder):
+        return decoder.step(tok)
+
+    def _drop(self, decoder, keep):
+        decoder.drop(keep)
+        return decoder
+
+
+def make_sampler(model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False,
+                 cuda_graphs: bool = True):
+    """The fast sampler where the model's architecture allows, else the generic one, saying once why.
+    On a CUDA GPU the fast sampler replays its decode step from CUDA graphs unless `cuda_graphs` is false."""
     configure_allocator()
     reason = fast_path_reason(model)
     if reason is not None and reason not in _REPORTED:
         _REPORTED.add(reason)
         log.warning("%s; using the model's own forward (slower)", reason)
-    cls = FastSampler if reason is None else HFSampler
-    return cls(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
+    if reason is not None:
+        return HFSampler(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
+    if cuda_graphs and next(model.parameters()).device.type == "cuda":
+        return GraphSampler(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
+    return FastSampler(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)

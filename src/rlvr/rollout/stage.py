@@ -62,7 +62,7 @@ class RolloutStage:
             if cfg.max_staleness:  # it samples while the policy trains: from a copy, refreshed after each update
                 sampler_model = copy.deepcopy(sampler_model).eval()
                 self.subscribers.append(WeightCopy(sampler_model))
-            self.sampler = make_sampler(sampler_model, tokenizer, eos, bf16=cfg.bf16)
+            self.sampler = make_sampler(sampler_model, tokenizer, eos, bf16=cfg.bf16, cuda_graphs=cfg.cuda_graphs)
         self.workers = None  # Ray actors that sample and score (rollout/workers.py), when rollout_workers > 0
         if cfg.rollout_workers > 0:
             from rlvr.rollout.workers import RolloutWorkers

@@ -82,7 +82,7 @@ class LocalPolicy:
             model.load_state_dict(state, strict=True)
         self.model = model.eval()
         self.load(meta, tensors)
-        self.sampler = make_sampler(self.model, tokenizer, eos_ids, bf16=cfg.bf16)
+        self.sampler = make_sampler(self.model, tokenizer, eos_ids, bf16=cfg.bf16, cuda_graphs=cfg.cuda_graphs)
 
     def load(self, meta: dict, tensors: dict) -> None:
         """In place: the sampler reads the model's parameters, so it sees the new values."""
