@@ -390,18 +390,18 @@ def _tiny_gemma3(vocab_size):
 def test_a_model_off_the_fast_path_says_once_which_path_and_why(tiny, caplog, monkeypatch):
     """Gemma 3 (and Mistral with its sliding window) sample on the generic path, and the first
     sampler made for each says so in one line naming the model type and the reason."""
-    import rlvr.rollout.engine as engine
+    import rlvr.llama as llama
 
     _, tokenizer = tiny
-    monkeypatch.setattr(engine, "_REPORTED", set())
+    monkeypatch.setattr(llama, "_REPORTED", set())
     gemma = _tiny_gemma3(len(tokenizer))
     assert fast_path_reason(gemma).startswith("gemma3_text: sliding-window attention")
-    with caplog.at_level(logging.WARNING, logger="rlvr.rollout.engine"):
+    with caplog.at_level(logging.WARNING, logger="rlvr.llama"):
         samplers = [make_sampler(gemma, tokenizer, [2]) for _ in range(3)]
     assert all(type(s) is HFSampler for s in samplers)
-    lines = [r.getMessage() for r in caplog.records if r.name == "rlvr.rollout.engine"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlvr.llama"]
     assert lines == ["gemma3_text: sliding-window attention and Gemma's decoder block are not implemented on rlvr's fast path; "
-                     "using the model's own forward (slower)"]
+                     "rollout and update use the model's own forward (slower)"]
     out = samplers[0].generate([PROMPTS[1]], SamplingParams(n=2, max_tokens=3, temperature=0))
     assert [len(r.completion_ids) for r in out[0]] == [3, 3]
 
@@ -410,10 +410,10 @@ def test_a_model_off_the_fast_path_says_once_which_path_and_why(tiny, caplog, mo
 
     windowed = MistralForCausalLM(MistralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                 num_attention_heads=4, num_key_value_heads=2, sliding_window=16))
-    with caplog.at_level(logging.WARNING, logger="rlvr.rollout.engine"):
+    with caplog.at_level(logging.WARNING, logger="rlvr.llama"):
         assert type(make_sampler(windowed, tokenizer, [2])) is HFSampler
         make_sampler(windowed, tokenizer, [2])
     assert [r.getMessage() for r in caplog.records] == [
-        "mistral: sliding-window attention is not implemented on rlvr's fast path; using the model's own forward (slower)"]
+        "mistral: sliding-window attention is not implemented on rlvr's fast path; rollout and update use the model's own forward (slower)"]
     with pytest.raises(ValueError, match="mistral: sliding-window"):
         LlamaRunner(windowed)

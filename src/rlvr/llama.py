@@ -34,11 +34,16 @@ Supporting it means a Gemma runner beside this one, with its own equality tests.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.lora import adapters_enabled, effective_weight, is_adapted, unwrap
+
+log = logging.getLogger(__name__)
+_REPORTED: set[str] = set()  # why models took the generic path, each said once per process
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 WHY_NOT = {  # families users ask about, and what keeps each off this path (see the module docstring)
@@ -51,6 +56,15 @@ def supports(model) -> bool:
     """True for a Llama-family model, also one with LoRA adapters (peft) on its attention and MLP
     layers; an adapter on the embeddings or the output layer needs the generic path."""
     return fast_path_reason(model) is None
+
+
+def on_fast_path(model) -> bool:
+    """supports(model), and the first time a reason keeps a model off this path, one line saying so."""
+    reason = fast_path_reason(model)
+    if reason is not None and reason not in _REPORTED:
+        _REPORTED.add(reason)
+        log.warning("%s; rollout and update use the model's own forward (slower)", reason)
+    return reason is None
 
 
 def fast_path_reason(model) -> str | None:

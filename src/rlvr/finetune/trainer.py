@@ -30,7 +30,7 @@ from rlvr.alerts import AlertMonitor
 from rlvr.checkpoint import GeneratorState, load_checkpoint, restore_trainer_state, save_checkpoint, trainer_state
 from rlvr.finetune.data import Demonstration, Encoder, Pair, keep_correct, make_pairs, pack, to_batch
 from rlvr.finetune.losses import dpo_loss, sequence_logps, sft_loss
-from rlvr.llama import supports
+from rlvr.llama import on_fast_path
 from rlvr.logprobs import LogProbs
 from rlvr.models import eos_token_ids
 from rlvr.monitor import MetricsLog
@@ -61,7 +61,7 @@ class FinetuneTrainer:
         eos = eos_token_ids(model, tokenizer)
         self.encoder = Encoder(cfg, tokenizer, tokenizer.eos_token_id if tokenizer.eos_token_id in eos else eos[0])
         device = next(model.parameters()).device
-        self.logprobs = LogProbs(supports(model), 1.0, autocast_dtype(cfg), cfg.per_device_train_batch_size, device)
+        self.logprobs = LogProbs(on_fast_path(model), 1.0, autocast_dtype(cfg), cfg.per_device_train_batch_size, device)
         self.reference = KLReference(KLSettings(beta=1.0), model, ref_model, self.logprobs) if self.dpo else None
         self.full_loss = cfg.completion_only_loss is False
         self.units_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps

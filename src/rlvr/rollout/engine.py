@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import logging
 
 import torch
 from transformers import DynamicCache
 
-from rlvr.llama import LlamaRunner, fast_path_reason
+from rlvr.llama import LlamaRunner, on_fast_path
 from rlvr.rollout import SamplingParams, pad_token_id
 from rlvr.rollout.graphs import StaticDecoder
 from rlvr.rollout.sampling import GroupGenerators, sample_next, seen_tokens
 from rlvr.runtime import configure_allocator
 from rlvr.types import Rollout
-
-log = logging.getLogger(__name__)
-_REPORTED: set[str] = set()  # why models took the generic path, each said once per process
 
 
 class HFSampler:
@@ -203,11 +199,7 @@ def make_sampler(model, tokenizer, eos_token_ids: list[int], max_batch_size: int
     """The fast sampler where the model's architecture allows, else the generic one, saying once why.
     On a CUDA GPU the fast sampler replays its decode step from CUDA graphs unless `cuda_graphs` is false."""
     configure_allocator()
-    reason = fast_path_reason(model)
-    if reason is not None and reason not in _REPORTED:
-        _REPORTED.add(reason)
-        log.warning("%s; using the model's own forward (slower)", reason)
-    if reason is not None:
+    if not on_fast_path(model):
         return HFSampler(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
     if cuda_graphs and next(model.parameters()).device.type == "cuda":
         return GraphSampler(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
