@@ -1,0 +1,184 @@
+"""Where a bf16 rollout's time goes on this CPU: the fast sampler at batch 32, profiled, against the roofline.
+
+    python benchmarks/profile_decode.py                          # bf16, batch 32, 64 new tokens
+    python benchmarks/profile_decode.py --precision fp32 --batch 64 --json out.json
+
+Three measurements, in one process, on the default model (the rollout of benchmarks/speed.py: 8
+completions per prompt, temperature 0.8, top-p 0.9, end-of-sequence ignored so every row decodes
+every token):
+
+1. Decode tokens/s of the whole rollout (prefill included) and its fraction of the roofline: the
+   square-matmul FLOP/s (n = 2048) measured here over 2 x parameters per token, as speed.py has it.
+2. The rollout under torch.profiler: the time of the ops, by kind (the linear layers, attention,
+   the sampling of the next token, elementwise and norm ops, copies and indexing, the rest), and
+   the wall time no op accounts for (Python, the sampler's loop, the stop checks).
+3. The matmuls of one decode step at their real shape (rows = the batch): each linear layer of the
+   model as the sampler runs it (prepacked oneDNN weights, llama._Linear), timed alone.  Their FLOP/s
+   over their time is the fastest one decode step could be if nothing else took time: the
+   roofline for this batch, which skinny matmuls reach less of than square ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+GROUP, MAX_NEW, TEMPERATURE, TOP_P, SEED = 8, 64, 0.8, 0.9, 42
+
+# Op name -> kind; the first pattern that is a substring of the name decides.
+KINDS = (
+    ("linear", ("_linear_pointwise", "aten::linear", "aten::addmm", "aten::mm")),
+    ("attention", ("aten::bmm", "aten::matmul", "aten::softmax", "aten::_softmax", "masked_fill", "scaled_dot_product")),
+    ("sampling", ("sort", "multinomial", "cumsum", "aten::exponential", "aten::uniform", "aten::rand", "argmax",
+                  "log_softmax", "aten::gather", "aten::topk", "aten::max")),
+    ("norm and elementwise", ("aten::mul", "aten::add", "aten::sub", "aten::div", "aten::neg", "aten::pow", "aten::mean",
+                              "aten::rsqrt", "aten::silu", "aten::cos", "aten::sin", "aten::cat", "aten::where",
+                              "aten::lt", "aten::gt", "aten::ge", "aten::le", "aten::eq", "aten::bitwise")),
+    ("copies and indexing", ("aten::copy_", "aten::to", "aten::_to_copy", "aten::index", "aten::embedding",
+                             "aten::clone", "aten::contiguous", "aten::fill_", "aten::zero", "aten::empty", "aten::full",
+                             "aten::repeat", "aten::select", "aten::slice")),
+)
+
+
+def kind_of(name: str) -> str:
+    for kind, patterns in KINDS:
+        if any(p in name for p in patterns):
+            return kind
+    return "other ops"
+
+
+def matmul_peak(dtype, n: int = 2048, repeat: int = 5) -> float:
+    import torch
+
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeat):
+        a @ b
+    return 2 * n**3 * repeat / (time.perf_counter() - start)
+
+
+def linear_shapes(model) -> list[tuple[str, int, int, int]]:
+    """(name, in, out, count per decode step) of the matmuls the fast sampler runs per token."""
+    cfg = model.config
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    h, layers = cfg.hidden_size, cfg.num_hidden_layers
+    return [("qkv", h, (heads + 2 * kv) * head_dim, layers), ("o", heads * head_dim, h, layers),
+            ("gate_up", h, 2 * cfg.intermediate_size, layers), ("down", cfg.intermediate_size, h, layers),
+            ("lm_head", h, cfg.vocab_size, 1)]
+
+
+def time_linears(model, rows: int, dtype, repeat: int = 50) -> list[dict]:
+    import torch
+
+    from rlvr.llama import _Linear
+
+    out = []
+    for name, d_in, d_out, count in linear_shapes(model):
+        layer = _Linear(torch.randn(d_out, d_in).to(dtype), None, rows)
+        x = torch.randn(rows, d_in).to(dtype)
+        for _ in range(5):
+            layer(x)
+        start = time.perf_counter()
+        for _ in range(repeat):
+            layer(x)
+        seconds = (time.perf_counter() - start) / repeat
+        out.append({"name": name, "shape": [rows, d_in, d_out], "per_step": count, "seconds": seconds,
+                    "flops_per_s": 2 * rows * d_in * d_out / seconds})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--batch", type=int, default=32, help="completions decoded together (8 per prompt)")
+    parser.add_argument("--json", help="also write the numbers to this path")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from rlvr.chat import encode_prompts
+    from rlvr.models import load_model
+    from rlvr.rollout import SamplingParams
+    from rlvr.rollout.engine import make_sampler
+    from speed import prompts
+
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    model, tokenizer, _ = load_model("default")
+    model.eval()
+    ids = encode_prompts(tokenizer, prompts(args.batch // GROUP), None, None)
+    params = SamplingParams(n=GROUP, max_tokens=MAX_NEW, temperature=TEMPERATURE, top_p=TOP_P)
+    sampler = make_sampler(model, tokenizer, eos_token_ids=[], bf16=args.precision == "bf16")
+    sampler.generate(ids, SamplingParams(n=GROUP, max_tokens=4, temperature=TEMPERATURE, top_p=TOP_P))  # weights cast, warm
+
+    peak = matmul_peak(dtype)
+    flops_per_token = 2 * sum(p.numel() for p in model.parameters())
+    roofline = peak / flops_per_token
+
+    runs = []
+    for _ in range(3):
+        start = time.perf_counter()
+        sampler.generate(ids, params, torch.Generator().manual_seed(SEED))
+        runs.append(time.perf_counter() - start)
+    wall = sorted(runs)[1]  # the median of three
+    tokens = args.batch * MAX_NEW
+    report = {"precision": args.precision, "batch": args.batch, "new_tokens": MAX_NEW, "matmul_peak_flops": peak,
+              "flops_per_token": flops_per_token, "tokens_per_s": tokens / wall,
+              "roofline_fraction": tokens / wall / roofline, "seconds": wall}
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        sampler.generate(ids, params, torch.Generator().manual_seed(SEED))
+        profiled_wall = time.perf_counter() - start
+    by_kind, calls = defaultdict(float), defaultdict(int)
+    for event in prof.key_averages():
+        by_kind[kind_of(event.key)] += event.self_cpu_time_total / 1e6
+        calls[kind_of(event.key)] += event.count
+    in_ops = sum(by_kind.values())
+    report["profile"] = {"wall_seconds": profiled_wall, "op_seconds": dict(by_kind), "op_calls": dict(calls),
+                         "outside_ops_seconds": max(0.0, profiled_wall - in_ops),
+                         "ops_per_token_step": sum(calls.values()) / MAX_NEW}
+
+    linears = time_linears(model, args.batch, dtype)
+    step_matmul_seconds = sum(m["seconds"] * m["per_step"] for m in linears)
+    step_flops = sum(2 * m["shape"][0] * m["shape"][1] * m["shape"][2] * m["per_step"] for m in linears)
+    report["linears"] = linears
+    report["step_matmul_seconds"] = step_matmul_seconds
+    report["shape_roofline_fraction"] = step_flops / step_matmul_seconds / peak  # skinny matmuls against square ones
+    report["decode_seconds_per_step"] = wall / MAX_NEW
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+def format_report(r: dict) -> str:
+    p = r["profile"]
+    lines = [f"{r['precision']} rollout, batch {r['batch']}, {r['new_tokens']} new tokens: {r['tokens_per_s']:.0f} tokens/s, "
+             f"{r['roofline_fraction']:.0%} of the roofline ({r['matmul_peak_flops'] / 1e9:.0f} GFLOP/s square-matmul peak, "
+             f"{r['flops_per_token'] / 1e6:.0f} MFLOP per token)",
+             f"profiled rollout: {p['wall_seconds']:.2f} s wall, {p['ops_per_token_step']:.0f} ops per decode step"]
+    for kind, seconds in sorted(p["op_seconds"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {kind:24}{seconds:>8.2f} s {seconds / p['wall_seconds']:>5.0%}  ({p['op_calls'][kind]} calls)")
+    lines.append(f"  {'outside any op':24}{p['outside_ops_seconds']:>8.2f} s {p['outside_ops_seconds'] / p['wall_seconds']:>5.0%}")
+    lines.append(f"linear layers at {r['batch']} rows, timed alone (one decode step: {r['step_matmul_seconds'] * 1e3:.1f} ms "
+                 f"of {r['decode_seconds_per_step'] * 1e3:.1f} ms measured):")
+    for m in r["linears"]:
+        lines.append(f"  {m['name']:8} {m['shape']} x{m['per_step']:<3}{m['flops_per_s'] / 1e9:>7.0f} GFLOP/s "
+                     f"{m['flops_per_s'] / r['matmul_peak_flops']:>5.0%} of peak")
+    lines.append(f"shape_roofline_fraction: {r['shape_roofline_fraction']:.2f} (the most a decode step of these matmuls "
+                 f"can reach of the square-matmul roofline)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
