@@ -273,3 +273,18 @@ def test_weight_decay_spares_biases_and_norm_weights_as_transformers_does(tiny):
     assert {id(p) for p in groups[0]["params"]} == theirs
     assert groups[1]["weight_decay"] == 0.0 and any("norm" in names[id(p)] for p in groups[1]["params"])
     assert len(param_groups(model, 0.0)) == 1  # no decay: one group, as checkpoints before this had
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_is_named(monkeypatch):
+    """A CPU with AVX2 only (as some machines of this project's kind are) has no bf16 kernel: a run
+    says so when it starts.  With AVX-512 BF16 or AMX, on a GPU, or in fp32 there is nothing to say."""
+    from rlvr.runtime import slow_bf16_note
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    note = slow_bf16_note(True, "cpu")
+    assert note.startswith("bf16=true on a CPU without bf16 matmul instructions (torch reports AVX2") and "set bf16=false" in note
+    assert slow_bf16_note(False, "cpu") is None and slow_bf16_note(True, "cuda:0") is None
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert slow_bf16_note(True, "cpu") is None

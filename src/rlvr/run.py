@@ -19,6 +19,7 @@ from rlvr.hub import without_secrets
 from rlvr.models import disable_dropout, latest_checkpoint, load_model, load_tokenizer, make_reference
 from rlvr.monitor import build_loggers, format_log_line, make_console, make_progress
 from rlvr.rundir import prepare_output_dir_once, save_final_model
+from rlvr.runtime import slow_bf16_note
 from rlvr.settings import check_runnable
 from rlvr.tasks import build_rewards, load_splits, verifier_name
 from rlvr.trainer import Trainer, total_steps_for
@@ -123,6 +124,8 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
     if world.is_main:
         save_config(without_secrets(cfg), output_dir / "config.yaml")  # no hub_token on disk, nor on the Hub
     console.print(f"[bold]rlvr {cfg.command}[/] -> {output_dir}  model: {model_path} on {world.device}  train/test: {len(train_examples)}/{len(test_examples)}  steps: {total}")
+    if (note := slow_bf16_note(cfg.bf16, world.device)) is not None:
+        console.print(f"[yellow]{note}[/]")
 
     verifier = verifier_name(cfg)
     scorer = build_rewards(cfg, with_verifier=True)

@@ -31,3 +31,24 @@ def configure_allocator() -> bool:
     except (OSError, AttributeError):  # not glibc
         _done = False
     return _done
+
+
+def slow_bf16_note(bf16: bool, device) -> str | None:
+    """A line for bf16=true on a CPU that has no bf16 matmul instructions (AVX-512 BF16 or AMX), else None.
+
+    There oneDNN has no bf16 kernel and torch falls back to a generic loop: on a 2-core AMD EPYC
+    with AVX2 only, a 2048 x 2048 bf16 matmul ran at 0.24 GFLOP/s against 58 in fp32
+    (benchmarks/profile_decode.py's peak), so a bf16 run there is hundreds of times slower."""
+    if not bf16 or str(device).split(":")[0] != "cpu":
+        return None
+    import torch
+
+    try:
+        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    except AttributeError:  # another torch: nothing to say
+        return None
+    if native:
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (f"bf16=true on a CPU without bf16 matmul instructions (torch reports {capability}; no AVX-512 BF16 or AMX): "
+            "bf16 matmuls here take a slow generic path, hundreds of times slower than fp32; set bf16=false")
