@@ -315,7 +315,7 @@ def run_rlvr(args, cfg, recorder_for) -> None:
         def end(self):
             pass
 
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory(dir=args.out, prefix=f"scratch-seed{args.seed}-") as out:  # in OUT: a killed run leaves nothing in /tmp
         train(dataclasses.replace(cfg, output_dir=str(Path(out) / "run")), objects=RunObjects(model, tokenizer, callbacks=Clock()))
     rec.end("max_steps")
 
@@ -355,7 +355,7 @@ def run_trl(args, cfg, recorder_for) -> None:
             if rec.step_end(state.global_step, None):
                 control.should_training_stop = True
 
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory(dir=args.out, prefix=f"scratch-seed{args.seed}-") as out:  # in OUT: a killed run leaves nothing in /tmp
         settings = {name: getattr(cfg, name) for name in TRL_SETTINGS}
         config = GRPOConfig(output_dir=out, max_steps=args.max_steps, logging_steps=1, report_to="none", save_strategy="no",
                             use_cpu=True, disable_tqdm=True, log_completions=False,
