@@ -37,9 +37,11 @@ def letters(completions, **kwargs):
 
 def die_once(completions, **kwargs):
     """Kills the process it runs in on its first call after FLAG is removed (a preempted worker)."""
-    if not os.path.exists(FLAG):
-        open(FLAG, "w").close()
-        os.kill(os.getpid(), signal.SIGKILL)
+    try:  # created atomically: when both workers score at once, only one of them dies
+        os.close(os.open(FLAG, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return [0.5] * len(completions)
+    os.kill(os.getpid(), signal.SIGKILL)
     return [0.5] * len(completions)
 '''
 

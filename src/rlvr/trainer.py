@@ -51,7 +51,7 @@ class Trainer:
         self.weight_subscribers.append(self.rollout)
         # Log-probs by rlvr's own forward (llama.py) where it applies, else the generic one (always with fsdp).
         device = next(self.full_model.parameters()).device
-        self.logprobs = LogProbs(on_fast_path(model) and not cfg.fsdp, cfg.temperature, autocast_dtype(cfg),
+        self.logprobs = LogProbs(not cfg.fsdp and on_fast_path(model), cfg.temperature, autocast_dtype(cfg),
                                  cfg.per_device_train_batch_size, device)
         # With LoRA the reference is the policy with its adapter off: with fsdp, the full copy's, whose
         # forward is no collective (the ranks' batches differ in size), as for the old log-probs.
