@@ -48,7 +48,8 @@ def _settings(model_dir, plugin, reward: str, output_dir, loss_type: str) -> lis
 
 # One process through the model's own forward, as FSDP trains (the fast path's float rounding differs
 # slightly, and three AdamW steps on a tiny model magnify that to ~1e-5).
-GENERIC_FORWARD = ("import sys, rlvr.trainer; rlvr.trainer.supports = lambda model: False; "
+# The name patched must exist, so that a rename cannot turn this back into the fast path unnoticed.
+GENERIC_FORWARD = ("import sys, rlvr.trainer; assert callable(rlvr.trainer.on_fast_path); rlvr.trainer.on_fast_path = lambda model: False; "
                    "from rlvr.cli import main; sys.exit(main(['train', *sys.argv[1:]]))")
 
 
