@@ -54,17 +54,6 @@ def kind_of(name: str) -> str:
     return "other ops"
 
 
-def matmul_peak(dtype, n: int = 2048, repeat: int = 5) -> float:
-    import torch
-
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeat):
-        a @ b
-    return 2 * n**3 * repeat / (time.perf_counter() - start)
-
-
 def linear_shapes(model) -> list[tuple[str, int, int, int]]:
     """(name, in, out, count per decode step) of the matmuls the fast sampler runs per token."""
     cfg = model.config
@@ -111,7 +100,7 @@ def main() -> None:
     from rlvr.models import load_model
     from rlvr.rollout import SamplingParams
     from rlvr.rollout.engine import make_sampler
-    from speed import prompts
+    from speed import matmul_flops, prompts
 
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     model, tokenizer, _ = load_model("default")
@@ -121,7 +110,7 @@ def main() -> None:
     sampler = make_sampler(model, tokenizer, eos_token_ids=[], bf16=args.precision == "bf16")
     sampler.generate(ids, SamplingParams(n=GROUP, max_tokens=4, temperature=TEMPERATURE, top_p=TOP_P))  # weights cast, warm
 
-    peak = matmul_peak(dtype)
+    peak = matmul_flops(dtype)  # speed.py's: a square matmul, n = 2048 on the CPU
     flops_per_token = 2 * sum(p.numel() for p in model.parameters())
     roofline = peak / flops_per_token
 

@@ -388,6 +388,16 @@ class DecodeState:
         """Keep only `live` (indices into the current live rows) as live, without copying the cache."""
         self.active = self.active[live]
 
+    def move_to_front(self, live: torch.Tensor) -> None:
+        """Keep only `live` as live, moved in place to the first rows of the cache (the tensors keep
+        their addresses, which CUDA graphs need: rollout/graphs.py); the rows after them are stale."""
+        rows, n = self.active[live], len(live)
+        for cache in (self.k, self.v):
+            cache[:, :n] = cache[:, rows]
+        self.mask[:n] = self.mask[rows]
+        self.positions[:n] = self.positions[rows]
+        self.active = torch.arange(n, device=self.device)
+
     def keep(self, live: torch.Tensor) -> None:
         """Keep only `live` and drop the other rows from the cache (one copy)."""
         rows = self.active[live]

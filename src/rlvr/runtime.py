@@ -36,9 +36,9 @@ def configure_allocator() -> bool:
 def slow_bf16_note(bf16: bool, device) -> str | None:
     """A line for bf16=true on a CPU that has no bf16 matmul instructions (AVX-512 BF16 or AMX), else None.
 
-    There oneDNN has no bf16 kernel and torch falls back to a generic loop: on a 2-core AMD EPYC
-    with AVX2 only, a 2048 x 2048 bf16 matmul ran at 0.24 GFLOP/s against 58 in fp32
-    (benchmarks/profile_decode.py's peak), so a bf16 run there is hundreds of times slower."""
+    There torch's bf16 matmul takes a slow path: on a 2-core AMD EPYC with AVX2 only, a 2048 x 2048
+    bf16 matmul ran at 0.24 GFLOP/s against 58 in fp32 (one run, `a @ b` timed five times), so a
+    bf16 run there is hundreds of times slower."""
     if not bf16 or str(device).split(":")[0] != "cpu":
         return None
     import torch

@@ -200,7 +200,9 @@ def make_sampler(model, tokenizer, eos_token_ids: list[int], max_batch_size: int
     On a CUDA GPU the fast sampler replays its decode step from CUDA graphs unless `cuda_graphs` is false."""
     configure_allocator()
     if not on_fast_path(model):
-        return HFSampler(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
-    if cuda_graphs and next(model.parameters()).device.type == "cuda":
-        return GraphSampler(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
-    return FastSampler(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
+        cls = HFSampler
+    elif cuda_graphs and next(model.parameters()).device.type == "cuda":
+        cls = GraphSampler
+    else:
+        cls = FastSampler
+    return cls(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)

@@ -61,19 +61,12 @@ class StaticDecoder:
 
     def drop(self, keep: torch.Tensor) -> None:
         """Keep only `keep` (indices into the live rows, in their order) as live."""
-        state = self.state
-        state.active = state.active[keep]
-        live = len(state.active)
-        target = 1 << max(live - 1, 0).bit_length()  # the next power of two
+        target = 1 << max(len(keep) - 1, 0).bit_length()  # the next power of two
         if target >= self.used:
-            return
-        rows = state.active
-        for cache in (state.k, state.v):
-            cache[:, :live] = cache[:, rows]
-        state.mask[:live] = state.mask[rows]
-        state.positions[:live] = state.positions[rows]
-        state.active = torch.arange(live, device=state.device)
-        self.used = target
+            self.state.hold(keep)
+        else:
+            self.state.move_to_front(keep)
+            self.used = target
 
     def _forward(self, rows: int, window: int) -> torch.Tensor:
         runner, state = self.runner, self.state
