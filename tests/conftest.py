@@ -7,8 +7,13 @@ under a second, so the logic of the whole pipeline can be tested on CPU.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +41,25 @@ def pytest_unconfigure(config):
     root = getattr(config, "rlvr_tmp", None)
     if root and not os.environ.get("RLVR_KEEP_TMP"):
         shutil.rmtree(root, ignore_errors=True)
+
+
+def start_vllm_serve(log: Path, *settings: str, timeout: float = 120) -> tuple[subprocess.Popen, str]:
+    """`rlvr vllm-serve` on a free port (vllm_server_port=0) in a subprocess logging to `log`, and
+    its URL, read from the first line it prints (before vLLM loads; the caller waits for /health)."""
+    cmd = [sys.executable, "-m", "rlvr.cli", "vllm-serve", "vllm_server_port=0", "vllm_server_host=127.0.0.1", *settings]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        found = re.search(r"(http://127\.0\.0\.1:\d+) answers 503", log.read_text())
+        if found:
+            return proc, found.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    raise RuntimeError(f"rlvr vllm-serve did not say where it listens (exit {proc.returncode}):\n{log.read_text()[-3000:]}")
 
 
 def make_tokenizer(chars=None):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import start_vllm_serve
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.sampling import GroupGenerators
 from rlvr.rollout.vllm import VLLMError
@@ -64,15 +65,11 @@ def colocate(policy):
 def server(policy, tmp_path_factory):
     """`rlvr vllm-serve` in a subprocess, and a client connected to it."""
     _, tokenizer, eos, _, _ = policy
-    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    cmd = [sys.executable, "-m", "rlvr.cli", "vllm-serve", f"vllm_server_port={port}", "vllm_server_host=127.0.0.1",
-           f"vllm_kv_cache_gb={KV_GB}", "max_prompt_length=256", "max_completion_length=256"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    proc, url = start_vllm_serve(log, f"vllm_kv_cache_gb={KV_GB}", "max_prompt_length=256", "max_completion_length=256")
     try:
         t0 = time.perf_counter()
-        client = VLLMServers([f"http://127.0.0.1:{port}"], tokenizer, eos, timeout=400)
+        client = VLLMServers([url], tokenizer, eos, timeout=400)
         print(f"\nvLLM server start (client waited): {time.perf_counter() - t0:.1f} s")
         yield client
     except VLLMError:

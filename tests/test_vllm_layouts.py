@@ -12,13 +12,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from conftest import start_vllm_serve
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -33,35 +34,27 @@ SETTINGS = ["use_vllm=true", "max_steps=3", "num_generations=4", "per_device_tra
             f"reward_funcs=[{REWARD}]", "vllm_importance_sampling_mode=token_truncate", "use_cpu=true", f"vllm_kv_cache_gb={KV_GB}"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_servers(count: int, logs: Path, *settings: str) -> tuple[list, list[str]]:
     procs, urls = [], []
     for i in range(count):
-        port = free_port()
-        cmd = [sys.executable, "-m", "rlvr.cli", "vllm-serve", f"vllm_server_port={port}", "vllm_server_host=127.0.0.1",
-               f"vllm_kv_cache_gb={KV_GB}", "max_prompt_length=256", "max_completion_length=256", *settings]
-        with open(logs / f"serve{i}.log", "w") as out:
-            procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT))
-        urls.append(f"http://127.0.0.1:{port}")
+        proc, url = start_vllm_serve(logs / f"serve{len(list(logs.glob('serve*.log')))}.log", f"vllm_kv_cache_gb={KV_GB}",
+                                     "max_prompt_length=256", "max_completion_length=256", *settings)
+        procs.append(proc)
+        urls.append(url)
     return procs, urls
 
 
-def wait_for(urls: list[str], logs: Path, timeout: float = 600) -> None:
+def wait_for(procs: list, urls: list[str], logs: Path, timeout: float = 900) -> None:
     from rlvr.rollout.vllm_client import Server
 
     t0 = time.perf_counter()
-    for url in urls:
+    for proc, url in zip(procs, urls):
         while True:
             try:
                 Server(url, 5).call("GET", "/health")
                 break
-            except Exception:  # noqa: BLE001 - not up yet
-                if time.perf_counter() - t0 > timeout:
+            except Exception:  # noqa: BLE001 - still loading (503), or busy
+                if proc.poll() is not None or time.perf_counter() - t0 > timeout:
                     print("\n".join(p.read_text()[-3000:] for p in logs.glob("serve*.log")))
                     raise
                 time.sleep(2)
@@ -82,7 +75,7 @@ def servers(tmp_path_factory):
     procs, urls = start_servers(2, logs)
     lora_procs, lora_urls = start_servers(1, logs, "use_peft=true", "lora_r=8")
     try:
-        wait_for(urls + lora_urls, logs)
+        wait_for(procs + lora_procs, urls + lora_urls, logs)
         yield {"plain": urls, "lora": lora_urls[0]}
     finally:
         stop(procs + lora_procs)

@@ -201,6 +201,61 @@ def test_server_addresses_from_the_settings():
 
     with pytest.raises(ConfigError, match="got 'y:2'"):
         build_config({"vllm_server_base_url": "http://x:1,y:2"})
+    with pytest.raises(ConfigError, match="vllm_server_port must be a port number, 1 to 65535 .*got 70000"):
+        build_config({"vllm_server_port": 70000})
+    with pytest.raises(VLLMError, match="vllm_server_port=0 \\(any free port\\) is for the server"):
+        server_urls(build_config({"vllm_server_port": 0}))
+    assert server_urls(build_config({"vllm_server_port": 0, "vllm_server_host": "a:7"})) == ["http://a:7"]
+    with pytest.raises(VLLMError, match="'a:b' is not host or host:port"):
+        server_urls(build_config({"vllm_server_host": "a:b"}))
+
+
+def test_vllm_serve_takes_its_port_before_loading_answers_503_meanwhile_then_serves(monkeypatch, capsys):
+    """The port is the server's before vLLM starts (vLLM picks free ports for its own sockets while
+    it loads, and one of them was once the port the server meant to take); a client waits through
+    the 503s; a second server on the same port fails at once with the port in its message."""
+    from rlvr.config import build_config
+    from rlvr.rollout.vllm_client import Server
+
+    loaded, made = threading.Event(), []
+
+    class SlowEngine(RecordingEngine):
+        def __init__(self, model_path, **_):
+            assert loaded.wait(20)
+            super().__init__()
+            self.closed = False
+
+        def close(self):
+            self.closed = True
+
+    listen = vllm_server.listen
+    monkeypatch.setattr(vllm_server, "VLLMEngine", SlowEngine)
+    monkeypatch.setattr(vllm_server, "listen", lambda *a: made.append(listen(*a)) or made[-1])
+    cfg = build_config({"vllm_server_port": 0, "vllm_server_host": "127.0.0.1"})
+    thread = threading.Thread(target=vllm_server.serve, args=(cfg, "stand-in"), daemon=True)
+    thread.start()
+    for _ in range(100):
+        if made:
+            break
+        thread.join(0.05)
+    port = made[0].server_address[1]
+    url = f"http://127.0.0.1:{port}"
+    assert port != 0 and f"loading stand-in; {url} answers 503 until it is ready" in capsys.readouterr().out
+    with pytest.raises(VLLMError, match="/health failed \\(503\\).*loading the model"):
+        Server(url, 5).call("GET", "/health")
+    with pytest.raises(VLLMError, match="/generate failed \\(503\\)"):
+        Server(url, 5).call("POST", "/generate", {"prompt_ids": [[1]], "params": {}, "seeds": [0]})
+    with pytest.raises(VLLMError, match=f"cannot listen on 127.0.0.1:{port}: .*vllm_server_port=<port>"):
+        vllm_server.listen("127.0.0.1", port, 5.0)
+    threading.Timer(1.5, loaded.set).start()
+    pool = VLLMServers([url], TOKENIZER, [2], timeout=20)  # polls through the 503s
+    assert pool.metrics()["vllm/servers"] == 1
+    out = pool.generate([[5, 6]], SamplingParams(n=2, max_tokens=4), torch.Generator().manual_seed(0))
+    assert [len(g) for g in out] == [2]
+    assert f"stand-in on {url}" in capsys.readouterr().out
+    made[0].shutdown()
+    thread.join(10)
+    assert not thread.is_alive() and made[0].engine.closed
 
 
 def test_a_tied_output_layer_travels_once_and_is_loaded_under_both_names():

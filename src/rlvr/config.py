@@ -79,7 +79,7 @@ class Config:
     vllm_max_model_length: int | None = None  # vLLM's context length; default the model's
     vllm_enforce_eager: bool = True  # run vLLM without torch.compile: starts in seconds instead of minutes on CPU
     vllm_server_host: str = "0.0.0.0"  # server mode: where `rlvr vllm-serve` listens; the trainer: one host or several (a list, or host,host:port,...)
-    vllm_server_port: int = 8000  # server mode
+    vllm_server_port: int = 8000  # server mode (rlvr vllm-serve: 0 listens on any free port and prints it)
     vllm_server_base_url: str | None = None  # server mode: e.g. http://host:8000, or several (a list); overrides host and port
     vllm_server_timeout: float = 240.0  # seconds to wait for the server (start, generation, weight push) before failing
     vllm_weight_transfer: str = "http"  # server mode: http (one stream relayed by the servers) | collective (a torch.distributed broadcast: NCCL on GPU, gloo on CPU)
@@ -528,6 +528,8 @@ def validate(cfg: Config) -> None:
     for url in cfg.vllm_server_base_url.split(",") if cfg.vllm_server_base_url is not None else ():
         need(url.strip().startswith(("http://", "https://")),
              f"vllm_server_base_url must start with http:// or https://, e.g. http://host:8000 (several: a list); got {url.strip()!r}")
+    need(0 <= cfg.vllm_server_port <= 65535,
+         f"vllm_server_port must be a port number, 1 to 65535 (0: any free port, for rlvr vllm-serve); got {cfg.vllm_server_port}")
     need(cfg.vllm_server_timeout > 0, "vllm_server_timeout must be > 0 seconds")
     need(cfg.vllm_kv_cache_gb >= 0, "vllm_kv_cache_gb must be >= 0 (0 = from vllm_gpu_memory_utilization)")
     need(cfg.vllm_importance_sampling_clip_max is None or cfg.vllm_importance_sampling_clip_max > 0,

@@ -53,7 +53,13 @@ def server_urls(cfg) -> list[str]:
         name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
         name = name or host
         name = "127.0.0.1" if name in ("0.0.0.0", "") else name
-        urls.append(f"http://{name}:{port or cfg.vllm_server_port}")
+        if port and not port.isdigit():
+            raise VLLMError(f"vllm_server_host: {host!r} is not host or host:port")
+        port = int(port) if port else cfg.vllm_server_port
+        if port == 0:
+            raise VLLMError(f"the trainer needs the port of `rlvr vllm-serve` on {name}: vllm_server_port=0 (any free port) "
+                            "is for the server, which prints the port it took; pass that port, or vllm_server_base_url")
+        urls.append(f"http://{name}:{port}")
     return urls
 
 

@@ -13,12 +13,17 @@ the first of those servers that accepts them (handing it the rest of the list), 
 trainer sends one copy whatever the number of servers.  The reply lists the servers down the
 chain that loaded the update ("updated") and those that could not be reached ("failed").
 The trainer's side is rollout/vllm_client.py.
+
+The port is taken before vLLM loads, so that a port in use fails at once and vLLM cannot pick it
+for one of its own sockets; while the model loads every request is answered 503 ("loading").
+vllm_server_port=0 listens on a free port, which the first line printed names.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import threading
 import traceback
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -75,11 +80,16 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path != "/health":
             return self._reply(404, {"error": f"unknown path {self.path}"})
         engine = self.server.engine
+        if engine is None:
+            return self._reply(503, {"ok": False, "loading": True, "error": "loading the model"})
         self._reply(200, {"ok": True, "model": engine.model_path, "version": engine.version, "dtype": engine.dtype,
                           "weight_updates": self.server.weight_updates, "adapters": engine.adapters,
                           "weight_group": self.server.weight_group and self.server.weight_group.name})
 
     def do_POST(self):
+        if self.server.engine is None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            return self._reply(503, {"error": "loading the model"})
         try:
             if self.path == "/generate":
                 req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
@@ -132,21 +142,43 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class VLLMServer(HTTPServer):
-    def __init__(self, engine: VLLMEngine, host: str, port: int, relay_timeout: float = 240.0):
+    def __init__(self, engine: VLLMEngine | None, host: str, port: int, relay_timeout: float = 240.0):
         self.engine, self.weight_updates, self.relay_timeout = engine, 0, relay_timeout
         self.weight_group = None  # rollout/collective.Member, once the trainer asks this server to join
         super().__init__((host, port), _Handler)
 
 
+def listen(host: str, port: int, relay_timeout: float) -> VLLMServer:
+    """The server, bound to host:port (0: a free port) but holding no engine yet."""
+    try:
+        return VLLMServer(None, host, port, relay_timeout)
+    except OSError as e:
+        raise VLLMError(f"rlvr vllm-serve cannot listen on {host}:{port}: {e.strerror or e}; "
+                        "choose another port with vllm_server_port=<port> (0: any free port)") from None
+
+
 def serve(cfg, model_path: str) -> None:
-    """Start vLLM on model_path and serve until interrupted."""
+    """Take the port, start vLLM on model_path (answering 503 meanwhile) and serve until interrupted."""
     import signal
     import sys
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped by a scheduler or kill: clean up as on Ctrl-C
-    engine = VLLMEngine(model_path, **engine_args(cfg))
-    server = VLLMServer(engine, cfg.vllm_server_host, cfg.vllm_server_port, cfg.vllm_server_timeout)
-    print(f"rlvr vllm-serve: {model_path} on http://{cfg.vllm_server_host}:{cfg.vllm_server_port}"
+    if threading.current_thread() is threading.main_thread():  # stopped by a scheduler or kill: clean up as on Ctrl-C
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server = listen(cfg.vllm_server_host, cfg.vllm_server_port, cfg.vllm_server_timeout)
+    url = f"http://{cfg.vllm_server_host}:{server.server_address[1]}"
+    print(f"rlvr vllm-serve: loading {model_path}; {url} answers 503 until it is ready", flush=True)
+    loading = threading.Thread(target=server.serve_forever, name="rlvr-vllm-serve-loading", daemon=True)
+    loading.start()
+    try:
+        engine = VLLMEngine(model_path, **engine_args(cfg))
+    except BaseException:
+        server.shutdown()
+        server.server_close()
+        raise
+    server.shutdown()  # vLLM is called from this thread only: serve from here from now on
+    loading.join()
+    server.engine = engine
+    print(f"rlvr vllm-serve: {model_path} on {url}"
           f"{' (takes LoRA adapters of rank <= ' + str(engine_args(cfg)['max_lora_rank']) + ')' if engine.adapters else ''}", flush=True)
     try:
         server.serve_forever()
