@@ -153,7 +153,7 @@ def listen(host: str, port: int, relay_timeout: float) -> VLLMServer:
     try:
         return VLLMServer(None, host, port, relay_timeout)
     except OSError as e:
-        raise VLLMError(f"rlvr vllm-serve cannot listen on {host}:{port}: {e.strerror or e}; "
+        raise VLLMError(f"cannot listen on {host}:{port}: {e.strerror or e}; "
                         "choose another port with vllm_server_port=<port> (0: any free port)") from None
 
 
