@@ -34,11 +34,11 @@ SETTINGS = ["use_vllm=true", "max_steps=3", "num_generations=4", "per_device_tra
             f"reward_funcs=[{REWARD}]", "vllm_importance_sampling_mode=token_truncate", "use_cpu=true", f"vllm_kv_cache_gb={KV_GB}"]
 
 
-def start_servers(count: int, logs: Path, *settings: str) -> tuple[list, list[str]]:
+def start_servers(count: int, logs: Path, kind: str, *settings: str) -> tuple[list, list[str]]:
     procs, urls = [], []
     for i in range(count):
-        proc, url = start_vllm_serve(logs / f"serve{len(list(logs.glob('serve*.log')))}.log", f"vllm_kv_cache_gb={KV_GB}",
-                                     "max_prompt_length=256", "max_completion_length=256", *settings)
+        proc, url = start_vllm_serve(logs / f"serve-{kind}{i}.log", f"vllm_kv_cache_gb={KV_GB}", "max_prompt_length=256",
+                                     "max_completion_length=256", *settings)
         procs.append(proc)
         urls.append(url)
     return procs, urls
@@ -72,8 +72,8 @@ def stop(procs) -> None:
 def servers(tmp_path_factory):
     """Two `rlvr vllm-serve` of the default model, and one more that takes LoRA adapters."""
     logs = tmp_path_factory.mktemp("serve")
-    procs, urls = start_servers(2, logs)
-    lora_procs, lora_urls = start_servers(1, logs, "use_peft=true", "lora_r=8")
+    procs, urls = start_servers(2, logs, "plain")
+    lora_procs, lora_urls = start_servers(1, logs, "lora", "use_peft=true", "lora_r=8")
     try:
         wait_for(procs + lora_procs, urls + lora_urls, logs)
         yield {"plain": urls, "lora": lora_urls[0]}
