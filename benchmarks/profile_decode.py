@@ -16,6 +16,14 @@ every token):
    model as the sampler runs it (prepacked oneDNN weights, llama._Linear), timed alone.  Their FLOP/s
    over their time is the fastest one decode step could be if nothing else took time: the
    roofline for this batch, which skinny matmuls reach less of than square ones.
+4. What each non-matmul piece of the decode step costs, by taking it out: the decode step (no
+   sampling) is timed as it is and with one piece at a time replaced by a stand-in that keeps every
+   matmul (attention by its query, RoPE and the norms by their input, silu(gate) * up by up, the
+   LM head by the hidden state); the variants take turns for `--rounds` rounds and each keeps its
+   fastest.  The sampling of the next token (temperature, top-p) is timed alone on real logits.
+   The profiler of 2 charges some of the step's time to the wrong ops (one profile with shapes
+   recorded gave log_softmax alone 14 ms a step, where the whole draw of a token, timed directly,
+   took 6), so this is the measurement to trust for where the time goes.
 """
 
 from __future__ import annotations
@@ -85,11 +93,65 @@ def time_linears(model, rows: int, dtype, repeat: int = 50) -> list[dict]:
     return out
 
 
+# Stand-ins for the pieces of LlamaRunner's decode step (part 4): (method, replacement).
+STAND_INS = {
+    "attention": ("_attend_one", lambda self, q, k_t, v, mask: q.reshape(q.shape[0], -1)),
+    "rope": ("_rotate", staticmethod(lambda x, cos, sin: x)),
+    "norms": ("_norm", lambda self, x, weight: x),
+    "silu(gate) * up": ("_fused_mlp", staticmethod(lambda h, gate_up, down: down(gate_up(h).chunk(2, dim=-1)[1]).float())),
+    "lm_head": ("decode_logits", lambda self, x, state: x),
+}
+
+
+def decode_step_seconds(runner, ids, n: int, steps: int, dtype) -> float:
+    """Seconds per decode step (no sampling: every row is fed the first prompt's last token), after a prefill."""
+    import torch
+
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        _, state = runner.prefill(ids, n, steps, dtype)
+        token = torch.full((len(ids) * n,), ids[0][-1], dtype=torch.long)
+        start = time.perf_counter()
+        for _ in range(steps):
+            runner.decode(token, state)
+        return (time.perf_counter() - start) / steps
+
+
+def ablate(runner, ids, n: int, dtype, steps: int = MAX_NEW, rounds: int = 3) -> dict:
+    """{"full": seconds per decode step, piece: seconds per step with that piece's stand-in}: the
+    fastest of `rounds`, the variants taking turns.  The runner's class is restored afterwards."""
+    cls = type(runner)
+    saved = {method: cls.__dict__[method] for method, _ in STAND_INS.values()}
+    best = dict.fromkeys(["full", *STAND_INS], float("inf"))
+    for _ in range(rounds):
+        for name in best:
+            if name != "full":
+                method, stand_in = STAND_INS[name]
+                setattr(cls, method, stand_in)
+            try:
+                best[name] = min(best[name], decode_step_seconds(runner, ids, n, steps, dtype))
+            finally:
+                for method, original in saved.items():
+                    setattr(cls, method, original)
+    return best
+
+
+def sampling_seconds(logits, repeat: int = 20) -> float:
+    """Seconds to draw one token per row from `logits` [rows, vocab] as the benchmark's rollout does."""
+    from rlvr.rollout.sampling import sample_next
+
+    sample_next(logits, TEMPERATURE, 0, TOP_P)
+    start = time.perf_counter()
+    for _ in range(repeat):
+        sample_next(logits, TEMPERATURE, 0, TOP_P)
+    return (time.perf_counter() - start) / repeat
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--batch", type=int, default=32, help="completions decoded together (8 per prompt)")
     parser.add_argument("--json", help="also write the numbers to this path")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the pieces' stand-ins (part 4)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -145,6 +207,11 @@ def main() -> None:
     report["step_matmul_seconds"] = step_matmul_seconds
     report["shape_roofline_fraction"] = step_flops / step_matmul_seconds / peak  # skinny matmuls against square ones
     report["decode_seconds_per_step"] = wall / MAX_NEW
+
+    report["ablation"] = ablate(sampler.runner, ids, GROUP, dtype, rounds=args.rounds)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        logits, _ = sampler.runner.prefill(ids, GROUP, 1, dtype)
+    report["sampling_seconds_per_step"] = sampling_seconds(logits)
     print(format_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
@@ -166,6 +233,12 @@ def format_report(r: dict) -> str:
                      f"{m['flops_per_s'] / r['matmul_peak_flops']:>5.0%} of peak")
     lines.append(f"shape_roofline_fraction: {r['shape_roofline_fraction']:.2f} (the most a decode step of these matmuls "
                  f"can reach of the square-matmul roofline)")
+    a = r["ablation"]
+    lines.append(f"decode step without sampling: {a['full'] * 1e3:.1f} ms (the fastest of the rounds); "
+                 f"the sampling of a token, alone: {r['sampling_seconds_per_step'] * 1e3:.1f} ms; "
+                 f"each piece taken out saves:")
+    for name in STAND_INS:
+        lines.append(f"  {name:18}{(a['full'] - a[name]) * 1e3:>7.1f} ms")
     return "\n".join(lines)
 
 
