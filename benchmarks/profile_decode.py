@@ -73,6 +73,16 @@ def linear_shapes(model) -> list[tuple[str, int, int, int]]:
             ("lm_head", h, cfg.vocab_size, 1)]
 
 
+def seconds_per_call(call, repeat: int, warmup: int = 1) -> float:
+    """Mean seconds of `call()` over `repeat` calls, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        call()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        call()
+    return (time.perf_counter() - start) / repeat
+
+
 def time_linears(model, rows: int, dtype, repeat: int = 50) -> list[dict]:
     import torch
 
@@ -82,12 +92,7 @@ def time_linears(model, rows: int, dtype, repeat: int = 50) -> list[dict]:
     for name, d_in, d_out, count in linear_shapes(model):
         layer = _Linear(torch.randn(d_out, d_in).to(dtype), None, rows)
         x = torch.randn(rows, d_in).to(dtype)
-        for _ in range(5):
-            layer(x)
-        start = time.perf_counter()
-        for _ in range(repeat):
-            layer(x)
-        seconds = (time.perf_counter() - start) / repeat
+        seconds = seconds_per_call(lambda: layer(x), repeat, warmup=5)
         out.append({"name": name, "shape": [rows, d_in, d_out], "per_step": count, "seconds": seconds,
                     "flops_per_s": 2 * rows * d_in * d_out / seconds})
     return out
@@ -139,11 +144,7 @@ def sampling_seconds(logits, repeat: int = 20) -> float:
     """Seconds to draw one token per row from `logits` [rows, vocab] as the benchmark's rollout does."""
     from rlvr.rollout.sampling import sample_next
 
-    sample_next(logits, TEMPERATURE, 0, TOP_P)
-    start = time.perf_counter()
-    for _ in range(repeat):
-        sample_next(logits, TEMPERATURE, 0, TOP_P)
-    return (time.perf_counter() - start) / repeat
+    return seconds_per_call(lambda: sample_next(logits, TEMPERATURE, 0, TOP_P), repeat)
 
 
 def main() -> None:

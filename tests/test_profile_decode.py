@@ -42,17 +42,14 @@ def test_every_stand_in_runs_and_the_runner_is_restored(tiny):
     assert same(decode_logits(runner, ids), before, exact=True)
 
 
-def test_each_stand_in_replaces_a_piece_the_decode_step_uses(tiny):
+def test_each_stand_in_replaces_a_piece_the_decode_step_uses(tiny, monkeypatch):
     """A stand-in whose method the step no longer calls would report that its piece costs nothing."""
     model, _ = tiny
     runner = LlamaRunner(model)
     ids = [[1, 7, 8, 9], [1, 10, 11]]
     before = decode_logits(runner, ids)
     for name, (method, stand_in) in profile_decode.STAND_INS.items():
-        original = LlamaRunner.__dict__[method]
-        setattr(LlamaRunner, method, stand_in)
-        try:
-            after = decode_logits(runner, ids)
-        finally:
-            setattr(LlamaRunner, method, original)
+        monkeypatch.setattr(LlamaRunner, method, stand_in)
+        after = decode_logits(runner, ids)
+        monkeypatch.undo()
         assert not same(after, before), name
