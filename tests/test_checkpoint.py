@@ -110,11 +110,11 @@ def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_run_config, tmp_
     resumed = tmp_path / "resumed"
     original_update = Trainer.update
 
-    def stop_in_step_4(self, batch):
+    def stop_in_step_4(self, batch, *rest):
         if self.step == 3:
             assert self.batches.ahead is not None  # the 3rd batch is being sampled
             raise KeyboardInterrupt
-        return original_update(self, batch)
+        return original_update(self, batch, *rest)
 
     monkeypatch.setattr(Trainer, "update", stop_in_step_4)
     with pytest.raises(KeyboardInterrupt):

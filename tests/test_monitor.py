@@ -97,6 +97,7 @@ def test_loggers_name_the_run_and_never_get_the_hub_token(run_name, tmp_path, mo
         monkeypatch.setitem(sys.modules, module, fake)
     cfg = build_config({"run_name": run_name, "hub_token": "hf_secret", "report_to": ["wandb", "trackio", "tensorboard"]})
     loggers = build_loggers(cfg, tmp_path / "run-20250101-000000")
+    loggers[2].start(1)  # the event file is opened once the run knows its first step
     loggers[2].close()
     name = run_name or "run-20250101-000000"  # else the output dir's name
     assert [kw["name"] for kw in inits] == [name, name]

@@ -27,7 +27,7 @@ alone means nothing, and the rule also requires the gradient to have vanished.
 
 Rules need a full window before they can fire, and read only the metrics they
 name; a metric absent from the stream (e.g. kl when beta = 0) keeps its rule off.
-This module imports nothing but the standard library.
+This module imports nothing but the standard library (and rlvr.jsonl, which is the same).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from rlvr.jsonl import append_rows
 
 
 @dataclass
@@ -89,10 +91,18 @@ class AlertMonitor:
         self.history = History(cfg.alert_window)
         self.active: dict[str, Finding] = {}
         self.quiet: dict[str, int] = {}  # active rules: consecutive steps their condition has been false
+        self.last_events: list[AlertEvent] = []  # those of the last step taken
+        self.unwritten: list[AlertEvent] = []  # events not yet in alerts.jsonl
+        self.on_error = None  # jsonl.append_rows: what a failed write does (run.py sets it)
 
     def update(self, step: int, metrics: dict, samples: list[dict] | None = None) -> list[AlertEvent]:
-        """Record one step's metrics; return the alerts that start or clear at this step."""
+        """Record one step's metrics; return the alerts that start or clear at this step.  A step
+        already taken is not taken again (a record finished after a failure): its events are
+        returned as they were, and written if their write had failed."""
         h = self.history
+        if h.steps and step <= h.steps[-1]:
+            self._write()
+            return list(self.last_events) if step == h.steps[-1] else []
         if metrics.get("skipped_update"):  # no group had signal: nothing was learned this step
             metrics = {**metrics, "loss": 0.0, "grad_norm": 0.0}
         h.steps.append(step)
@@ -122,11 +132,18 @@ class AlertMonitor:
                 if self.quiet[rule] >= patience:
                     events.append(self._event(step, rule, "clear", self.active.pop(rule)))
                     del self.quiet[rule]
-        if events and self.path is not None:
-            with self.path.open("a") as f:
-                for e in events:
-                    f.write(json.dumps(asdict(e), ensure_ascii=False) + "\n")
+        self.last_events = events
+        self.unwritten.extend(events)
+        self._write()
         return events
+
+    def _write(self) -> None:
+        if self.path is None:
+            self.unwritten = []
+        elif self.unwritten:
+            rows = [asdict(e) for e in self.unwritten]
+            append_rows(self.path, rows, lambda row: json.dumps(row, ensure_ascii=False), self.on_error)
+            self.unwritten = self.unwritten[len(self.unwritten) - len(rows):]  # those still unwritten
 
     def _event(self, step: int, rule: str, kind: str, finding: Finding) -> AlertEvent:
         severity = self.cfg.on_alert.get(rule, "warn")
@@ -134,12 +151,15 @@ class AlertMonitor:
 
     def state_dict(self) -> dict:
         return {"history": asdict(self.history), "active": {k: asdict(v) for k, v in self.active.items()},
-                "quiet": dict(self.quiet)}
+                "quiet": dict(self.quiet), "last_events": [asdict(e) for e in self.last_events],
+                "unwritten": [asdict(e) for e in self.unwritten]}
 
     def load_state_dict(self, state: dict) -> None:
         self.history = History(**state["history"])
         self.active = {k: Finding(**v) for k, v in state["active"].items()}
         self.quiet = dict(state.get("quiet", {}))
+        self.last_events = [AlertEvent(**e) for e in state.get("last_events", [])]
+        self.unwritten = [AlertEvent(**e) for e in state.get("unwritten", [])]
 
 
 def _number(v):

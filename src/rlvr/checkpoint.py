@@ -83,8 +83,12 @@ def write_manifest(directory: Path) -> None:
     _fsync_file(manifest)
 
 
-def verify(directory: Path) -> str | None:
-    """None if the checkpoint is whole, else what is wrong with it (one line)."""
+def verify(directory: Path, trust_unverified: bool = False) -> str | None:
+    """None if the checkpoint is whole, else what is wrong with it (one line).  Whole means: every
+    file its manifest lists is there with its size and SHA-256, and no other file is (a shard it
+    does not list would be loaded beside the others).  A checkpoint without a manifest cannot be
+    checked and is refused, unless `trust_unverified` (trust_unverified_checkpoint=true) and it
+    has weights and a trainer state."""
     directory = Path(directory)
     if not directory.is_dir():
         return "not a directory"
@@ -92,11 +96,16 @@ def verify(directory: Path) -> str | None:
     if not manifest.is_file():
         if not any(directory.iterdir()):
             return "empty"
-        if (directory / STATE_FILE).is_file() and list(directory.glob("*.safetensors")):
-            return None  # written before checkpoints had manifests: complete as far as can be told
-        return f"incomplete: no {MANIFEST}"
+        if not ((directory / STATE_FILE).is_file() and list(directory.glob("*.safetensors"))):
+            return f"incomplete: no {MANIFEST}"
+        if trust_unverified:
+            return None
+        return (f"no {MANIFEST}, so its files cannot be checked (a checkpoint of an rlvr before manifests, or not "
+                "written by rlvr); trust_unverified_checkpoint=true loads it unchecked")
     try:
         files = json.loads(manifest.read_text())["files"]
+        if not isinstance(files, dict) or not all(isinstance(w, dict) for w in files.values()):
+            raise TypeError
     except (ValueError, KeyError, TypeError):
         return f"{MANIFEST} is unreadable"
     for name, want in files.items():
@@ -107,6 +116,10 @@ def verify(directory: Path) -> str | None:
             return f"{name} has {path.stat().st_size} bytes, the manifest says {want.get('bytes')}"
         if _sha256(path) != want.get("sha256"):
             return f"{name} does not match its SHA-256 in the manifest (corrupted)"
+    unlisted = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p != manifest
+                      and str(p.relative_to(directory)) not in files)
+    if unlisted:
+        return f"files its {MANIFEST} does not list: {', '.join(unlisted[:5])}{' ...' if len(unlisted) > 5 else ''}"
     if STATE_FILE not in files:
         return f"incomplete: no {STATE_FILE}"
     return None
@@ -127,10 +140,10 @@ def clean_leftovers(output_dir: Path) -> list[str]:
     return removed
 
 
-def resumable(output_dir: Path, say=print) -> Path | None:
+def resumable(output_dir: Path, say=print, trust_unverified: bool = False) -> Path | None:
     """The newest checkpoint that verifies; each one skipped is reported with its reason."""
     for path in checkpoints(output_dir):
-        problem = verify(path)
+        problem = verify(path, trust_unverified)
         if problem is None:
             return path
         say(f"skipping {path.name}: {problem}")
@@ -138,11 +151,15 @@ def resumable(output_dir: Path, say=print) -> Path | None:
 
 
 def is_disk_full(error: BaseException) -> bool:
-    """ENOSPC / EDQUOT, also as torch's zip writer reports it (a RuntimeError naming the failed write)."""
+    """ENOSPC / EDQUOT, also as torch's zip writer (a RuntimeError naming the failed write) and
+    safetensors (a SafetensorError quoting the OS error) report it."""
     while error is not None:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if isinstance(error, RuntimeError) and ("unexpected pos" in str(error) or "No space left" in str(error)):
+        text = str(error)
+        if isinstance(error, RuntimeError) and "unexpected pos" in text:
+            return True
+        if any(sign in text for sign in ("No space left", "Disk quota exceeded", "os error 28)", "os error 122)")):
             return True
         error = error.__cause__ or error.__context__
     return False

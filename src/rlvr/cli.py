@@ -184,7 +184,7 @@ def cmd_eval(args: list[str]) -> int:
         test = test[: cfg.eval_max_examples or None]
         if (cfg.model, cfg.dtype) not in models:
             models[cfg.model, cfg.dtype] = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu), cfg.model_init_kwargs,
-                                                      cfg.trust_remote_code)
+                                                      cfg.trust_remote_code, cfg.trust_unverified_checkpoint)
         model, tokenizer, path = models[cfg.model, cfg.dtype]
         how = (f", {cfg.eval_num_samples} samples each" if cfg.eval_num_samples > 1 else "") + (
             f", {cfg.eval_num_shots}-shot" if cfg.eval_num_shots else "")
@@ -272,7 +272,8 @@ def cmd_sample(args: list[str]) -> int:
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"n must be a positive integer, got {n!r}")
     cfg = build_config(load_yaml(config_file) if config_file else {}, values)
-    model, tokenizer, path = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu), cfg.model_init_kwargs, cfg.trust_remote_code)
+    model, tokenizer, path = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu), cfg.model_init_kwargs, cfg.trust_remote_code,
+                                        cfg.trust_unverified_checkpoint)
     sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16, cuda_graphs=cfg.cuda_graphs)
     texts = render_prompts(tokenizer, [prompt], cfg.system_prompt, cfg.chat_template_kwargs, cfg.text_prompts == "raw")
     ids = tokenize_prompts(tokenizer, texts, cfg.max_prompt_length)

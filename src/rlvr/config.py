@@ -173,6 +173,7 @@ class Config:
     resume_checkpoint: str | None = None  # continue from this checkpoint directory (TRL: resume_from_checkpoint=<path>)
     resume_override: bool = False  # resume even though settings that change the run's course differ from the checkpoint's run
     on_save_error: str = "stop"  # a checkpoint that cannot be written (disk full): stop the run, or continue without it
+    trust_unverified_checkpoint: bool = False  # load a checkpoint without manifest.json (nothing to check its files against)
     logging_steps: int = 10  # one metrics.jsonl line per this many steps (their average)
     save_strategy: str = "steps"  # steps: every save_steps | epoch: at each pass over the prompts | no: only at the end and when stopped
     save_steps: int = 500  # a checkpoint every this many steps
@@ -236,11 +237,31 @@ class Config:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
     def to_dict(self) -> dict[str, Any]:
+        """Every setting, tuples as lists and secrets hidden (hide_secret); the token itself is cfg.hub_token."""
         out = {}
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
+            v = hide_secret(f.name, getattr(self, f.name))
             out[f.name] = list(v) if isinstance(v, tuple) else v
         return out
+
+    def __repr__(self) -> str:  # the dataclass's own, with secrets hidden
+        shown = (f"{f.name}={hide_secret(f.name, getattr(self, f.name))!r}" for f in dataclasses.fields(self))
+        return f"Config({', '.join(shown)})"
+
+
+def is_secret(name: str) -> bool:
+    """A setting that holds a credential: as transformers' TrainingArguments has it, a name ending in
+    _token (hub_token); and from_pretrained's `token` in model_init_kwargs."""
+    return name == "token" or name.endswith("_token")
+
+
+def hide_secret(name: str, value: Any) -> Any:
+    """`value` as repr, str and to_dict show it: a secret that is set as "<HUB_TOKEN>" (its name in
+    capitals, as transformers' to_dict writes it), in model_init_kwargs too."""
+    key = name.rpartition(".")[2]  # a dotted key reaches into a mapping: model_init_kwargs.token
+    if key == "model_init_kwargs" and isinstance(value, dict):
+        return {k: hide_secret(k, v) for k, v in value.items()}
+    return f"<{key.upper()}>" if is_secret(key) and value is not None else value
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}

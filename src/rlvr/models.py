@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.checkpoint import checkpoints
+from rlvr.checkpoint import STATE_FILE, checkpoints, resumable, verify
 from rlvr.lora import is_adapter_dir, is_peft, load_merged
 
 DEFAULT_MODEL = "default"
@@ -137,19 +137,26 @@ def require_hub_model(name: str, revision: str | None = None) -> None:
                          "path, or download the model first (huggingface-cli download)")
 
 
-def resolve_model_path(name: str) -> str:
-    """"default" -> the converted checkpoint; a run dir -> its final model, else its latest
-    checkpoint; any other local dir or hub id as given."""
+def resolve_model_path(name: str, trust_unverified: bool = False) -> str:
+    """"default" -> the converted checkpoint; a run dir -> its final model, else its newest
+    checkpoint that verifies (those skipped are named); a checkpoint directory -> itself once it
+    verifies; any other local dir or hub id as given."""
     if name == DEFAULT_MODEL:
         return str(default_model_dir())
     path = Path(name).expanduser()
     final = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()  # plain or LoRA adapter
     if path.is_dir() and is_run_dir(path) and not final:
-        ckpt = latest_checkpoint(path)
+        say = lambda text: print(f"rlvr: {path}: {text}", flush=True)  # noqa: E731
+        ckpt = resumable(path, say, trust_unverified)
         if ckpt is None:
-            raise ModelError(f"{path} is a training run with neither a final model nor a checkpoint yet")
+            raise ModelError(f"{path} is a training run with neither a final model nor a checkpoint that verifies"
+                             f"{' (see above)' if checkpoints(path) else ' yet'}")
         print(f"rlvr: {path} has no final model yet; using {ckpt.name}", flush=True)
         return str(ckpt)
+    if path.is_dir() and (path / STATE_FILE).is_file():  # an rlvr checkpoint given by its own path
+        problem = verify(path, trust_unverified)
+        if problem is not None:
+            raise ModelError(f"checkpoint {path}: {problem}")
     return str(path) if path.exists() else name
 
 
@@ -171,7 +178,7 @@ def load_tokenizer(path: str, revision: str | None = None, trust_remote_code: bo
 
 
 def load_model(name: str, dtype: str = "float32", device: str = "cpu", init_kwargs: dict | None = None,
-               trust_remote_code: bool = False):
+               trust_remote_code: bool = False, trust_unverified: bool = False):
     """(model on `device`, tokenizer, resolved path).  Errors say which model could not be found.
 
     init_kwargs (TRL's model_init_kwargs) go to the model's from_pretrained, and its `revision`
@@ -183,7 +190,7 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu", init_kwar
     kwargs.setdefault("trust_remote_code", trust_remote_code)  # TRL: model_init_kwargs' own value wins
     revision = kwargs.get("revision")
     require_hub_model(name, revision)
-    path = resolve_model_path(name)
+    path = resolve_model_path(name, trust_unverified)  # a run's checkpoint verified (trust_unverified_checkpoint)
     try:
         tokenizer = load_tokenizer(path, revision, kwargs["trust_remote_code"])
         if is_adapter_dir(path):  # a LoRA run's final model or checkpoint: merged onto its base

@@ -18,39 +18,63 @@ from pathlib import Path
 from rich.console import Console
 
 from rlvr.config import ConfigError
+from rlvr.jsonl import append_rows
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
 class MetricsLog:
-    """Averages step metrics over the logging window and appends them to metrics.jsonl."""
+    """Averages step metrics over the logging window and appends them to metrics.jsonl; appends
+    the logged completions to completions.jsonl.
+
+    Each step is taken once (a record finished after a failure, run.py, does not add it twice),
+    and a row is dropped from memory only once it is written: a row whose write failed is kept
+    (`unwritten`, saved in checkpoints) and written first the next time, so no row is lost."""
 
     def __init__(self, output_dir: Path, logging_steps: int):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.completions_path = Path(output_dir) / "completions.jsonl"
         self.logging_steps = logging_steps
         self.window: list[dict] = []
+        self.last_step = 0  # the last step added
+        self.last_line: dict | None = None  # the last line logged
+        self.last_completions_step = 0
+        self.unwritten: list[dict] = []  # metrics rows not yet on disk
+        self.unwritten_completions: list[dict] = []
+        self.on_error = None  # jsonl.append_rows: what a failed write does (run.py sets it)
 
     def add(self, step: int, metrics: dict, force: bool = False) -> dict | None:
         """Record one step; returns the logged line when this step closes a window."""
-        self.window.append(metrics)
-        if step % self.logging_steps and not force:
+        if step > self.last_step:
+            self.window.append(metrics)
+            self.last_step = step
+            if step % self.logging_steps == 0 or force:
+                self.unwritten.append({"step": step, **_average(self.window)})
+                self.window = []
+        elif not self.unwritten:  # on disk already: the line again for the loggers (purged there on resume)
+            return self.last_line if self.last_line and self.last_line["step"] == step else None
+        if not self.unwritten:
             return None
-        line = {"step": step, **_average(self.window)}
-        self.window = []
-        with self.path.open("a") as f:
-            f.write(json.dumps(_finite(line)) + "\n")
-        return line
+        self.last_line = append_rows(self.path, self.unwritten, lambda row: json.dumps(_finite(row)), self.on_error)
+        return self.last_line
 
     def add_completions(self, step: int, rows: list[dict]) -> None:
-        with self.completions_path.open("a") as f:
-            for row in rows:
-                f.write(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n")
+        if step > self.last_completions_step:
+            self.unwritten_completions.extend({"step": step, **row} for row in rows)
+            self.last_completions_step = step
+        append_rows(self.completions_path, self.unwritten_completions, lambda row: json.dumps(row, ensure_ascii=False),
+                    self.on_error)
 
     def state_dict(self) -> dict:
-        return {"window": self.window}
+        return {"window": self.window, "last_step": self.last_step, "last_line": self.last_line, "last_completions_step": self.last_completions_step,
+                "unwritten": self.unwritten, "unwritten_completions": self.unwritten_completions}
 
     def load_state_dict(self, state: dict) -> None:
         self.window = list(state.get("window", []))
+        self.last_step = state.get("last_step", 0)
+        self.last_line = state.get("last_line")
+        self.last_completions_step = state.get("last_completions_step", 0)
+        self.unwritten = list(state.get("unwritten", []))
+        self.unwritten_completions = list(state.get("unwritten_completions", []))
 
 
 def _average(window: list[dict]) -> dict:
@@ -184,20 +208,31 @@ def _require(module: str, extra: str):
 
 
 class TensorBoardLogger:
+    """Its event file is opened by `start(first_step)`, once the run knows where it resumes: events
+    of that step and later ones, written before a stop, are purged (SummaryWriter's purge_step),
+    so the steps a resumed run logs again appear once in TensorBoard."""
+
     def __init__(self, cfg, output_dir: Path):
         _require("tensorboard", "tensorboard")
+        # With a run_name, its own directory: `tensorboard --logdir runs` lists the run under that name.
+        self.log_dir = str(Path(output_dir) / "tensorboard" / (cfg.run_name or ""))
+        self.writer = None
+
+    def start(self, first_step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        # With a run_name, its own directory: `tensorboard --logdir runs` lists the run under that name.
-        self.writer = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard" / (cfg.run_name or "")))
+        self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=first_step if first_step > 1 else None)
 
     def log(self, line: dict) -> None:
+        if self.writer is None:
+            self.start(line["step"])
         for key, value in _scalars(line).items():
             self.writer.add_scalar(key, value, line["step"])
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 class WandbLogger:
@@ -207,6 +242,9 @@ class WandbLogger:
         self.wandb = _require("wandb", "wandb")
         self.run = self.wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), name=run_name(cfg, output_dir),
                                    dir=str(output_dir), config=_settings(cfg))
+
+    def start(self, first_step: int) -> None:
+        pass
 
     def log(self, line: dict) -> None:
         self.run.log(_scalars(line), step=line["step"])
@@ -221,6 +259,9 @@ class TrackioLogger:
     def __init__(self, cfg, output_dir: Path):
         self.trackio = _require("trackio", "trackio")
         self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlvr"), name=run_name(cfg, output_dir), config=_settings(cfg))
+
+    def start(self, first_step: int) -> None:
+        pass
 
     def log(self, line: dict) -> None:
         self.trackio.log(_scalars(line), step=line["step"])

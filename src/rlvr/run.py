@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rlvr import distributed, fsdp, interrupts, lora
 from rlvr.alerts import AlertEvent
-from rlvr.checkpoint import DiskFull
+from rlvr.checkpoint import DiskFull, is_disk_full
 from rlvr.config import Config, save_config
 from rlvr.evaluate import EvalResult, evaluate, write_result
 from rlvr.hub import without_secrets
@@ -91,7 +91,8 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
     if given_model is not None:  # a loaded model given to GRPOTrainer
         model, model_path, tokenizer = given_model.to(world.device), cfg.model, None
     else:
-        model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, world.device, cfg.model_init_kwargs, cfg.trust_remote_code)
+        model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, world.device, cfg.model_init_kwargs, cfg.trust_remote_code,
+                                                  cfg.trust_unverified_checkpoint)
     tokenizer = given_tokenizer or tokenizer or load_tokenizer(model.name_or_path, trust_remote_code=cfg.trust_remote_code)
     callbacks = objects.callbacks if objects is not None else None
     if cfg.disable_dropout:
@@ -147,6 +148,9 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
     saved_step = trainer.step
     eval_every = cfg.eval_steps or cfg.logging_steps
     report = LiveReport(output_dir, console)
+    trainer.log.on_error = trainer.alerts.on_error = _log_write_failed(cfg.on_save_error, say)
+    for logger in loggers:  # from the first step this run records (TensorBoard drops later ones written before)
+        logger.start(trainer.unrecorded["step"] if trainer.unrecorded else trainer.step + 1)
 
     def save(collective: bool = True) -> Path | None:  # every rank calls it; rank 0 writes
         trainer.extra_state["train_seconds"] = seconds_before + time.perf_counter() - started
@@ -181,6 +185,7 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
                 if callbacks is not None and callbacks.step_end(trainer.step, metrics.get("epoch", 0.0), line):
                     stop_asked.append(trainer.step)
 
+            trainer.finish_record(record)  # a step the stopped run counted but did not finish recording
             while trainer.step < total and not stop_asked:
                 epochs = trainer.prompts.epochs_completed
                 trainer.train_step(on_step=record)
@@ -206,8 +211,12 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
                     raise AlertStop(fatal[0])
     except BaseException as e:
         if trainer.step > saved_step and not isinstance(e, DiskFull):
+            path = None
             with interrupts.handling(say), interrupts.deferred(f"checkpoint-{trainer.step} is being written"):
-                path = save(collective=False)  # the other ranks may not be here: no collective
+                try:
+                    path = save(collective=False)  # the other ranks may not be here: no collective
+                except (DiskFull, OSError) as failed:  # reported; the error that stopped the run is the one raised
+                    say(f"could not save checkpoint-{trainer.step}: {failed}; the last checkpoint stays")
             how = "SIGTERM" if isinstance(e, interrupts.Terminated) else "stopped"
             if path is not None:
                 console.print(f"[red]{how} at step {trainer.step}[/]; saved {path}. Continue with: rlvr train resume=true output_dir={output_dir}")
@@ -248,6 +257,25 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
         summary["hub_url"] = push(cfg, output_dir)  # HubPushError: the run stays whole on disk
         console.print(f"pushed to {summary['hub_url']}")
     return summary
+
+
+def _log_write_failed(on_save_error: str, say):
+    """What a failed write of metrics.jsonl, completions.jsonl or alerts.jsonl does (jsonl.append_rows):
+    a full disk stops the run with one line, or with on_save_error=continue is said once while the
+    rows wait in memory (and in checkpoints) for the next write; any other error is raised."""
+    said = []
+
+    def on_error(path: Path, error: OSError) -> None:
+        if not is_disk_full(error):
+            raise error
+        message = f"disk full: could not write {path.name} in {path.parent} ({shutil.disk_usage(path.parent).free / 1e6:.1f} MB free)"
+        if on_save_error == "stop":
+            raise DiskFull(f"{message}; its rows are kept in the next checkpoint. Free some space, then continue with resume=true") from None
+        if not said:
+            say(f"{message}; its rows are kept in memory and written once there is space (on_save_error=continue)")
+            said.append(path)
+
+    return on_error
 
 
 def checkpoint_due(cfg: Config, step: int, total: int, epoch_ended: bool) -> bool:

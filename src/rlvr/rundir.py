@@ -93,9 +93,11 @@ def prepare_output_dir(cfg: Config, say=print):
     try:  # any error from here on lets go of the directory
         checkpoint = _checkpoint_to_resume(cfg, output_dir, say)
         cfg = dataclasses.replace(cfg, output_dir=str(output_dir))
-        if checkpoint is not None:
-            compare_settings(cfg, output_dir, _step_of(checkpoint), say)
-        _keep_logs_until(output_dir, _step_of(checkpoint) if checkpoint else 0, say)
+        step = _step_of(checkpoint) if checkpoint else 0
+        changed_course = checkpoint is not None and compare_settings(cfg, output_dir, step, say)
+        later = [p for p in checkpoints(output_dir) if _step_of(p) > step] if checkpoint is not None else []
+        aside = set_aside(output_dir, step, later, say) if later or changed_course else None
+        _keep_logs_until(output_dir, step, say, aside)
     except BaseException:
         lock.close()
         raise
@@ -106,14 +108,14 @@ def _checkpoint_to_resume(cfg: Config, output_dir: Path, say) -> Path | None:
     """The checkpoint the run continues from, or None for a new run (or one with no checkpoint yet)."""
     if cfg.resume_checkpoint:
         checkpoint = Path(cfg.resume_checkpoint)
-        problem = verify(checkpoint)
+        problem = verify(checkpoint, cfg.trust_unverified_checkpoint)
         if problem is not None:
             raise CheckpointError(f"resume_from_checkpoint={checkpoint}: {problem}")
         return checkpoint
     if cfg.resume:
         for name in clean_leftovers(output_dir):
             say(f"removed {name}: left by an interrupted save")
-        checkpoint = resumable(output_dir, say)
+        checkpoint = resumable(output_dir, say, cfg.trust_unverified_checkpoint)
         if checkpoint is None and checkpoints(output_dir):
             raise CheckpointError(f"resume=true but no checkpoint in {output_dir} verifies (see above); "
                                   "resume_from_checkpoint=<dir> resumes from one you choose")
@@ -135,7 +137,7 @@ def _checkpoint_to_resume(cfg: Config, output_dir: Path, say) -> Path | None:
 # Settings a resumed run may change: what it logs, saves, evaluates and alerts on, how long it
 # runs, and where it connects; any other change alters the run's course from the checkpoint.
 FREE_TO_CHANGE = {
-    "output_dir", "resume", "resume_checkpoint", "resume_override", "on_save_error", "logging_steps", "save_steps",
+    "output_dir", "resume", "resume_checkpoint", "resume_override", "on_save_error", "trust_unverified_checkpoint", "logging_steps", "save_steps",
     "save_total_limit", "log_completions", "num_completions_to_print", "report_to", "report_steps", "on_alert",
     "eval_on_start", "eval_on_end", "eval_strategy", "eval_steps", "eval_num_samples", "eval_num_shots",
     "eval_max_examples", "eval_temperature", "eval_batch_size", "eval_output", "max_steps", "num_train_epochs",
@@ -149,12 +151,13 @@ class SettingsChanged(ConfigError):
     pass
 
 
-def compare_settings(cfg: Config, output_dir: Path, step: int, say=print) -> None:
+def compare_settings(cfg: Config, output_dir: Path, step: int, say=print) -> bool:
     """Resuming with other settings than the run's config.yaml: free ones are reported, the others
-    refused unless resume_override=true.  The previous config.yaml is kept as config.before-step-<N>.yaml."""
+    refused unless resume_override=true (then True: the run takes another course from `step`).
+    The previous config.yaml is kept as config.before-step-<N>.yaml."""
     saved_path = output_dir / "config.yaml"
     if not saved_path.is_file():
-        return
+        return False
     import yaml
 
     from rlvr.hub import without_secrets
@@ -174,6 +177,7 @@ def compare_settings(cfg: Config, output_dir: Path, step: int, say=print) -> Non
         say("resumed with " + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in free.items()))
     if course or free:
         shutil.copyfile(saved_path, output_dir / f"config.before-step-{step}.yaml")
+    return bool(course)
 
 
 LOGS = ("metrics.jsonl", "completions.jsonl", "alerts.jsonl")
@@ -183,13 +187,37 @@ def _step_of(checkpoint: Path) -> int:
     return int(checkpoint.name.split("-")[-1])
 
 
-def _keep_logs_until(output_dir: Path, step: int, say=print) -> None:
-    """Drop the rows of steps after `step` (a resumed run writes them again) and torn lines."""
+# What a finished run leaves beside its logs: its final model (rundir.save_final_model), summary and last evaluation.
+FINAL_FILES = ("config.json", "generation_config.json", "adapter_config.json", "*.safetensors", "model.safetensors.index.json",
+               "tokenizer*", "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "summary.json",
+               "eval_after.json")
+
+
+def set_aside(output_dir: Path, step: int, later: list[Path], say=print) -> Path:
+    """A resume that leaves a timeline: from an older checkpoint than the newest (resume_from_checkpoint),
+    or with resume_override=true.  The checkpoints after `step`, the final model of the run being
+    left and (by _keep_logs_until) the log rows after `step` move to abandoned/<time>-after-step-<step>/,
+    so that nothing of that timeline is mixed into the new one, and nothing of it is lost."""
+    aside = output_dir / "abandoned" / f"{time.strftime('%Y%m%d-%H%M%S')}-after-step-{step}"
+    aside.mkdir(parents=True, exist_ok=True)
+    moved = [p for p in later]
+    moved += [p for pattern in FINAL_FILES for p in sorted(output_dir.glob(pattern)) if p.is_file()]
+    for path in moved:
+        os.replace(path, aside / path.name)
+    names = ", ".join(p.name for p in later) or "no later checkpoint"
+    say(f"a new timeline from step {step}: {names}{' and the final model' if len(moved) > len(later) else ''} "
+        f"and the logged rows after step {step} moved to {aside}")
+    return aside
+
+
+def _keep_logs_until(output_dir: Path, step: int, say=print, aside: Path | None = None) -> None:
+    """Drop the rows of steps after `step` (a resumed run writes them again; into `aside` when the run
+    takes another timeline) and torn lines."""
     for name in LOGS:
         path = output_dir / name
         if not path.is_file():
             continue
-        kept, dropped, torn = [], 0, 0
+        kept, later, torn = [], [], 0
         for line in path.read_text(errors="replace").splitlines():
             try:
                 row = json.loads(line)
@@ -197,14 +225,17 @@ def _keep_logs_until(output_dir: Path, step: int, say=print) -> None:
                 torn += bool(line.strip())
                 continue
             if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > step:
-                dropped += 1
+                later.append(line)
                 continue
             kept.append(line)
-        if dropped or torn:
+        if aside is not None and later:
+            (aside / name).write_text("".join(line + "\n" for line in later))
+        if later or torn:
             tmp = path.with_name(f".{name}.tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             os.replace(tmp, path)
-            say(f"{name}: kept the rows up to step {step}" + (f", dropped {dropped} of later steps" if dropped else "")
+            dropped = len(later)
+            say(f"{name}: kept the rows up to step {step}" + (f", dropped {dropped} of later steps" if dropped and aside is None else "")
                 + (f", {torn} torn line{'s' * (torn > 1)}" if torn else ""))
 
 

@@ -61,8 +61,10 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
     if method is not None:
         from rlvr.finetune.api import method_settings
 
-        defaults = method_settings(method, {})
-        file_values, override_values = method_settings(method, file_values), method_settings(method, override_values)
+        defaults = method_settings(method, {})  # below a resumed run's own settings, as for rlvr train
+        # Given {}, method_settings answers with the defaults: only what the user gave is renamed.
+        file_values = method_settings(method, file_values) if file_values else {}
+        override_values = method_settings(method, override_values) if override_values else {}
     merged = {**file_values, **override_values}
     model = merged.get("model") or merged.get("model_name_or_path")
     if run_base and isinstance(model, str) and (Path(model) / "config.yaml").is_file():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr import distributed, fsdp, interrupts
+from rlvr import distributed, fsdp, interrupts, jsonl
 from rlvr.alerts import AlertMonitor
 from rlvr.checkpoint import GeneratorState, load_checkpoint, restore_trainer_state, save_checkpoint, trainer_state
 from rlvr.config import Config
@@ -32,10 +32,32 @@ from rlvr.tasks import PromptStream
 from rlvr.types import Batch, Example, Generation, TrainerState
 from rlvr.update import PolicyUpdate, UpdateSettings
 
-__all__ = ["Trainer", "total_steps_for"]
+__all__ = ["StepRecord", "Trainer", "total_steps_for"]
 
 
-class Trainer:
+class StepRecord:
+    """A trainer whose step's record (its logged completions and `on_step(metrics)`) is kept in
+    `unrecorded` from the moment the step is counted until the record is done; a checkpoint saved
+    in between holds it, and the resumed run finishes it (run.py)."""
+
+    unrecorded: dict | None = None  # {"step", "metrics", "completions"}
+    log: MetricsLog
+
+    def finish_record(self, on_step=None) -> None:
+        """Record the last step (its completions, then `on_step(metrics)`), unless done already.
+        Each part of a record does its own share once per step (monitor.MetricsLog,
+        alerts.AlertMonitor), so a record that failed half way is finished, not repeated."""
+        record = self.unrecorded
+        if record is None:
+            return
+        if record["completions"]:
+            self.log.add_completions(record["step"], record["completions"])
+        if on_step is not None:
+            on_step(record["metrics"])
+        self.unrecorded = None
+
+
+class Trainer(StepRecord):
     def __init__(self, cfg: Config, model, tokenizer, train_examples: list[Example], output_dir: Path, total_steps: int, ref_model=None,
                  world: distributed.World = distributed.SINGLE, full_model=None):
         self.cfg, self.model, self.tokenizer, self.ref_model = cfg, model, tokenizer, ref_model
@@ -82,62 +104,70 @@ class Trainer:
         """1. rollout, 2. reward, 3. advantage: one generation (rollout/generation.py)."""
         return self.batches.generate(self._state())
 
-    def update(self, batch: Batch) -> dict:
-        """4. update: one optimizer step on the batch (update.py); then the samplers get the weights."""
-        metrics = self.updater(batch, self.step + 1)
-        if self.batches.ahead is None and "skipped_update" not in metrics:  # else once the next generation is sampled
-            self.publish_weights()
-        return metrics
+    def update(self, batch: Batch, before_step=None) -> dict:
+        """4. update: one optimizer step on the batch (update.py).  The samplers get the new weights
+        from train_step, once the step is counted."""
+        return self.updater(batch, self.step + 1, before_step)
 
     def train_step(self, on_step=None) -> dict:
         """One optimizer step, generating a new batch when the previous one is used up.
 
         With max_staleness=1 the batch of the next generation is sampled (in a thread, from the
-        weights before this step's update) while this step trains, and is ready when the step
-        returns; the samplers get the new weights only then.  `on_step(metrics)` records the step
-        (run.py: evaluation, alerts, the metrics row); from the update to its end no Ctrl-C or
-        SIGTERM cuts in (interrupts.py), so weights, step and records always agree."""
+        weights before this step's update) while this step computes its gradients, and is finished
+        before the optimizer applies them.  A step is one unit: until the optimizer step nothing has
+        changed (an error, in a reward of the batch sampled ahead too, leaves the run at the previous
+        step), and from it on the step is counted whatever raises.  Its record (`on_step(metrics)`,
+        run.py: evaluation, alerts, the metrics row; and the completions it logs) is kept in
+        `unrecorded` until it is done, and saved with any checkpoint taken before then, so a resumed
+        run finishes it (`finish_record`) instead of losing the row.  No Ctrl-C or SIGTERM cuts in
+        from the update to the end of the record (interrupts.py)."""
         t0 = time.perf_counter()
         self.home.bind()
+        if self.unrecorded is not None:  # an earlier step's record failed: finish it first
+            self.finish_record(on_step)
         if self.pending is None:
             self.pending = self.batches.generate_or_rewind(self._state())
         with interrupts.deferred(f"step {self.step + 1} (its update and its record)"):
             metrics = self._train_on(self.pending, t0)
-            if on_step is not None:
-                on_step(metrics)
+            self.finish_record(on_step)
         return metrics
 
     def _train_on(self, gen: Generation, t0: float) -> dict:
         if gen.iterations_done == 0 and len(gen.batch):
             self.updater.prepare(gen.batch)  # old and reference log-probs, with the weights it is first trained at
         last_use, last_step = gen.iterations_done + 1 >= self.uses, self.step + 1 >= self.total_steps
-        if self.batches.settings.sample_ahead and last_use and not last_step:
+        ahead = self.batches.settings.sample_ahead and last_use and not last_step
+        if ahead:
             self.batches.start_ahead(self._state())
+        following = []  # the next generation, when it was sampled ahead (finished before the optimizer step)
         try:
-            metrics = {**gen.metrics, **self.update(self._part(gen))}
+            metrics = {**gen.metrics, **self.update(self._part(gen), lambda: following.extend(self._finish_ahead()))}
         except BaseException:
-            if self.batches.ahead is not None:  # drop what was sampled ahead: a checkpoint saved now resumes exactly
-                self.batches.cancel_ahead()
+            self.optimizer.zero_grad(set_to_none=True)  # gradients of a step that was not applied
+            if ahead:
+                self.batches.drop_ahead()  # rewound: a checkpoint saved now resumes exactly
             raise
-        following = None  # the next generation, when it was sampled ahead
-        if self.batches.ahead is not None:
-            following = self.batches.finish_ahead()
-            self.publish_weights()
-        if self.batches.settings.sample_ahead:
-            metrics["sampling/staleness"] = gen.staleness  # 1: sampled before the update that preceded its first use
+        # The optimizer step is applied: from here the step is counted, whatever raises after it.
         self.kl.after_step(metrics)  # the beta this step used; adaptive KL: the next step's
         gen.iterations_done += 1
-        if gen.iterations_done == 1 and gen.samples and self.log_completions:
-            self.log.add_completions(self.step + 1, gen.samples)
+        completions = gen.samples if gen.iterations_done == 1 and gen.samples and self.log_completions else None
         self.last_samples = gen.samples
         if gen.iterations_done >= self.uses:
-            self.pending = following
+            self.pending = following[0] if following else None
         self.step += 1
+        if self.batches.settings.sample_ahead:
+            metrics["sampling/staleness"] = gen.staleness  # 1: sampled before the update that preceded its first use
         metrics.update(self.rollout.metrics())
         metrics["epoch"] = self.prompts.epochs_done
         metrics["step_time"] = time.perf_counter() - t0
         metrics["tokens_per_second"] = gen.metrics["num_tokens"] / self.parts / metrics["step_time"]
+        self.unrecorded = {"step": self.step, "metrics": metrics, "completions": completions}
+        if following or "skipped_update" not in metrics:
+            self.publish_weights()
         return metrics
+
+    def _finish_ahead(self) -> list[Generation]:
+        return [self.batches.finish_ahead()] if self.batches.ahead is not None else []
 
     def _part(self, gen: Generation) -> Batch:
         """The rows this optimizer step trains on: the whole generation, or with steps_per_generation
@@ -175,7 +205,7 @@ class Trainer:
         pending = self.pending
         if self.world.enabled:
             pending = distributed.gather(self.pending, self.world) if collective else None
-        return trainer_state(self.step, self._parts(), pending=pending, extra=self.extra_state)
+        return trainer_state(self.step, self._parts(), pending=pending, extra=self.extra_state, unrecorded=self.unrecorded)
 
     def save(self, collective: bool = True) -> Path | None:
         """Every rank calls it (see state_dict); rank 0 writes the checkpoint and returns its path.
@@ -186,6 +216,7 @@ class Trainer:
         state = self.state_dict(collective)
         if not self.world.is_main:
             return None
+        jsonl.sync([self.log.path, self.log.completions_path, self.output_dir / "alerts.jsonl"])  # before what refers to them
         return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.save_total_limit)
 
     def resume(self, checkpoint: Path) -> None:
@@ -196,6 +227,7 @@ class Trainer:
         if self.resume_override:  # the optimizer settings given now, not the checkpoint's
             apply_optimizer_settings(self.optimizer, self.scheduler, self.cfg)
         self.step, self.extra_state = state["step"], state.get("extra", {})
+        self.unrecorded = state.get("unrecorded")  # a record the stopped run did not finish (train_step)
         self.pending = state["pending"]
         if self.world.enabled:  # one pending batch per rank, or none (then the generation is sampled again)
             fits = isinstance(self.pending, list) and len(self.pending) == self.world.world_size

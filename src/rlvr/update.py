@@ -146,14 +146,18 @@ class PolicyUpdate:
             batch.old_logprobs = self.logprobs.in_chunks(self.sampler_model, batch)
         self.kl.fill(batch)
 
-    def __call__(self, batch: Batch, step: int) -> dict:
-        """One optimizer step on this process's `batch`; `step` is its number (for messages)."""
+    def __call__(self, batch: Batch, step: int, before_step=None) -> dict:
+        """One optimizer step on this process's `batch`; `step` is its number (for messages).
+        `before_step()` runs after the backward passes and before the weights change (trainer.py:
+        the batch sampled ahead is finished there, so an error in it leaves the step unapplied)."""
+        before_step = before_step or (lambda: None)
         s, t0 = self.settings, time.perf_counter()
         size = s.micro_batch_size
         # Totals over every rank's batch, so each rank's loss is its share of the whole batch's loss.
         rows, num_tokens, micro = distributed.sum_counts([len(batch), batch.num_tokens, math.ceil(len(batch) / size)], self.world)
         if rows == 0:  # every group had equal rewards: nothing to learn from
             lr = self.scheduler.get_last_lr()[0]
+            before_step()
             skip_step(self.scheduler)
             return {"learning_rate": lr, "skipped_update": 1.0, "timing/update": 0.0}
         # With fsdp every rank runs as many micro-batches as the busiest one, and FSDP sums the gradients;
@@ -163,6 +167,7 @@ class PolicyUpdate:
         sums = self.accumulate_gradients(batch, LossNorm(rows, num_tokens, s.max_completion_length, micro), lockstep)
         if self.world.enabled:
             sums = distributed.merge_sums(distributed.gather(sums, self.world))
+        before_step()
         try:
             grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler, s.max_grad_norm, sums["loss"], step,
                                            self.world, sharded=s.fsdp, scaler=self.scaler)

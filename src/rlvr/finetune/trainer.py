@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr import distributed, interrupts
+from rlvr import distributed, interrupts, jsonl
 from rlvr.alerts import AlertMonitor
 from rlvr.checkpoint import GeneratorState, load_checkpoint, restore_trainer_state, save_checkpoint, trainer_state
 from rlvr.finetune.data import Demonstration, Encoder, Pair, keep_correct, make_pairs, pack, to_batch
@@ -38,13 +38,14 @@ from rlvr.optim import apply_optimizer_settings, autocast_dtype, build_optimizer
 from rlvr.reference import KLReference, KLSettings
 from rlvr.rollout.stage import RolloutStage
 from rlvr.tasks import PromptStream, build_rewards, verifier_name
+from rlvr.trainer import StepRecord
 from rlvr.types import Example, TrainerState
 from rlvr.update import backward, optimizer_step, skip_step
 
 __all__ = ["FinetuneTrainer"]
 
 
-class FinetuneTrainer:
+class FinetuneTrainer(StepRecord):
     def __init__(self, cfg, model, tokenizer, data: list, train_examples: list[Example], output_dir: Path, ref_model=None,
                  world: distributed.World = distributed.SINGLE):
         """data: demonstrations (sft) or pairs (dpo) from finetune.data.load_data (empty with
@@ -158,11 +159,11 @@ class FinetuneTrainer:
                 self.round_steps_left -= 1
                 metrics["self/keep_rate"] = self.round_metrics["self/keep_rate"]
             metrics.update(self._update())
-            self.step += 1
+            self.step += 1  # counted: the record below finishes it, now or on resume (trainer.StepRecord)
             metrics["epoch"] = self.prompts.epochs_done
             metrics["step_time"] = time.perf_counter() - t0
-            if on_step is not None:
-                on_step(metrics)
+            self.unrecorded = {"step": self.step, "metrics": metrics, "completions": None}
+            self.finish_record(on_step)
         return metrics
 
     def _update(self) -> dict:
@@ -243,7 +244,8 @@ class FinetuneTrainer:
             return None
         rounds = {"round": self.round, "round_steps_left": self.round_steps_left, "round_metrics": self.round_metrics,
                   "sequences": self.sequences, "units": self.units} if self.cfg.self_samples else {}
-        state = trainer_state(self.step, self._parts(), extra=self.extra_state, rounds=rounds)
+        state = trainer_state(self.step, self._parts(), extra=self.extra_state, rounds=rounds, unrecorded=self.unrecorded)
+        jsonl.sync([self.log.path, self.output_dir / "alerts.jsonl"])  # before the checkpoint that counts on them
         return save_checkpoint(self.output_dir, self.step, self.model, self.tokenizer, state, self.cfg.save_total_limit)
 
     def resume(self, checkpoint: Path) -> None:
@@ -257,6 +259,7 @@ class FinetuneTrainer:
         if self.cfg.resume_override:
             apply_optimizer_settings(self.optimizer, self.scheduler, self.cfg)
         self.step, self.extra_state = state["step"], state.get("extra", {})
+        self.unrecorded = state.get("unrecorded")
         self.rollout.update_weights(self.model)
 
     def close(self) -> None:

@@ -7,8 +7,9 @@ within each group (advantages.py); groups whose rewards are all equal carry no s
 left out of the batch, and counted.
 
 With `max_staleness=1` the next generation is sampled in a thread while the current step trains
-(from the weights before its update); a step that fails or is interrupted drops it and rewinds
-the prompt stream and the sampler's generator, so a checkpoint saved then resumes exactly.  With
+(from the weights before its update); a step that fails or is interrupted before its optimizer
+step drops it and rewinds the prompt stream and the sampler's generator, so a checkpoint saved
+then resumes exactly.  With
 several processes the groups are gathered in the sampling process group (distributed.py), so the
 thread's gathers never pair up with the update's collectives.
 """
@@ -155,6 +156,14 @@ class Generations:
             self.home.accept()
         self.ahead = None
         self.rewind(self._before_ahead)
+
+    def drop_ahead(self) -> None:
+        """After a step that failed: drop the generation it sampled ahead, running or finished,
+        and rewind to before it."""
+        if self.ahead is not None:
+            self.cancel_ahead()
+        else:
+            self.rewind(self._before_ahead)
 
     def finish_ahead(self) -> Generation:
         """The generation sampled ahead, its reward calls served on this thread until it is done."""
