@@ -195,6 +195,22 @@ def test_grpo_config_checks_settings_when_made_and_set():
     assert args.to_dict()["num_generations"] == 4
 
 
+@pytest.mark.parametrize("config_class", ["GRPOConfig", "SFTConfig", "DPOConfig"])
+def test_configs_never_show_the_hub_token_as_trl_hides_it(config_class):
+    """repr, str, to_dict and its JSON show <HUB_TOKEN> as TRL's to_dict does; the attribute is the token."""
+    import rlvr
+
+    args = getattr(rlvr, config_class)(output_dir="x", hub_token="hf_secret123", model_init_kwargs={"token": "hf_secret123"})
+    shown = [repr(args), str(args), json.dumps(args.to_dict())]
+    assert not any("hf_secret123" in text for text in shown), shown
+    assert args.to_dict()["hub_token"] == "<HUB_TOKEN>" and "hub_token='<HUB_TOKEN>'" in repr(args)
+    assert args.to_dict()["model_init_kwargs"] == {"token": "<TOKEN>"}
+    assert args.hub_token == "hf_secret123" and args.model_init_kwargs == {"token": "hf_secret123"}
+    again = getattr(rlvr, config_class)(**args.to_dict())  # a dump loads back without the placeholders
+    assert again.hub_token is None and again.model_init_kwargs == {}
+    assert GRPOConfig(output_dir="x").to_dict()["hub_token"] is None  # unset is shown unset
+
+
 def test_trainer_refuses_what_it_cannot_do_before_loading_anything(tiny_model_dir):
     with pytest.raises(ConfigError, match="needs reward_funcs"):
         GRPOTrainer(model=str(tiny_model_dir), train_dataset=[{"prompt": "a"}])

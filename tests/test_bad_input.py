@@ -77,3 +77,31 @@ def test_python_dash_m_rlvr_is_the_rlvr_command():
     assert typo.returncode == 2
     assert typo.stderr.strip() == ("rlvr train: error: unknown setting 'learning_rat'; did you mean 'learning_rate'? "
                                    "(see `rlvr train --help` for the list)")
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"answer": "1"}, "train_dataset row 120, column 'prompt': missing (every row needs a prompt)"),
+    ({"prompt": 7, "answer": "1"}, "train_dataset row 120, column 'prompt': the prompt must be text or a list of chat messages, got int"),
+])
+def test_a_python_api_row_far_into_the_dataset_is_named_before_the_model_loads(bad, message, tiny_model_dir, tmp_path, monkeypatch):
+    """Every row is read when GRPOTrainer is made (SFTTrainer: when train() starts), not only the first ones."""
+    from datasets import Dataset
+
+    import rlvr.models
+    import rlvr.run
+    from rlvr import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+    from rlvr.tasks.dataset import DatasetError
+
+    for module in (rlvr.models, rlvr.run):
+        monkeypatch.setattr(module, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(150)]
+    rows[120] = bad
+    for dataset in (rows, Dataset.from_list(rows)) if "prompt" not in bad else (rows,):  # a Dataset holds one type a column
+        with pytest.raises(DatasetError) as caught:
+            GRPOTrainer(model=str(tiny_model_dir), reward_funcs="boxed_format", train_dataset=dataset,
+                        args=GRPOConfig(output_dir=str(tmp_path / "grpo")))
+        assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+    demos = [{"completion" if k == "answer" else k: v for k, v in row.items()} for row in rows]
+    trainer = SFTTrainer(model=str(tiny_model_dir), train_dataset=demos, args=SFTConfig(output_dir=str(tmp_path / "sft")))
+    with pytest.raises(DatasetError, match=r"^train_dataset row 120(, column 'prompt')?: (missing|the prompt must be)"):
+        trainer.train()

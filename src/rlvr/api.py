@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlvr.config import Config, ConfigError, build_config
+from rlvr.config import Config, ConfigError, build_config, hide_secret
 from rlvr.trl_settings import IGNORED, UNSUPPORTED, ignored_line
 
 
@@ -63,10 +63,12 @@ class GRPOConfig:
             raise
 
     def to_dict(self) -> dict[str, Any]:
+        """Every setting, a token as "<HUB_TOKEN>" as in TRL (the attribute holds the token itself)."""
         return self._config.to_dict()
 
     def __repr__(self) -> str:
-        return f"GRPOConfig({', '.join(f'{k}={v!r}' for k, v in self._settings.items())})"
+        shown = (f"{k}={hide_secret(k, v)!r}" for k, v in self._settings.items())
+        return f"{type(self).__name__}({', '.join(shown)})"
 
 
 @dataclass
@@ -128,6 +130,24 @@ def _multiturn_settings(tools, rollout_func, environment_factory) -> dict:
     return out
 
 
+def _given_objects(cfg: Config) -> list[tuple[dict, str, Any]]:
+    """(registry, name, object) for each name of cfg that resolves to an object given to GRPOTrainer.
+    Registries are by name, shared by the process's trainers, and a trainer given another object of
+    the same name takes the name over; each trainer puts its own back (_put_back) before it trains or
+    evaluates, so it resolves exactly what it was given, under TRL's names."""
+    from rlvr import environments, rewards, tools
+    from rlvr.rollout import custom
+
+    named = [(rewards.GIVEN, cfg.reward_funcs or ()), (tools.GIVEN, cfg.tools or ()),
+             (environments.GIVEN, (cfg.environment,)), (custom.GIVEN, (cfg.rollout_func,))]
+    return [(registry, name, registry[name]) for registry, names in named for name in names if name in registry]
+
+
+def _put_back(given: list[tuple[dict, str, Any]]) -> None:
+    for registry, name, obj in given:
+        registry[name] = obj
+
+
 class GRPOTrainer:
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
@@ -168,6 +188,7 @@ class GRPOTrainer:
         self.args = GRPOConfig(**settings)
         self.cfg: Config = self.args._config
         self._settings = settings
+        self._given = _given_objects(self.cfg)
         self.processing_class = processing_class
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.train_examples = _examples(train_dataset, self.cfg, "train_dataset")
@@ -184,6 +205,7 @@ class GRPOTrainer:
         checkpoint of output_dir, a path from that checkpoint."""
         from rlvr.run import train
 
+        _put_back(self._given)
         cfg = self.cfg
         if resume_from_checkpoint:
             at = {} if resume_from_checkpoint is True else {"resume_checkpoint": str(resume_from_checkpoint)}
@@ -219,6 +241,7 @@ class GRPOTrainer:
         from rlvr.evaluate import evaluate_model
         from rlvr.models import load_model, pick_device
 
+        _put_back(self._given)
         examples = _examples(eval_dataset, self.cfg, "eval_dataset") if eval_dataset is not None else self.test_examples
         if not examples:
             raise ValueError("evaluate() needs an eval_dataset (given to GRPOTrainer or to evaluate)")

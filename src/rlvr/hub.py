@@ -14,7 +14,7 @@ import dataclasses
 import shlex
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError
+from rlvr.config import Config, ConfigError, is_secret
 
 # What stays local: the checkpoints (with optimizer state, several times the model's size), the
 # lock and other hidden files, and wandb's own files.  The rest is the model repository: weights,
@@ -27,8 +27,10 @@ class HubPushError(RuntimeError):
 
 
 def without_secrets(cfg: Config) -> Config:
-    """cfg without the Hub token: what config.yaml, the loggers and a resumed run's comparison see."""
-    return dataclasses.replace(cfg, hub_token=None)
+    """cfg without the Hub token, nor from_pretrained's (model_init_kwargs.token): what config.yaml,
+    the loggers and a resumed run's comparison see.  (repr and to_dict show a token as <HUB_TOKEN>.)"""
+    kwargs = {k: v for k, v in cfg.model_init_kwargs.items() if not is_secret(k)}
+    return dataclasses.replace(cfg, hub_token=None, model_init_kwargs=kwargs)
 
 
 def find_token(cfg: Config) -> str | None:

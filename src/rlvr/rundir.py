@@ -3,11 +3,14 @@ from, logs that hold each step once, and the final model moved in whole.
 
 A run holds an exclusive `flock` on `<output_dir>/.lock` (with its PID) from before it decides
 anything until it ends; a second writer is refused with that PID.  The kernel drops the lock
-when its process dies, so a lock left by a killed run is simply taken over.
+when its process dies, so a lock left by a killed run is simply taken over.  A process forked
+from the run (a reward function's child, a reward or tool worker) closes its copy of the lock at
+once: otherwise it would hold the lock after the run died, and refuse the resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -15,6 +18,7 @@ import os
 import shutil
 import socket
 import time
+import weakref
 from pathlib import Path
 
 from rlvr import distributed, lora
@@ -27,6 +31,21 @@ LOCK = ".lock"
 
 class RunLocked(RuntimeError):
     pass
+
+
+_OPEN_LOCKS: "weakref.WeakSet[RunLock]" = weakref.WeakSet()
+
+
+def _forget_locks_in_child() -> None:
+    """In a forked child: close the inherited lock descriptors without unlocking (the parent holds them)."""
+    for lock in list(_OPEN_LOCKS):
+        if lock.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(lock.fd)
+            lock.fd = -1
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 class RunLock:
@@ -46,6 +65,7 @@ class RunLock:
         previous = self._holder()
         if previous:
             say(f"{output_dir}: the lock of an earlier run ({previous}) was left behind; taken over")
+        _OPEN_LOCKS.add(self)
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
 

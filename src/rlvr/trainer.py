@@ -140,31 +140,38 @@ class Trainer(StepRecord):
         if ahead:
             self.batches.start_ahead(self._state())
         following = []  # the next generation, when it was sampled ahead (finished before the optimizer step)
+        schedule = self.scheduler.last_epoch  # moves with the optimizer step (or a step without an update)
         try:
             metrics = {**gen.metrics, **self.update(self._part(gen), lambda: following.extend(self._finish_ahead()))}
         except BaseException:
+            if self.scheduler.last_epoch != schedule:  # raised after the step was applied: it is counted all the same
+                self._count(gen, following, dict(gen.metrics), t0)
+                raise
             self.optimizer.zero_grad(set_to_none=True)  # gradients of a step that was not applied
             if ahead:
                 self.batches.drop_ahead()  # rewound: a checkpoint saved now resumes exactly
             raise
-        # The optimizer step is applied: from here the step is counted, whatever raises after it.
-        self.kl.after_step(metrics)  # the beta this step used; adaptive KL: the next step's
+        self._count(gen, following, metrics, t0)
+        if following or "skipped_update" not in metrics:
+            self.publish_weights()
+        return metrics
+
+    def _count(self, gen: Generation, following: list, metrics: dict, t0: float) -> None:
+        """The optimizer step is applied: count it, and keep its record until it is done."""
         gen.iterations_done += 1
-        completions = gen.samples if gen.iterations_done == 1 and gen.samples and self.log_completions else None
-        self.last_samples = gen.samples
         if gen.iterations_done >= self.uses:
             self.pending = following[0] if following else None
         self.step += 1
+        completions = gen.samples if gen.iterations_done == 1 and gen.samples and self.log_completions else None
+        self.unrecorded = {"step": self.step, "metrics": metrics, "completions": completions}
+        self.last_samples = gen.samples
+        self.kl.after_step(metrics)  # the beta this step used; adaptive KL: the next step's
         if self.batches.settings.sample_ahead:
             metrics["sampling/staleness"] = gen.staleness  # 1: sampled before the update that preceded its first use
         metrics.update(self.rollout.metrics())
         metrics["epoch"] = self.prompts.epochs_done
         metrics["step_time"] = time.perf_counter() - t0
         metrics["tokens_per_second"] = gen.metrics["num_tokens"] / self.parts / metrics["step_time"]
-        self.unrecorded = {"step": self.step, "metrics": metrics, "completions": completions}
-        if following or "skipped_update" not in metrics:
-            self.publish_weights()
-        return metrics
 
     def _finish_ahead(self) -> list[Generation]:
         return [self.batches.finish_ahead()] if self.batches.ahead is not None else []

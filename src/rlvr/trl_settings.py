@@ -151,6 +151,8 @@ def translate(key: str, value: Any) -> tuple[str, Any] | None:
         return None  # TRL's default: nothing to resume; the deprecated cap unset
     if key == "hub_token" and value == "<HUB_TOKEN>":  # to_dict() hides the token behind this
         return None
+    if key == "model_init_kwargs" and isinstance(value, dict) and value.get("token") == "<TOKEN>":  # ... and this one
+        return key, {k: v for k, v in value.items() if k != "token"}
     if key == "max_tool_calling_iterations":  # TRL counts the tool rounds; rlvr the model's turns
         return None if value is None else ("max_turns", value + 1 if isinstance(value, int) and not isinstance(value, bool) else value)
     if key == "warmup_steps" and isinstance(value, float) and 0 < value < 1:  # transformers 5: a float < 1 is a ratio

@@ -48,9 +48,6 @@ class _MethodConfig(GRPOConfig):
             raise AttributeError(name)
         return super().__getattr__(RENAMES.get(self.method, {}).get(name, name))
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._settings.items())})"
-
 
 class SFTConfig(_MethodConfig):
     """TRL's SFTConfig: max_length, packing, completion_only_loss, and every shared setting."""
@@ -91,6 +88,7 @@ class _MethodTrainer(GRPOTrainer):
         self.args = self.config_class(**settings)
         self.cfg = self.args._config
         self._settings = {**method_settings(self.cfg.method, {}), **method_settings(self.cfg.method, settings)}
+        self._given = []  # no objects by name: the data is rows, the rewards the verifier
         self.processing_class = processing_class
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.train_rows = _rows(train_dataset, "train_dataset")

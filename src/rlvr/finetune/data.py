@@ -98,7 +98,7 @@ def load_data(cfg, objective: str, rows=None) -> tuple[list, list[Example], list
 def _demo_reader(cfg, columns: list[str], name: str):
     if "messages" in columns and not any(c in columns for c in PROMPT_COLUMNS) and cfg.prompt_column is None:
         def read(row, where):
-            messages = row["messages"]
+            messages = _column(row, "messages", where)
             if not (isinstance(messages, list) and messages and isinstance(messages[-1], dict)
                     and messages[-1].get("role") == "assistant" and len(messages) >= 2):
                 raise DatasetError(f"{where()}: `messages` must be a list of chat messages ending with the assistant's")
@@ -108,10 +108,10 @@ def _demo_reader(cfg, columns: list[str], name: str):
     completion_col = None if cfg.self_samples else pick_column(columns, cfg.completion_column, COMPLETION_COLUMNS, "completion", name)
 
     def read(row, where):
-        prompt = _prompt(row[prompt_col], where)
+        prompt = _prompt(_column(row, prompt_col, where), where)
         if completion_col is None:
             return Demonstration(prompt, "")
-        completion = _completion(row[completion_col], where, completion_col)
+        completion = _completion(_column(row, completion_col, where), where, completion_col)
         return Demonstration(prompt, completion)
     return read
 
@@ -124,16 +124,23 @@ def _pair_reader(cfg, columns: list[str], name: str):
     prompt_col = pick_column(columns, cfg.prompt_column, PROMPT_COLUMNS, "prompt", name, required=False)
 
     def read(row, where):
-        chosen, rejected = row["chosen"], row["rejected"]
+        chosen, rejected = _column(row, "chosen", where), _column(row, "rejected", where)
         if prompt_col is None:  # TRL's implicit prompt: two conversations that differ in their last message
             if not (isinstance(chosen, list) and isinstance(rejected, list) and chosen[:-1] == rejected[:-1] and chosen[:-1]):
                 raise DatasetError(f"{where()}: without a prompt column, chosen and rejected must be conversations "
                                    "that share every message but the last")
             prompt = _messages(chosen[:-1], where)
         else:
-            prompt = _prompt(row[prompt_col], where)
+            prompt = _prompt(_column(row, prompt_col, where), where)
         return Pair(prompt, _completion(chosen, where, "chosen"), _completion(rejected, where, "rejected"))
     return read
+
+
+def _column(row: dict, column: str, where):
+    """The row's value in `column`; a row without one (a column the first rows have) is an error naming it."""
+    if row.get(column) is None:
+        raise DatasetError(f"{where()}, column {column!r}: missing (every row needs one)")
+    return row[column]
 
 
 def _prompt(value, where) -> Prompt:

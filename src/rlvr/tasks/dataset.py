@@ -151,7 +151,7 @@ def examples_of(ds, prompt_col: str, answer_col: str | None, split: str, where) 
     """Examples of the rows: the prompt column checked, the answer as a string (also in the column `answer`)."""
     out = []
     for i, row in enumerate(ds):
-        prompt = row[prompt_col]
+        prompt = row.get(prompt_col)
         _check_prompt(prompt, f"{where(split, row, i)}, column {prompt_col!r}")
         answer = row.get(answer_col) if answer_col else None
         answer = None if answer is None else str(answer)
@@ -173,6 +173,8 @@ def examples_from_rows(rows: list, prompt_column: str | None, answer_column: str
 
 
 def _check_prompt(prompt, where: str) -> None:
+    if prompt is None:
+        raise DatasetError(f"{where}: missing (every row needs a prompt)")
     if isinstance(prompt, str):
         if not prompt.strip():
             raise DatasetError(f"{where}: the prompt is empty")
