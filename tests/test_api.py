@@ -73,6 +73,7 @@ def test_guide_script_with_two_rewards_kwargs_and_save_model(tiny_model_dir, mat
         per_device_train_batch_size=4, gradient_accumulation_steps=2, learning_rate=5e-7, num_train_epochs=1,
         beta=0.04, epsilon=0.2, bf16=True, logging_steps=1, save_steps=2, save_total_limit=3,
         remove_unused_columns=False,
+        reward_isolation="inline",  # rlvr's: accuracy_reward records its calls in this process's `calls`
     )
     trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[accuracy_reward, format_reward],
                           args=training_args, train_dataset=dataset)
@@ -271,7 +272,8 @@ def test_plain_text_prompts_reach_the_model_as_they_are_as_in_trl(tiny_model_dir
     rows = [{"prompt": "1+1="}, {"prompt": [{"role": "user", "content": "2+2="}]}]
     GRPOTrainer(model=str(tiny_model_dir), reward_funcs=spy, train_dataset=rows,
                 args=GRPOConfig(output_dir=str(tmp_path / "raw"), per_device_train_batch_size=8, num_generations=4,
-                                max_completion_length=4, max_steps=1, shuffle_dataset=False)).train()
+                                max_completion_length=4, max_steps=1, shuffle_dataset=False,
+                                reward_isolation="inline")).train()  # the spy fills this process's `seen`
     assert set(seen) == {"1+1=", "<|im_start|>user\n2+2=<|im_end|>\n<|im_start|>assistant\n"}
     with pytest.raises(ConfigError, match="system_prompt needs text_prompts=chat"):
         GRPOTrainer(model=str(tiny_model_dir), reward_funcs=spy, train_dataset=rows,

@@ -312,3 +312,24 @@ def test_rlvr_train_refuses_to_continue_an_sft_run(tiny_model_dir, tmp_path, sft
     train(_config(tiny_model_dir, out, "sft", dataset=sft_data, max_steps=1))
     assert cli.main(["train", f"output_dir={out}", "resume=true"]) == 2
     assert "use rlvr sft" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo", "rft"])
+def test_every_method_resumes_with_the_runs_own_settings(command, tiny_model_dir, tmp_path, sft_data, pair_data,
+                                                          digit_verifier, capsys):
+    """`rlvr sft|dpo|rft resume=true output_dir=<run>`: the run's config.yaml is the base, as for
+    rlvr train; the method's default learning rate is not slipped in as if the user had given it
+    (it was: the resume was refused, and with resume_override=true trained on at the default)."""
+    from rlvr import cli
+
+    out = tmp_path / command
+    data = {"sft": [f"dataset={sft_data}"], "dpo": [f"dataset={pair_data}"],
+            "rft": ["reward_funcs=[starts_with_digit]", "num_generations=4", "self_round_prompts=4", "self_round_steps=2",
+                    "task_args.num_train=50", "task_args.num_test=8", "max_completion_length=6"]}[command]
+    first = ["model=" + str(tiny_model_dir), *data, "learning_rate=3e-3", "lr_scheduler_type=constant", "max_steps=2",
+             "save_steps=2", "logging_steps=1", "eval_on_start=false", "eval_on_end=false", "per_device_train_batch_size=4",
+             f"output_dir={out}"]
+    assert cli.main([command, *first]) == 0
+    assert cli.main([command, "resume=true", f"output_dir={out}", "max_steps=4"]) == 0, capsys.readouterr().err
+    assert "resume_override" not in capsys.readouterr().out
+    assert [r["learning_rate"] for r in _rows(out)] == pytest.approx([3e-3] * 4)

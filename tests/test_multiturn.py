@@ -4,7 +4,10 @@ calls, environments, rollout_func, and runs on the tiny model."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
+import threading
 import time
 
 import pytest
@@ -191,6 +194,67 @@ def test_a_tool_that_hangs_crashes_or_floods_returns_a_message_and_the_run_goes_
     assert (out, ok) == ("Error: ValueError: bad x 3", False)
     out, ok = box.run(parse_tool_calls('<tool_call>{"name": "floods", "arguments": {"n": 10000000}}</tool_call>')[0])
     assert ok and out == "y" * 75 + "\n[output cut: 9999900 characters]\n" + "y" * 25
+
+
+def backtracks(text: str) -> str:
+    """Match a pattern that backtracks for hours inside re's C code, holding the GIL.
+
+    Args:
+        text: Anything.
+    """
+    return str(re.match(r"(a+)+$", "a" * 40 + "b"))
+
+
+def spins(n: int) -> str:
+    """Loop forever in Python.
+
+    Args:
+        n: Anything.
+    """
+    while True:
+        n += 1
+
+
+def _call(name: str, **arguments):
+    return parse_tool_calls("<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>")[0]
+
+
+def test_a_tool_that_holds_the_gil_is_stopped_at_tool_timeout_and_leaks_nothing():
+    box = ToolBox([backtracks, spins], timeout=0.5)
+    start = time.monotonic()
+    assert box.run(_call("backtracks", text="a")) == ("Error: backtracks ran past 0.5 s and was stopped waiting for", False)
+    assert time.monotonic() - start < 30  # a bound far from the limit
+    box.timeout = 0.1
+    threads = threading.active_count(), len(os.listdir("/proc/self/task"))
+    for _ in range(20):
+        assert box.run(_call("spins", n=1)) == ("Error: spins ran past 0.1 s and was stopped waiting for", False)
+    assert (threading.active_count(), len(os.listdir("/proc/self/task"))) == threads
+    assert box.worker.pid is None  # the last one was killed with its call, not left spinning
+
+
+def test_a_deeply_nested_tool_call_is_a_malformed_call():
+    deep = "[" * 100_000 + "]" * 100_000
+    for text in ('<tool_call>{"name": "calculator", "arguments": ' + deep + "}</tool_call>",
+                 '<tool_call>{"name": "calculator", "arguments": ' + json.dumps(deep) + "}</tool_call>"):
+        (call,) = parse_tool_calls(text)
+        out, ok = ToolBox(["calculator"]).run(call)
+        assert not ok and out.startswith("Error: ") and "\n" not in out
+
+
+def test_the_python_tool_is_refused_before_the_model_loads_where_no_sandbox_works(monkeypatch):
+    import rlvr.sandbox
+    from rlvr.distributed import World
+    from rlvr.settings import check_runnable
+    from rlvr.tools import ToolError
+
+    monkeypatch.setattr(rlvr.sandbox, "isolation_method", lambda: None)
+    with pytest.raises(ToolError, match="the python tool runs the model's code in a sandbox, and none works") as refused:
+        ToolBox(["python", "calculator"])
+    assert "apt-get install bubblewrap" in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(ConfigError, match="install bubblewrap"):
+        check_runnable(build_config({"tools": ["python"]}), World())
+    assert ToolBox(["calculator"]).run(_call("calculator", expression="6*7")) == ("42", True)
+    ToolBox(["python"], allow_unisolated=True)  # the caller's own risk, as run_python's
 
 
 def test_the_python_tool_runs_in_the_sandbox_with_limits():

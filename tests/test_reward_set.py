@@ -1,5 +1,7 @@
 """The reward registry, user plug-ins, weights and None handling."""
 
+import json
+
 import pytest
 
 from rlvr.rewards import REWARDS, RewardError, RewardSet, resolve_reward
@@ -32,18 +34,20 @@ def test_none_is_left_out_of_the_mean_and_counts_zero_in_the_total(tmp_path):
 
 
 def test_columns_and_chat_completions_reach_user_functions(tmp_path):
+    """The function runs in a worker process (reward_isolation=process): it writes what it saw to a file."""
     plugin = tmp_path / "cols.py"
     plugin.write_text(
-        "SEEN = {}\n"
+        "import json\n"
+        f"SEEN = {str(tmp_path / 'seen.json')!r}\n"
         "def check(completions, prompts, completion_ids, level, answer, **kwargs):\n"
-        "    SEEN.update(completions=completions, level=level, answer=answer, ids=completion_ids)\n"
+        "    with open(SEEN, 'w') as f:\n"
+        "        json.dump(dict(completions=completions, level=level, answer=answer, ids=completion_ids), f)\n"
         "    return [float(l) for l in level]\n"
     )
-    fn = resolve_reward(f"{plugin}:check")
     rs = RewardSet([f"{plugin}:check"])
     chat = Example([{"role": "user", "content": "hi"}], "7", {"answer": "7", "level": 3})
     scores = rs.score_groups([chat], [[rollout("seven"), rollout("7")]])
-    seen = fn.__globals__["SEEN"]
+    seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen["completions"] == [[{"role": "assistant", "content": "seven"}], [{"role": "assistant", "content": "7"}]]
     assert seen["level"] == [3, 3] and seen["answer"] == ["7", "7"] and seen["ids"] == [[5, 6], [5, 6]]
     assert scores.total == [3.0, 3.0]

@@ -130,12 +130,13 @@ def _fail_tensorboard(monkeypatch):
 
 def _fail_a_reward_sampled_ahead(monkeypatch):
     """max_staleness=1: every batch after the first is sampled (and scored) while the step before
-    it trains; the reward fails on the one sampled during step FAULT_STEP - 1's update."""
+    it trains; the reward fails on the one sampled during step FAULT_STEP's update (its 6th call),
+    a step after the last checkpoint, so a checkpoint is written on the way out."""
     fault, calls = Once(ValueError("injected: a reward of the batch sampled ahead")), []
 
     def reward(completions, **kwargs):
         calls.append(1)
-        fault(len(calls) == FAULT_STEP)
+        fault(len(calls) == FAULT_STEP + 1)
         return _text_reward(completions)
 
     monkeypatch.setitem(rewards.REWARDS, "boxed_format", reward)
@@ -166,6 +167,8 @@ def test_an_exception_once_in_a_step_then_resume(fault, tiny_run_config, tmp_pat
         train(_cfg(tiny_run_config, out, **settings))
     train(_cfg(tiny_run_config, out, resume=True, **settings))
     _same_weights(out, straight)
+    if fault == "tensorboard-write":  # the row that failed is written on resume, and no step twice
+        assert _tensorboard_steps(out) == _tensorboard_steps(straight) == list(range(1, 7))
     if fault != "after-optimizer-step":
         _same_logs(out, straight)
         return
@@ -180,6 +183,12 @@ def test_an_exception_once_in_a_step_then_resume(fault, tiny_run_config, tmp_pat
             assert "loss" not in a and a["reward"] == b["reward"] and a["num_tokens"] == b["num_tokens"]
         else:
             assert a == b
+
+
+def _tensorboard_steps(out) -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    return [e.step for e in EventAccumulator(str(out / "tensorboard")).Reload().Scalars("reward")]
 
 
 def test_tensorboard_holds_each_step_once_after_resume(tiny_run_config, tmp_path, monkeypatch):

@@ -36,12 +36,13 @@ def letters(completions, **kwargs):
 
 
 def die_once(completions, **kwargs):
-    """Kills the process it runs in on its first call after FLAG is removed (a preempted worker)."""
+    """Kills its rollout worker on its first call after FLAG is removed (a preempted worker); it runs in
+    the worker's reward process (reward_isolation=process), whose parent is the worker."""
     try:  # created atomically: when both workers score at once, only one of them dies
         os.close(os.open(FLAG, os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         return [0.5] * len(completions)
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getppid(), signal.SIGKILL)
     return [0.5] * len(completions)
 '''
 

@@ -218,11 +218,17 @@ def load_checkpoint(path: Path, model) -> dict:
         missing = [k for k in result.missing_keys if "lora_" in k]
         unexpected = result.unexpected_keys
     else:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
+        try:
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+        except RuntimeError as e:  # torch lists every mismatched shape: the first says enough
+            detail = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e).splitlines()[0])
+            raise CheckpointError(f"checkpoint {path} does not fit the model ({detail}); resume with the model it was "
+                                  "trained from") from None
     # Tied output embeddings are saved once; anything else missing is a real mismatch.
     missing = [k for k in missing if not _is_tied(model, k)]
     if missing or unexpected:
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}; "
+                              "resume with the model it was trained from")
     state = torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
     set_rng_state(state.pop("rng"))
     return state

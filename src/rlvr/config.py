@@ -104,6 +104,7 @@ class Config:
     reward_weights: tuple | None = None  # one per reward function; default all 1.0
     reward_args: dict = field(default_factory=dict)  # keyword arguments per reward, e.g. {soft_overlong: {cache: 32}}
     reward_timeout: float = 60.0  # seconds one call of one of your own reward functions may take; past it, its scores of that batch are None (0 = no limit)
+    reward_isolation: str = "process"  # process: your own reward functions run in a worker process, killed with what it started past reward_timeout | inline: in the trainer's process (functions that need its memory or CUDA)
 
     # --- advantage -----------------------------------------------------------
     scale_rewards: str = "group"  # group | batch | none
@@ -287,6 +288,7 @@ _CHOICES = {
     "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
     "kl_estimator": ("k1", "k2", "k3"),
     "kl_penalty": ("loss", "reward"),
+    "reward_isolation": ("process", "inline"),
     "eval_strategy": ("no", "steps"),
     "lora_save": ("adapter", "merged"),
     "vllm_mode": ("server", "colocate"),

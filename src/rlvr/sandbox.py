@@ -132,6 +132,13 @@ def isolation_method() -> str | None:
         return _detected["method"]
 
 
+def isolation_problems() -> list[str]:
+    """Why each method fails here ("bwrap: not installed", ...) when none works; else []."""
+    if isolation_method() is not None:
+        return []
+    return list(_detected.get("why_not", []))
+
+
 def _method_or_raise(allow_unisolated: bool) -> str:
     method = isolation_method()
     if method is not None:

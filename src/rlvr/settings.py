@@ -117,6 +117,13 @@ def check_runnable(cfg: Config, world: World) -> None:
                 "and score for the whole step; train in one process with rollout_workers=N, or use several "
                 "processes with use_vllm=true vllm_mode=server and `rlvr vllm-serve` on the rollout machines"
             )
+    if "python" in cfg.tools:  # the tool runs the model's programs in the sandbox: one must work here
+        from rlvr.tools import ToolError, require_sandbox
+
+        try:
+            require_sandbox()
+        except ToolError as e:
+            raise ConfigError(str(e)) from None
     from rlvr.models import require_hub_model
 
     require_hub_model(cfg.model, cfg.model_init_kwargs.get("revision"))  # offline, a hub id not in the cache fails now

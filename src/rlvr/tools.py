@@ -18,21 +18,27 @@ documented format for models whose template has no tool calling:
 Nothing a tool does can stop the run: an exception, a wrong argument, a call past `tool_timeout`,
 a malformed call or an unknown tool all come back to the model as a one-line error message, and
 are counted; an output longer than `max_tool_output_chars` is cut, with a note saying so.
+
+Your own tools run in a worker process (isolation.py), not a thread: a call past `tool_timeout`
+is killed with every process it started, even one stuck in C code or holding the GIL, and leaves
+nothing running behind.  The built-in python tool runs each program in the sandbox, so a ToolBox
+with it refuses to be made where no sandbox works; the calculator bounds itself.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import json
 import math
 import operator
 import re
 import signal
-import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from rlvr.isolation import CallFailed, CallTimedOut, Worker, WorkerDied
 from rlvr.plugins import load_named, register
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
@@ -59,6 +65,9 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
         except ValueError:
             calls.append(ToolCall(None, {}, f"the tool call is not valid JSON: {body[:80]!r}"))
             continue
+        except RecursionError:
+            calls.append(ToolCall(None, {}, "the tool call is nested too deeply to read"))
+            continue
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             calls.append(ToolCall(None, {}, 'a tool call must be a JSON object {"name": ..., "arguments": {...}}'))
             continue
@@ -66,7 +75,7 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
         if isinstance(args, str):  # OpenAI's shape: the arguments as a JSON string
             try:
                 args = json.loads(args) if args.strip() else {}
-            except ValueError:
+            except (ValueError, RecursionError):
                 args = None
         if not isinstance(args, dict):
             calls.append(ToolCall(data["name"], {}, f"the arguments of {data['name']!r} must be a JSON object"))
@@ -168,12 +177,35 @@ class Tool:
         return cls(schema["function"]["name"], function, schema)
 
 
+def require_sandbox(allow_unisolated: bool = False) -> None:
+    """Raise ToolError if the python tool could not run a program here: no sandbox works
+    (sandbox.py) and allow_unisolated is off."""
+    from rlvr import sandbox
+
+    if allow_unisolated or sandbox.isolation_method() is not None:
+        return
+    why = "; ".join(sandbox.isolation_problems())
+    raise ToolError("tools: the python tool runs the model's code in a sandbox, and none works on this machine"
+                    f"{f' ({why})' if why else ''}: install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) "
+                    "with user namespaces enabled, or run as root with util-linux's unshare; or leave python out of tools")
+
+
 class ToolBox:
-    """The tools of a run, and the counters of what their calls did."""
+    """The tools of a run; your own run in a worker process, forked at the first call."""
 
     def __init__(self, tools, timeout: float = 10.0, max_output_chars: int = 2000, allow_unisolated: bool = False):
         self.tools = {t.name: t for t in (Tool.of(spec) for spec in tools)}
         self.timeout, self.max_output_chars, self.allow_unisolated = timeout, max_output_chars, allow_unisolated
+        if any(t.function is python for t in self.tools.values()):
+            require_sandbox(allow_unisolated)
+        own = {t.name: functools.partial(_as_text, t.function) for t in self.tools.values()
+               if t.function not in BUILTIN_TOOLS.values()}
+        self.worker = Worker(own, "tool") if own else None
+
+    def close(self) -> None:
+        """Stop the worker process of your own tools (a later call starts another)."""
+        if self.worker is not None:
+            self.worker.close()
 
     @property
     def schemas(self) -> list[dict]:
@@ -191,10 +223,23 @@ class ToolBox:
         problem = _argument_problem(tool.function, call.arguments)
         if problem:
             return f"Error: {problem}", False
-        ok, value = _call_with_timeout(tool.function, call.arguments, self.timeout)
-        if not ok:
-            return f"Error: {value}", False
-        return self._cut(value if isinstance(value, str) else _to_text(value)), True
+        if tool.function is calculator:
+            try:
+                return self._cut(calculator(**call.arguments)), True
+            except Exception as e:  # noqa: BLE001 - the model reads every failure back
+                return f"Error: {f'{type(e).__name__}: {e}'[:500]}", False
+        return self._in_worker(tool, call.arguments)
+
+    def _in_worker(self, tool: Tool, arguments: dict) -> tuple[str, bool]:
+        try:
+            text = self.worker.call(tool.name, arguments, self.timeout)
+        except CallTimedOut:
+            return f"Error: {tool.function.__name__} ran past {self.timeout:g} s and was stopped waiting for", False
+        except CallFailed as e:
+            return f"Error: {f'{e.kind}: {e.message}'[:500]}", False
+        except WorkerDied as e:
+            return f"Error: {tool.name} did not return: its process {e}", False
+        return self._cut(text), True
 
     def _python(self, arguments: dict) -> tuple[str, bool]:
         from rlvr.sandbox import SandboxLimits, run_python
@@ -232,25 +277,10 @@ def _argument_problem(function, arguments: dict) -> str | None:
     return None
 
 
-def _call_with_timeout(function, arguments: dict, timeout: float):
-    """(True, result) or (False, the error as one line).  The call runs on a daemon thread; one
-    past the timeout is left behind (Python cannot stop a thread) and reported as timed out."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = function(**arguments)
-        except BaseException as e:  # noqa: BLE001 - the model reads every failure back
-            box["error"] = f"{type(e).__name__}: {e}"
-
-    thread = threading.Thread(target=target, daemon=True, name=f"tool {function.__name__}")
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        return False, f"{function.__name__} ran past {timeout:g} s and was stopped waiting for"
-    if "error" in box:
-        return False, box["error"][:500]
-    return True, box.get("value")
+def _as_text(function, /, **arguments) -> str:
+    """A tool's result as the text the model reads (run in the worker, so only text crosses back)."""
+    value = function(**arguments)
+    return value if isinstance(value, str) else _to_text(value)
 
 
 def _to_text(value) -> str:

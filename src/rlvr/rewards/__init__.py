@@ -14,6 +14,11 @@ in the weighted total (TRL's nansum).  A function may return a ScoreList to
 report completions it could not score (timeouts, errors).  `reward_args` in the
 config supplies keyword arguments per function.
 
+The built-ins run in the trainer's process and bound themselves.  Your own functions run in a
+worker process (reward_isolation=process, isolation.py) that is killed, with what it started, at
+`reward_timeout`; sys.exit, KeyboardInterrupt and a crash there are errors naming the function.
+reward_isolation=inline runs them in the trainer's process instead (deadline.py).
+
 Names are the built-ins below, or `package.module:function`, or
 `path/to/file.py:function` for your own.
 """
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from rlvr.isolation import CallFailed, CallTimedOut, Worker, WorkerDied
 from rlvr.rewards.code import code_tests
 from rlvr.rewards.countdown import countdown
 from rlvr.rewards.deadline import RewardTimeout, time_limit
@@ -43,6 +49,7 @@ from rlvr.rewards.reasoning_gym import reasoning_gym_score
 from rlvr.types import Example, Rollout, ScoreList, TrainerState
 
 RewardFn = Callable[..., list]
+ISOLATION = ("process", "inline")  # where your own reward functions run (reward_isolation)
 log = logging.getLogger(__name__)
 
 
@@ -98,8 +105,9 @@ GIVEN: dict[str, RewardFn] = {}
 def register_reward(fn, taken: set[str] = frozenset()) -> str:
     """The name a reward given as an object is known and logged by: TRL's (the function's
     __name__, else its class's), with a suffix where a built-in or another of the same run's
-    functions (`taken`) has it.  A later function given under the same name replaces the earlier
-    one: a notebook that redefines `my_reward` and makes a new trainer trains with the new one."""
+    functions (`taken`) has it.  A later function given under the same name takes the name over (a
+    notebook that redefines `my_reward` and makes a new trainer trains with the new one); a trainer
+    made before puts its own back when it trains (api.py _given_objects)."""
     if isinstance(fn, type):
         fn = _instance(fn, fn.__name__)
     if not callable(fn):
@@ -196,10 +204,17 @@ def merge_counters(parts) -> dict[str, dict[str, int]]:
 class RewardSet:
     """The configured reward functions with their weights and keyword arguments."""
 
-    def __init__(self, names, weights=None, args: dict | None = None, timeout: float | None = None):
+    def __init__(self, names, weights=None, args: dict | None = None, timeout: float | None = None,
+                 isolation: str = "process"):
         """timeout: seconds one call of one of your own reward functions may take (reward_timeout);
-        the built-ins bound themselves (grading workers, the sandbox's limits)."""
-        args, self.timeout = args or {}, timeout
+        the built-ins bound themselves (grading workers, the sandbox's limits) and run in this process.
+        isolation (reward_isolation): "process" runs your own functions in a worker process
+        (isolation.py), killed with everything it started when a call overruns; "inline" runs them
+        here, stopped by a signal (deadline.py), for functions that must share this process's
+        memory or use CUDA."""
+        if isolation not in ISOLATION:
+            raise ValueError(f"reward_isolation must be one of {', '.join(ISOLATION)}, got {isolation!r}")
+        args, self.timeout, self.isolation = args or {}, timeout, isolation
         self.names = [reward_name(n) for n in names]
         self.fns = []
         for full, short in zip(names, self.names):
@@ -207,6 +222,13 @@ class RewardSet:
             kwargs = args.get(full, args.get(short))
             self.fns.append(functools.partial(fn, **kwargs) if kwargs else fn)
         self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(self.fns)
+        own = {i: fn for i, fn in enumerate(self.fns) if not _builtin(fn)}
+        self.worker = Worker(own, "reward") if own and isolation == "process" else None  # forked at its first call
+
+    def close(self) -> None:
+        """Stop the worker process of your own reward functions (a later call starts another)."""
+        if self.worker is not None:
+            self.worker.close()
 
     def score_groups(self, examples: list[Example], groups: list[list[Rollout]], prompt_texts: list[str] | None = None,
                      trainer_state: TrainerState | None = None, max_completion_length: int | None = None) -> Scores:
@@ -235,16 +257,18 @@ class RewardSet:
     def score(self, completions, kwargs: dict) -> Scores:
         n = len(completions)
         per_func, counters = {}, {}
-        for name, fn in zip(self.names, self.fns):
-            limit = None if getattr(fn, "func", fn) in REWARDS.values() else self.timeout
+        for i, name in enumerate(self.names):
             try:
-                with time_limit(limit, f"reward function {name!r}"):
-                    values = fn(completions=completions, **kwargs)
-            except RewardTimeout:
+                values = self._call(i, completions, kwargs)
+            except (RewardTimeout, CallTimedOut):
                 log.warning("reward function %r ran past reward_timeout=%g s: its %d scores of this batch are None, "
-                            "counted in rewards/%s/timeouts", name, limit, n, name)
+                            "counted in rewards/%s/timeouts", name, self.timeout, n, name)
                 values = ScoreList([None] * n)
                 values.timeouts = n
+            except CallFailed as e:
+                raise RewardError(_failure(name, e)) from e
+            except WorkerDied as e:
+                raise RewardError(f"reward function {name!r} did not return: its worker process {e}") from None
             except Exception as e:
                 raise RewardError(f"reward function {name!r} raised {e.__class__.__name__}: {e}") from e
             per_func[name] = _check_output(name, values, n)
@@ -254,6 +278,36 @@ class RewardSet:
             for vals in zip(*(per_func[name] for name in self.names))
         ]
         return Scores(total=total, per_func=per_func, counters=counters)
+
+    def _call(self, i: int, completions, kwargs: dict):
+        """The i-th function's scores: a built-in here, your own in the worker process (or inline)."""
+        fn = self.fns[i]
+        if _builtin(fn):
+            return fn(completions=completions, **kwargs)
+        if self.worker is not None:
+            return self.worker.call(i, {"completions": completions, **kwargs}, self.timeout)
+        with time_limit(self.timeout, f"reward function {self.names[i]!r}"):
+            return fn(completions=completions, **kwargs)
+
+
+def _builtin(fn) -> bool:
+    """A built-in reward (REWARDS), which bounds itself and runs in the trainer's process."""
+    return getattr(fn, "func", fn) in REWARDS.values()
+
+
+def _failure(name: str, e: CallFailed) -> str:
+    """The one line a reward function's exception in its worker process is reported as."""
+    if e.kind == "SystemExit":
+        return f"reward function {name!r} called sys.exit({e.message})"
+    if e.kind == "KeyboardInterrupt":
+        return (f"reward function {name!r} raised KeyboardInterrupt itself (a Ctrl-C of the run stops the "
+                "trainer, not the worker process your reward functions run in)")
+    line = f"reward function {name!r} raised {e.kind}: {e.message}"
+    if "CUDA" in e.message and "fork" in e.message:
+        return f"{line}; CUDA cannot be used in a forked worker process: set reward_isolation=inline"
+    if e.kind == "PicklingError":
+        return f"{line}; or set reward_isolation=inline to run it in the trainer's process"
+    return line
 
 
 def _check_output(name: str, values, n: int) -> list[float | None]:

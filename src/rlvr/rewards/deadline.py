@@ -1,4 +1,7 @@
-"""A time limit on one call of a reward function (`reward_timeout`).
+"""A time limit on one call of a reward function run in the trainer's process (`reward_timeout`
+with reward_isolation=inline; reasoning-gym's scorers).  The default runs your own functions in a
+worker process that is killed instead (isolation.py), which also stops what this cannot: a call
+stuck in C code (a catastrophic regex), or one whose bare `except:` swallows the exception.
 
 A watchdog timer sends SIGUSR2 to the main thread when the limit passes; its handler raises
 RewardTimeout there, which also interrupts a blocking call such as time.sleep or a subprocess

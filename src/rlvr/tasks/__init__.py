@@ -96,7 +96,7 @@ def build_rewards(cfg, with_verifier: bool = False):
     task = task_of(cfg)
     task_args = {} if task is None else task.reward_args(cfg.task_args)
     args = {name: {**task_args.get(name, {}), **cfg.reward_args.get(name, {})} for name in names}
-    return RewardSet(names, weights, args, timeout=cfg.reward_timeout)
+    return RewardSet(names, weights, args, timeout=cfg.reward_timeout, isolation=cfg.reward_isolation)
 
 
 TASKS = {task.name: task for task in (ArithmeticTask, HumanEvalTask, CountdownTask, ReasoningGymTask, *PRESETS)}
