@@ -49,9 +49,11 @@ demo: install
 test: install
 	$(BIN)/python -m pytest
 
-# Kills, signals, corruption and a full disk on the tiny model: 20 trials of each kind (make test runs 1).
+# Kills, signals, corruption and a full disk on the tiny model: 20 trials of each kind (make test runs 1);
+# an exception at each point of a step; timelines, verified loads, full disks; hostile reward functions and tools.
+CHAOS_TESTS := tests/test_chaos.py tests/test_step_faults.py tests/test_timeline.py tests/test_resume.py tests/test_reward_isolation.py
 chaos: install
-	RLVR_CHAOS_TRIALS=20 $(BIN)/python -m pytest -m chaos tests/test_chaos.py
+	RLVR_CHAOS_TRIALS=20 $(BIN)/python -m pytest $(CHAOS_TESTS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info

@@ -382,7 +382,7 @@ import rlvr.update
 update = rlvr.update.PolicyUpdate.__call__
 
 
-def fails_on_rank_1(self, batch, step):
+def fails_on_rank_1(self, batch, step, *rest):
     """Rank 1's update of step 2 fails before its first collective, once it has served the reward calls
     of the generation sampled ahead: its thread then waits in the sampling group's gather for rank 0's,
     whose reward calls wait for rank 0's training loop, which waits for rank 1 in the update."""
@@ -391,7 +391,7 @@ def fails_on_rank_1(self, batch, step):
             self.between_micro_batches()
             time.sleep(0.1)
         raise RuntimeError("rank 1's update failed (on purpose)")
-    return update(self, batch, step)
+    return update(self, batch, step, *rest)
 
 
 rlvr.update.PolicyUpdate.__call__ = fails_on_rank_1

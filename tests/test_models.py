@@ -23,6 +23,8 @@ def test_unreachable_hub_id_is_a_clear_error(monkeypatch):
 def test_run_directory_without_final_model_uses_latest_checkpoint(tmp_path, tiny_model_dir):
     import shutil
 
+    from rlvr.checkpoint import write_manifest
+
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("model: default\n")
@@ -31,6 +33,8 @@ def test_run_directory_without_final_model_uses_latest_checkpoint(tmp_path, tiny
         resolve_model_path(str(run))
     for step in (2, 10):
         shutil.copytree(tiny_model_dir, run / f"checkpoint-{step}")
+        (run / f"checkpoint-{step}" / "trainer_state.pt").write_bytes(b"state")
+        write_manifest(run / f"checkpoint-{step}")  # checked before use: see tests/test_timeline.py
     assert resolve_model_path(str(run)).endswith("checkpoint-10")  # 10 > 2 numerically
     model, tokenizer, path = load_model(str(run))
     assert path.endswith("checkpoint-10")

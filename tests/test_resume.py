@@ -332,3 +332,69 @@ def test_save_strategy_best_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match=r"save_strategy=best \(TRL: keep the checkpoint with the best metric_for_best_model\) "
                                           r"is not supported yet; use steps, epoch or no"):
         build_config({"save_strategy": "best"})
+
+
+def _disk_full_in_safetensors(monkeypatch, at: int):
+    """The n-th model.safetensors written fails as safetensors reports ENOSPC: a SafetensorError
+    quoting the OS error (not an OSError), which used to pass for an ordinary failure."""
+    import transformers.modeling_utils as modeling
+    from safetensors import SafetensorError
+
+    real, calls = modeling.safe_save_file, {"n": 0}
+
+    def save(tensors, filename, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == at:
+            with open(filename, "wb") as f:
+                f.write(b"partial")
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return real(tensors, filename, *args, **kwargs)
+
+    monkeypatch.setattr(modeling, "safe_save_file", save)
+
+
+def test_a_full_disk_in_model_safetensors_is_one_line_and_honours_on_save_error(tiny_model_dir, tiny_run_config, tmp_path,
+                                                                                monkeypatch, capsys):
+    out = tmp_path / "run"
+    _disk_full_in_safetensors(monkeypatch, at=2)  # checkpoint-4
+    args = ["train", f"model={tiny_model_dir}", "task_args.num_train=50", "task_args.num_test=8", "reward_funcs=[boxed_format]",
+            "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=6", "max_steps=6", "save_steps=2",
+            "eval_on_start=false", "eval_on_end=false", f"output_dir={out}"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rlvr train: error: disk full: could not write {out / 'checkpoint-4'}"), err
+    assert verify(out / "checkpoint-2") is None and not (out / "checkpoint-4").exists()
+
+    _disk_full_in_safetensors(monkeypatch, at=1)
+    out = tmp_path / "continued"
+    train(tiny_run_config(out, on_save_error="continue"))
+    assert "training goes on without it (on_save_error=continue)" in capsys.readouterr().out
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"] and (out / "config.json").is_file()
+
+
+def test_a_full_disk_in_the_logs_stops_in_one_line_or_keeps_the_rows(tiny_model_dir, tiny_run_config, tmp_path, monkeypatch,
+                                                                      capsys):
+    """metrics.jsonl cannot be written at steps 2 and 3: on_save_error=stop ends the run in one
+    line; continue says so once, keeps the rows, and writes them when there is space again."""
+    import rlvr.jsonl as jsonl
+
+    real, full = jsonl._write_all, {"steps": (2, 3)}
+
+    def write(fd, data):
+        row = json.loads(data.decode().splitlines()[-1])
+        if "reward_std" in row and row.get("step") in full["steps"]:  # a metrics row, not a completion
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(jsonl, "_write_all", write)
+    args = ["train", f"model={tiny_model_dir}", "task_args.num_train=50", "task_args.num_test=8", "reward_funcs=[boxed_format]",
+            "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=6", "max_steps=4", "save_steps=2",
+            "logging_steps=1", "eval_on_start=false", "eval_on_end=false", f"output_dir={tmp_path / 'stopped'}"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "disk full: could not write metrics.jsonl" in err[0], err
+    out = tmp_path / "continued"
+    train(tiny_run_config(out, on_save_error="continue"))
+    said = capsys.readouterr().out
+    assert said.count("disk full: could not write metrics.jsonl") == 1 and "(on_save_error=continue)" in said
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4]  # rows 2 and 3 written with row 4, none lost

@@ -192,7 +192,7 @@ def test_the_worker_ends_with_the_trainer(tmp_path, end):
         from rlvr.types import Example, Rollout
 
         def starts(completions, **kwargs):
-            open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{subprocess.Popen(['sleep', '1000']).pid}}")
+            open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{subprocess.Popen(['sleep', '1000'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid}}")
             return [1.0] * len(completions)
 
         rewards = RewardSet([register_reward(starts)])

@@ -228,7 +228,7 @@ def test_steps_per_generation_splits_one_generation_over_optimizer_steps(tiny, t
         return gen
 
     monkeypatch.setattr(trainer.batches, "generate_or_rewind", generate)
-    monkeypatch.setattr(trainer, "update", lambda batch: trained.append(batch) or real_update(batch))
+    monkeypatch.setattr(trainer, "update", lambda batch, *rest: trained.append(batch) or real_update(batch, *rest))
     metrics = [trainer.train_step() for _ in range(4)]
     assert len(generated) == 2 and [len(b) for b in trained] == [4, 4, 4, 4]
     whole = generated[0].batch

@@ -16,22 +16,27 @@ def append_rows(path: Path, rows: list[dict], dump, on_error=None) -> dict | Non
     if not rows:
         return None
     data = "".join(dump(row) + "\n" for row in rows).encode()
-    with path.open("ab", buffering=0) as f:
-        size = f.tell()
-        try:
-            done = 0
-            while done < len(data):
-                done += f.write(data[done:])
-        except BaseException as e:
-            with contextlib.suppress(OSError):
-                f.truncate(size)
-            if on_error is None or not isinstance(e, OSError):
-                raise
-            on_error(path, e)  # raises, or keeps the rows for the next write
-            return rows[-1]
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        _write_all(fd, data)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        if on_error is None or not isinstance(e, OSError):
+            raise
+        on_error(path, e)  # raises, or keeps the rows for the next write
+        return rows[-1]
+    finally:
+        os.close(fd)
     last = rows[-1]
     rows.clear()
     return last
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def sync(paths) -> None:

@@ -270,7 +270,8 @@ def _log_write_failed(on_save_error: str, say):
             raise error
         message = f"disk full: could not write {path.name} in {path.parent} ({shutil.disk_usage(path.parent).free / 1e6:.1f} MB free)"
         if on_save_error == "stop":
-            raise DiskFull(f"{message}; its rows are kept in the next checkpoint. Free some space, then continue with resume=true") from None
+            raise DiskFull(f"{message}. Free some space, then continue with resume=true (on_save_error=continue trains on, "
+                           "keeping the rows until they can be written)") from None
         if not said:
             say(f"{message}; its rows are kept in memory and written once there is space (on_save_error=continue)")
             said.append(path)
