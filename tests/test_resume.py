@@ -157,6 +157,13 @@ def test_a_ctrl_c_before_anything_is_written_keeps_the_directory_for_resume(tiny
     _same_run(out, straight)
 
 
+def _train_args(model, out, *settings) -> list[str]:
+    """`rlvr train` of the tiny run (6 steps, a checkpoint every 2), with `settings` on top."""
+    return ["train", f"model={model}", "task_args.num_train=50", "task_args.num_test=8", "reward_funcs=[boxed_format]",
+            "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=6", "max_steps=6", "save_steps=2",
+            "eval_on_start=false", "eval_on_end=false", f"output_dir={out}", *settings]
+
+
 def _disk_full_on_save(monkeypatch, at: int):
     import rlvr.checkpoint as checkpoint
 
@@ -176,10 +183,7 @@ def _disk_full_on_save(monkeypatch, at: int):
 def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tiny_model_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     _disk_full_on_save(monkeypatch, at=2)  # checkpoint-4
-    args = ["train", f"model={tiny_model_dir}", "task_args.num_train=50", "task_args.num_test=8", "reward_funcs=[boxed_format]",
-            "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=6", "max_steps=6", "save_steps=2",
-            "eval_on_start=false", "eval_on_end=false", f"output_dir={out}"]
-    assert cli.main(args) == 2
+    assert cli.main(_train_args(tiny_model_dir, out)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"rlvr train: error: disk full: could not write {out / 'checkpoint-4'}")
     assert "checkpoint-2 stays" in err[0] and "resume=true" in err[0]
@@ -357,10 +361,7 @@ def test_a_full_disk_in_model_safetensors_is_one_line_and_honours_on_save_error(
                                                                                 monkeypatch, capsys):
     out = tmp_path / "run"
     _disk_full_in_safetensors(monkeypatch, at=2)  # checkpoint-4
-    args = ["train", f"model={tiny_model_dir}", "task_args.num_train=50", "task_args.num_test=8", "reward_funcs=[boxed_format]",
-            "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=6", "max_steps=6", "save_steps=2",
-            "eval_on_start=false", "eval_on_end=false", f"output_dir={out}"]
-    assert cli.main(args) == 2
+    assert cli.main(_train_args(tiny_model_dir, out)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"rlvr train: error: disk full: could not write {out / 'checkpoint-4'}"), err
     assert verify(out / "checkpoint-2") is None and not (out / "checkpoint-4").exists()
@@ -387,10 +388,7 @@ def test_a_full_disk_in_the_logs_stops_in_one_line_or_keeps_the_rows(tiny_model_
         return real(fd, data)
 
     monkeypatch.setattr(jsonl, "_write_all", write)
-    args = ["train", f"model={tiny_model_dir}", "task_args.num_train=50", "task_args.num_test=8", "reward_funcs=[boxed_format]",
-            "num_generations=4", "per_device_train_batch_size=8", "max_completion_length=6", "max_steps=4", "save_steps=2",
-            "logging_steps=1", "eval_on_start=false", "eval_on_end=false", f"output_dir={tmp_path / 'stopped'}"]
-    assert cli.main(args) == 2
+    assert cli.main(_train_args(tiny_model_dir, tmp_path / "stopped", "max_steps=4", "logging_steps=1")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "disk full: could not write metrics.jsonl" in err[0], err
     out = tmp_path / "continued"

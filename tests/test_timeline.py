@@ -3,6 +3,7 @@ resuming from an older checkpoint starts a new timeline, and nothing unverified 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -48,6 +49,21 @@ def _rows(path: Path) -> list[dict]:
             for r in rows]
 
 
+@contextlib.contextmanager
+def _stopped_after(monkeypatch, step: int):
+    """Within: a Ctrl-C once `step` steps are done (the run saves a checkpoint of that step and stops)."""
+    real = Trainer.train_step
+
+    def stop(self, on_step=None):
+        if self.step == step:
+            raise KeyboardInterrupt
+        return real(self, on_step)
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", stop)
+        yield
+
+
 def _cfg(tiny_run_config, out, **kw):
     return tiny_run_config(out, **{"max_steps": 6, "save_steps": 2, **kw})
 
@@ -66,19 +82,10 @@ def test_resuming_from_an_older_checkpoint_starts_a_new_timeline(tiny_run_config
     out = tmp_path / "run"
     shutil.copytree(first, out)
     old_rows = _rows(out / "metrics.jsonl")
-    real = Trainer.train_step
-
-    def stop_after_step_4(self, on_step=None):
-        if self.step == 4:
-            raise KeyboardInterrupt
-        return real(self, on_step)
-
-    monkeypatch.setattr(Trainer, "train_step", stop_after_step_4)
-    with pytest.raises(KeyboardInterrupt):
+    with _stopped_after(monkeypatch, 4), pytest.raises(KeyboardInterrupt):
         train(_cfg(tiny_run_config, out, resume_checkpoint=str(out / "checkpoint-2"), learning_rate=5e-4, resume_override=True))
     said = capsys.readouterr().out
     assert "a new timeline from step 2: checkpoint-6, checkpoint-4 and the final model" in said
-    monkeypatch.setattr(Trainer, "train_step", real)
     train(_cfg(tiny_run_config, out, resume=True, learning_rate=5e-4))  # the settings of the timeline it continues
     assert "resumed from " + str(out / "checkpoint-4") in capsys.readouterr().out
 
@@ -94,17 +101,8 @@ def test_resuming_from_an_older_checkpoint_starts_a_new_timeline(tiny_run_config
 
 def test_resume_true_after_a_stop_sets_nothing_aside(tiny_run_config, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    real = Trainer.train_step
-
-    def stop_after_step_3(self, on_step=None):
-        if self.step == 3:
-            raise KeyboardInterrupt
-        return real(self, on_step)
-
-    monkeypatch.setattr(Trainer, "train_step", stop_after_step_3)
-    with pytest.raises(KeyboardInterrupt):
+    with _stopped_after(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
         train(_cfg(tiny_run_config, out))
-    monkeypatch.setattr(Trainer, "train_step", real)
     train(_cfg(tiny_run_config, out, resume=True))
     assert not (out / "abandoned").exists()
 
