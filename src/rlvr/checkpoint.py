@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr import jsonl
 from rlvr.lora import is_peft
 
 STATE_FILE = "trainer_state.pt"
@@ -42,6 +43,7 @@ class DiskFull(CheckpointError):
 
 def save_checkpoint(output_dir: Path, step: int, model, tokenizer, state: dict, save_total_limit: int | None) -> Path:
     output_dir = Path(output_dir)
+    jsonl.sync(sorted(output_dir.glob("*.jsonl")))  # the logs the checkpoint's state counts rows of, on disk first
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f".checkpoint-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -17,8 +17,8 @@ def append_rows(path: Path, rows: list[dict], dump, on_error=None) -> dict | Non
         return None
     data = "".join(dump(row) + "\n" for row in rows).encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    size = os.fstat(fd).st_size
     try:
-        size = os.fstat(fd).st_size
         _write_all(fd, data)
     except BaseException as e:
         with contextlib.suppress(OSError):

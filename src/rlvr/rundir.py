@@ -220,7 +220,7 @@ def set_aside(output_dir: Path, step: int, later: list[Path], say=print) -> Path
     so that nothing of that timeline is mixed into the new one, and nothing of it is lost."""
     aside = output_dir / "abandoned" / f"{time.strftime('%Y%m%d-%H%M%S')}-after-step-{step}"
     aside.mkdir(parents=True, exist_ok=True)
-    moved = [p for p in later]
+    moved = list(later)
     moved += [p for pattern in FINAL_FILES for p in sorted(output_dir.glob(pattern)) if p.is_file()]
     for path in moved:
         os.replace(path, aside / path.name)
@@ -254,8 +254,7 @@ def _keep_logs_until(output_dir: Path, step: int, say=print, aside: Path | None 
             tmp = path.with_name(f".{name}.tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             os.replace(tmp, path)
-            dropped = len(later)
-            say(f"{name}: kept the rows up to step {step}" + (f", dropped {dropped} of later steps" if dropped and aside is None else "")
+            say(f"{name}: kept the rows up to step {step}" + (f", dropped {len(later)} of later steps" if later and aside is None else "")
                 + (f", {torn} torn line{'s' * (torn > 1)}" if torn else ""))
 
 

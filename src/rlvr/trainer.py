@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr import distributed, fsdp, interrupts, jsonl
+from rlvr import distributed, fsdp, interrupts
 from rlvr.alerts import AlertMonitor
 from rlvr.checkpoint import GeneratorState, load_checkpoint, restore_trainer_state, save_checkpoint, trainer_state
 from rlvr.config import Config
@@ -123,8 +123,7 @@ class Trainer(StepRecord):
         from the update to the end of the record (interrupts.py)."""
         t0 = time.perf_counter()
         self.home.bind()
-        if self.unrecorded is not None:  # an earlier step's record failed: finish it first
-            self.finish_record(on_step)
+        self.finish_record(on_step)  # an earlier step's record that failed, if any
         if self.pending is None:
             self.pending = self.batches.generate_or_rewind(self._state())
         with interrupts.deferred(f"step {self.step + 1} (its update and its record)"):
@@ -223,7 +222,6 @@ class Trainer(StepRecord):
         state = self.state_dict(collective)
         if not self.world.is_main:
             return None
-        jsonl.sync([self.log.path, self.log.completions_path, self.output_dir / "alerts.jsonl"])  # before what refers to them
         return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.save_total_limit)
 
     def resume(self, checkpoint: Path) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr import distributed, interrupts, jsonl
+from rlvr import distributed, interrupts
 from rlvr.alerts import AlertMonitor
 from rlvr.checkpoint import GeneratorState, load_checkpoint, restore_trainer_state, save_checkpoint, trainer_state
 from rlvr.finetune.data import Demonstration, Encoder, Pair, keep_correct, make_pairs, pack, to_batch
@@ -245,7 +245,6 @@ class FinetuneTrainer(StepRecord):
         rounds = {"round": self.round, "round_steps_left": self.round_steps_left, "round_metrics": self.round_metrics,
                   "sequences": self.sequences, "units": self.units} if self.cfg.self_samples else {}
         state = trainer_state(self.step, self._parts(), extra=self.extra_state, rounds=rounds, unrecorded=self.unrecorded)
-        jsonl.sync([self.log.path, self.output_dir / "alerts.jsonl"])  # before the checkpoint that counts on them
         return save_checkpoint(self.output_dir, self.step, self.model, self.tokenizer, state, self.cfg.save_total_limit)
 
     def resume(self, checkpoint: Path) -> None:
