@@ -4,7 +4,7 @@ import pytest
 
 from rlvr import cli
 from rlvr.config import Config, ConfigError, build_config, parse_overrides
-from rlvr.settings import resolve_config
+from rlvr.settings import check_settings, resolve_config
 
 
 @pytest.fixture
@@ -167,5 +167,5 @@ def test_bad_yaml_file(tmp_path):
 def test_knobs_of_built_in_rewards_are_checked_before_training(reward_args, message):
     names = list(reward_args)
     with pytest.raises(ConfigError, match=message):
-        build_config({"reward_funcs": names, "reward_args": reward_args})
+        check_settings(build_config({"reward_funcs": names, "reward_args": reward_args}))  # the launch check
     build_config({"reward_funcs": ["accuracy"], "reward_args": {"accuracy": {"sources": ["boxed"], "compare": "plain"}}})

@@ -14,7 +14,7 @@ from rlvr.distributed import World
 from rlvr.llama import _version
 from rlvr.logprobs import LogProbs
 from rlvr.optim import apply_optimizer_settings, build_optimizer, loss_scaler
-from rlvr.settings import check_runnable
+from rlvr.settings import check_runnable, check_settings
 from rlvr.types import Batch, Rollout
 from rlvr.update import MIN_LOSS_SCALE, NonFinite, backward, optimizer_step
 
@@ -75,7 +75,7 @@ def test_warmup_starts_at_zero_as_in_transformers_and_constant_has_none():
 ])
 def test_schedule_knobs_are_checked_before_any_model_loads(kind, kwargs, message):
     with pytest.raises(ConfigError) as error:
-        build_config({"lr_scheduler_type": kind, "lr_scheduler_kwargs": kwargs, "learning_rate": 1e-4})
+        check_settings(build_config({"lr_scheduler_type": kind, "lr_scheduler_kwargs": kwargs, "learning_rate": 1e-4}))
     assert message in str(error.value)
 
 

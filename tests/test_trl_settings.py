@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rlvr import trl_settings
-from rlvr.config import FIELDS, Config, ConfigError, build_config
+from rlvr.config import FIELDS, Config, ConfigError, build_config, defaults_markdown
 
 TRL = yaml.safe_load((Path(__file__).parent / "data" / "trl_grpo_config.yaml").read_text())
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +49,8 @@ def test_shared_defaults_are_trls_except_the_documented_differences():
 
 
 def test_readme_lists_the_differences_and_what_happens_to_the_other_settings():
-    readme = (ROOT / "README.md").read_text()
-    assert trl_settings.defaults_markdown() in readme
+    readme = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])  # the README and its manuals
+    assert defaults_markdown() in readme
     assert trl_settings.other_settings_markdown() in readme
 
 

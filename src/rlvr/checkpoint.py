@@ -28,17 +28,10 @@ import torch
 
 from rlvr import jsonl
 from rlvr.lora import is_peft
+from rlvr.errors import CheckpointError, DiskFull  # noqa: F401 - raised here, defined in the leaf errors.py
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
-
-
-class CheckpointError(RuntimeError):
-    pass
-
-
-class DiskFull(CheckpointError):
-    pass
 
 
 def save_checkpoint(output_dir: Path, step: int, model, tokenizer, state: dict, save_total_limit: int | None) -> Path:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rlvr.config import ConfigError
+from rlvr.errors import ConfigError
 
 
 @dataclass(frozen=True)

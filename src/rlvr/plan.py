@@ -87,7 +87,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.config import ConfigError
+from rlvr.errors import ConfigError
 
 SIZE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")

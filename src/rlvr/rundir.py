@@ -23,7 +23,8 @@ from pathlib import Path
 
 from rlvr import distributed, lora
 from rlvr.checkpoint import CheckpointError, DiskFull, checkpoints, clean_leftovers, is_disk_full, resumable, verify
-from rlvr.config import Config, ConfigError
+from rlvr.config import Config
+from rlvr.errors import ConfigError
 from rlvr.models import latest_checkpoint
 
 LOCK = ".lock"
@@ -180,10 +181,8 @@ def compare_settings(cfg: Config, output_dir: Path, step: int, say=print) -> boo
         return False
     import yaml
 
-    from rlvr.hub import without_secrets
-
     saved = yaml.safe_load(saved_path.read_text()) or {}
-    current = yaml.safe_load(yaml.safe_dump(without_secrets(cfg).to_dict(), sort_keys=False))  # the same YAML round trip
+    current = yaml.safe_load(yaml.safe_dump(cfg.without_secrets().to_dict(), sort_keys=False))  # the same YAML round trip
     changed = {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
     course = {k: d for k, d in changed.items() if k not in FREE_TO_CHANGE and not k.startswith("alert_")}
     free = {k: d for k, d in changed.items() if k not in course and k not in ("output_dir", "resume", "resume_checkpoint", "resume_override")}

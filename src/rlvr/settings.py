@@ -13,7 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlvr.config import Config, ConfigError, build_config, load_yaml, parse_overrides, validate
+from rlvr.config import Config, build_config, load_yaml, parse_overrides, sampling_problems, validate
+from rlvr.errors import ConfigError
 
 if TYPE_CHECKING:
     from rlvr.distributed import World
@@ -83,7 +84,7 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
     if method is not None and base.get("method", method) != method:
         raise ConfigError(f"{base.get('output_dir') or 'the run'} was trained with method={base['method']}; "
                           f"continue it with rlvr {'train' if base['method'] == 'grpo' else base['method']}")
-    return build_config(defaults, base, file_values, override_values, ignored=ignored)
+    return check_settings(build_config(defaults, base, file_values, override_values, ignored=ignored))
 
 
 def _saved_settings(run_dir: Path) -> dict:
@@ -99,6 +100,7 @@ def check_runnable(cfg: Config, world: World) -> None:
     rules of several processes, then the packages and the model the settings need.  Libraries are
     imported here, inside, so importing this module stays as light as importing config."""
     validate(cfg)
+    check_settings(cfg)
     if cfg.fsdp and not world.enabled:
         raise ConfigError("fsdp=true shards the model across several processes: launch with "
                           "torchrun --nproc_per_node N -m rlvr.cli train ... (or set fsdp=false)")
@@ -139,3 +141,102 @@ def check_runnable(cfg: Config, world: World) -> None:
         from rlvr.rollout.vllm import require_vllm
 
         require_vllm()
+
+
+def check_settings(cfg: Config) -> Config:
+    """The rules that need a registry or load user code, every problem listed in one ConfigError:
+    loss types, sampling settings with generation_kwargs, schedules, reward names and their knobs,
+    alert rules, the task, tools, environment and rollout_func, local paths, Ray.  Run by
+    check_runnable and by GRPOConfig(...) at construction, before any model loads."""
+    from rlvr.alerts import RULES
+    from rlvr.finetune.losses import DPO_LOSS_TYPES
+    from rlvr.losses import LOSS_TYPES
+    from rlvr.optim import schedule_problems
+    from rlvr.rollout import generation_settings
+
+    problems = []
+    if cfg.loss_type not in LOSS_TYPES:
+        problems.append(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {cfg.loss_type!r}")
+    if cfg.dpo_loss_type not in DPO_LOSS_TYPES:
+        problems.append(f"loss_type for rlvr dpo must be one of {', '.join(DPO_LOSS_TYPES)}; got {cfg.dpo_loss_type!r}")
+    sampling, bad = generation_settings(cfg)  # the sampling settings, generation_kwargs applied over them
+    problems += bad + (sampling_problems(sampling) if cfg.generation_kwargs else [])
+    problems += schedule_problems(cfg.lr_scheduler_type, cfg.lr_scheduler_kwargs, cfg.learning_rate)
+    problems += [f"on_alert: unknown rule {rule!r}; rules: {', '.join(RULES)}" for rule in cfg.on_alert if rule not in RULES]
+    problems += _reward_problems(cfg) + _multiturn_problems(cfg) + _path_problems(cfg)
+    if cfg.rollout_workers > 0:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            problems.append("rollout_workers > 0 needs Ray, which is not installed. Install it with: "
+                            "pip install 'rlvr[ray]'  (or: pip install 'ray>=2.9')")
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+    return cfg
+
+
+def _reward_problems(cfg: Config) -> list[str]:
+    """Reward names that resolve, built-in rewards' knobs (rewards.check_reward_args), the task."""
+    from rlvr.rewards import check_reward_args, resolve_reward
+    from rlvr.tasks import check_task
+
+    problems = []
+    for name in cfg.reward_funcs or ():
+        try:
+            resolve_reward(name)
+        except (ValueError, ImportError, AttributeError) as e:
+            problems.append(str(e))
+    for name, args in cfg.reward_args.items():
+        if ":" not in name and isinstance(args, dict) and args:
+            problems += check_reward_args(name, args)
+    return problems + check_task(cfg)
+
+
+def _multiturn_problems(cfg: Config) -> list[str]:
+    """Tools, environment and rollout_func: each can be found and used."""
+    problems = []
+    if cfg.tools:
+        from rlvr.tools import Tool, ToolError
+
+        for spec in cfg.tools:
+            try:
+                Tool.of(spec)
+            except ToolError as e:
+                problems.append(str(e))
+    if cfg.environment:
+        from rlvr.environments import load_environment
+
+        try:
+            load_environment(cfg.environment)
+        except ValueError as e:
+            problems.append(str(e))
+    if cfg.rollout_func:
+        from rlvr.rollout.custom import load_rollout_func
+
+        try:
+            load_rollout_func(cfg.rollout_func)
+        except ValueError as e:
+            problems.append(str(e))
+    return problems
+
+
+def _path_problems(cfg: Config) -> list[str]:
+    problems = []
+    if _looks_local(cfg.model) and not Path(cfg.model).expanduser().exists():
+        problems.append(f"model directory not found: {cfg.model}")
+    if cfg.dataset and _looks_local(cfg.dataset) and not Path(cfg.dataset).expanduser().exists():
+        problems.append(f"dataset file not found: {cfg.dataset}")
+    if cfg.resume and cfg.output_dir and not cfg.resume_checkpoint and not Path(cfg.output_dir).is_dir():
+        problems.append(f"resume=true but output_dir {cfg.output_dir} does not exist")
+    if cfg.resume_checkpoint and not Path(cfg.resume_checkpoint).is_dir():
+        problems.append(f"resume_from_checkpoint: {cfg.resume_checkpoint} is not a directory")
+    return problems
+
+
+def _looks_local(name: str) -> bool:
+    """A path rather than a hub id: starts like a path, has a file suffix, or exists."""
+    if name == "default":
+        return False
+    if name.startswith((".", "/", "~")) or Path(name).suffix in {".jsonl", ".json", ".parquet", ".csv"}:
+        return True
+    return Path(name).exists() or name.count("/") > 1

@@ -40,6 +40,7 @@ from typing import Callable
 
 from rlvr.isolation import CallFailed, CallTimedOut, Worker, WorkerDied
 from rlvr.plugins import load_named, register
+from rlvr.errors import ToolError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _EXPRESSION_CHARS = 200  # the calculator refuses longer expressions
@@ -132,10 +133,6 @@ def _evaluate(node):
             raise ValueError("a number is too large")
         return _BINARY[type(node.op)](left, right)
     raise ValueError("only numbers, + - * / // % ** and parentheses are allowed")
-
-
-class ToolError(ValueError):
-    """A tool that cannot be used: not found, or its docstring does not describe it."""
 
 
 BUILTIN_TOOLS = {"python": python, "calculator": calculator}

@@ -178,16 +178,6 @@ def known_names() -> list[str]:
                                                                    "attn_implementation", "model_revision"})
 
 
-def defaults_markdown() -> str:
-    """README: the settings whose default is deliberately not TRL's, with why."""
-    from rlvr.config import Config
-
-    rows = ["| setting | TRL 1.16 | rlvr | why |", "|---|---|---|---|"]
-    for name, (trl, why) in TRL_DEFAULTS_DIFFER.items():
-        rows.append(f"| `{name}` | `{trl!r}` | `{getattr(Config(), name)!r}` | {why} |")
-    return "\n".join(rows)
-
-
 def other_settings_markdown() -> str:
     """README: TRL's settings without an rlvr field of their name: ignored, or refused unless inert."""
     by_reason: dict[str, list[str]] = {}

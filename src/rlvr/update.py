@@ -24,10 +24,7 @@ import torch
 from rlvr import distributed, fsdp
 from rlvr.losses import LossNorm, entropy_threshold, high_entropy_mask, policy_loss, sampler_importance_weights
 from rlvr.types import Batch
-
-
-class NonFinite(RuntimeError):
-    """A loss, gradient, learning rate or weight that is inf or nan: the run stops."""
+from rlvr.errors import NonFinite  # noqa: F401 - raised here, defined in the leaf errors.py
 
 
 @dataclass(frozen=True)

@@ -47,14 +47,11 @@ from rlvr.rewards.length import cosine_length, repetition_penalty, soft_overlong
 from rlvr.rewards.math import accuracy, numeric_accuracy, signed_accuracy
 from rlvr.rewards.reasoning_gym import reasoning_gym_score
 from rlvr.types import Example, Rollout, ScoreList, TrainerState
+from rlvr.errors import RewardError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 RewardFn = Callable[..., list]
 ISOLATION = ("process", "inline")  # where your own reward functions run (reward_isolation)
 log = logging.getLogger(__name__)
-
-
-class RewardError(RuntimeError):
-    pass
 
 
 def resolve_reward(name: str) -> RewardFn:

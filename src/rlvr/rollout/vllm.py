@@ -37,6 +37,7 @@ import torch
 from rlvr.rollout import SamplingParams, pad_token_id
 from rlvr.rollout.weights import weight_update, with_aliases
 from rlvr.types import Rollout
+from rlvr.errors import VLLMError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 INSTALL_HINT = (
     "vLLM is not installed in this environment. On a CPU machine, create the vLLM environment with "
@@ -45,10 +46,6 @@ INSTALL_HINT = (
     "on a GPU machine: pip install vllm"
 )
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the adapter ranks a vLLM engine can be sized for
-
-
-class VLLMError(RuntimeError):
-    """vLLM missing, or a vLLM server that cannot be reached or fails."""
 
 
 def require_vllm() -> None:

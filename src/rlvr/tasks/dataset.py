@@ -11,16 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlvr.types import Example
+from rlvr.errors import DatasetError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 PROMPT_COLUMNS = ("prompt", "question", "problem")
 ANSWER_COLUMNS = ("answer", "solution", "ground_truth")
 _LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 HOLDOUT_FRACTION = 0.1
 HOLDOUT_MAX = 1000
-
-
-class DatasetError(ValueError):
-    pass
 
 
 def load_splits(cfg) -> tuple[list[Example], list[Example]]:

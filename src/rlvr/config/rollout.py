@@ -1,0 +1,142 @@
+"""Settings of stage 1, the rollout: sampling, vLLM, Ray workers and multi-turn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlvr.config.section import Section, choices
+
+
+@dataclass(frozen=True)
+class SamplingSettings(Section):
+    # --- rollout --------------------------------------------------------------------
+    num_generations: int = 8  # G: completions per prompt (one group)
+    max_completion_length: int = 512  # new tokens per completion at most
+    temperature: float = 1.0  # sampling temperature for training rollouts
+    top_p: float = 1.0  # nucleus sampling; 1 = off
+    top_k: int = 0  # 0 = no top-k filtering
+    min_p: float | None = None  # drop tokens less likely than min_p x the most likely one; null = off
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in the prompt or completion (CTRL's penalty); 1 = off
+    generation_kwargs: dict = field(default_factory=dict)  # more sampling settings by their transformers / vLLM names
+    stop_strings: tuple = ()  # generation also stops at any of these (text is cut before it)
+    generation_batch_size: int | None = None  # completions per generation; default per_device_train_batch_size x steps_per_generation
+    steps_per_generation: int | None = None  # micro-batches each generation feeds; default gradient_accumulation_steps (one optimizer step)
+    cuda_graphs: bool = True  # on a CUDA GPU the in-process sampler replays its decode step from CUDA graphs (fast-path models); false = eager
+
+    def _rules(self) -> list[str]:
+        problems = []
+        if self.num_generations < 2:
+            problems.append(f"num_generations must be at least 2 (a group of one has no relative advantage); got {self.num_generations}")
+        if self.max_completion_length < 1:
+            problems.append("max_completion_length must be at least 1")
+        return problems + sampling_problems(vars(self))
+
+
+def sampling_problems(values: dict) -> list[str]:
+    """The rules of the sampling settings, on the values sampling will use: the fields, or (launch
+    check) the fields with generation_kwargs applied over them."""
+    rules = [
+        (values["temperature"] > 0, f"temperature must be > 0 for training rollouts; got {values['temperature']}"),
+        (0 < values["top_p"] <= 1, f"top_p must be in (0, 1]; got {values['top_p']}"),
+        (values["top_k"] >= 0, f"top_k must be >= 0 (0 = off); got {values['top_k']}"),
+        (values["min_p"] is None or 0 <= values["min_p"] <= 1, f"min_p must be in [0, 1] (or null: off); got {values['min_p']}"),
+        (values["repetition_penalty"] > 0,
+         f"repetition_penalty must be > 0 (1 = off, > 1 discourages repeated tokens); got {values['repetition_penalty']}"),
+        (all(isinstance(s, str) and s for s in values["stop_strings"]), "stop_strings must be non-empty strings"),
+    ]
+    return [message for ok, message in rules if not ok]
+
+
+@dataclass(frozen=True)
+class VLLMSettings(Section):
+    # --- vllm -----------------------------------------------------------------------
+    use_vllm: bool = False  # sample with vLLM instead of the in-process engine
+    vllm_mode: str = "colocate"  # server: a separate `rlvr vllm-serve` | colocate: vLLM inside the training process
+    vllm_gpu_memory_utilization: float = 0.3  # colocate: the share of accelerator memory vLLM may take
+    vllm_kv_cache_gb: float = 0.0  # vLLM's KV cache in GiB; 0 = from vllm_gpu_memory_utilization (on CPU: that share of RAM, minus the whole process)
+    vllm_tensor_parallel_size: int = 1  # GPUs vLLM shards the model over (colocate, and `rlvr vllm-serve`)
+    vllm_max_model_length: int | None = None  # vLLM's context length; default the model's
+    vllm_enforce_eager: bool = True  # run vLLM without torch.compile: starts in seconds instead of minutes on CPU
+    vllm_server_host: str = "0.0.0.0"  # server mode: where `rlvr vllm-serve` listens; the trainer: one host or several (a list, or host,host:port,...)
+    vllm_server_port: int = 8000  # server mode (rlvr vllm-serve: 0 listens on any free port and prints it)
+    vllm_server_base_url: str | None = None  # server mode: e.g. http://host:8000, or several (a list); overrides host and port
+    vllm_server_timeout: float = 240.0  # seconds to wait for the server (start, generation, weight push) before failing
+    vllm_weight_transfer: str = "http"  # server mode: http (one stream relayed by the servers) | collective (a torch.distributed broadcast: NCCL on GPU, gloo on CPU)
+    vllm_importance_sampling_correction: bool = True  # correct for the trainer / sampler probability ratio of vLLM's tokens
+    vllm_importance_sampling_mode: str = "sequence_mask"  # token_truncate | token_mask | sequence_truncate | sequence_mask
+    vllm_importance_sampling_clip_max: float | None = 3.0  # truncate: ratios capped here; mask: ratios above it zero the weight
+    vllm_importance_sampling_clip_min: float | None = None  # mask modes: ratios below it zero the weight; null = no lower bound
+
+    def _rules(self) -> list[str]:
+        problems = choices(self, vllm_mode=("server", "colocate"), vllm_weight_transfer=("http", "collective"),
+                           vllm_importance_sampling_mode=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
+        clip_min, clip_max = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        rules = [
+            (0 < self.vllm_gpu_memory_utilization <= 1, "vllm_gpu_memory_utilization must be in (0, 1]"),
+            (self.vllm_tensor_parallel_size >= 1, f"vllm_tensor_parallel_size must be at least 1; got {self.vllm_tensor_parallel_size}"),
+            (0 <= self.vllm_server_port <= 65535,
+             f"vllm_server_port must be a port number, 1 to 65535 (0: any free port, for rlvr vllm-serve); got {self.vllm_server_port}"),
+            (self.vllm_server_timeout > 0, "vllm_server_timeout must be > 0 seconds"),
+            (self.vllm_kv_cache_gb >= 0, "vllm_kv_cache_gb must be >= 0 (0 = from vllm_gpu_memory_utilization)"),
+            (clip_max is None or clip_max > 0, "vllm_importance_sampling_clip_max must be > 0 (or null)"),
+            (clip_min is None or clip_max is None or clip_min < clip_max,
+             f"vllm_importance_sampling_clip_min ({clip_min}) must be less than vllm_importance_sampling_clip_max ({clip_max})"),
+            (not (self.vllm_importance_sampling_correction and self.vllm_importance_sampling_mode.endswith("_truncate")
+                  and clip_min is None and clip_max is None),
+             f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode} truncates the ratio: set "
+             "vllm_importance_sampling_clip_max (e.g. 3.0) or vllm_importance_sampling_clip_min"),
+        ]
+        for url in self.vllm_server_base_url.split(",") if self.vllm_server_base_url is not None else ():
+            rules.append((url.strip().startswith(("http://", "https://")),
+                          f"vllm_server_base_url must start with http:// or https://, e.g. http://host:8000 (several: a list); got {url.strip()!r}"))
+        return problems + [message for ok, message in rules if not ok]
+
+
+@dataclass(frozen=True)
+class WorkerSettings(Section):
+    # --- rollout workers ------------------------------------------------------------
+    rollout_workers: int = 0  # Ray actors that sample and score; 0 = in the training process
+    ray_address: str | None = None  # an existing Ray cluster ("auto" or host:port); null = start a local one
+    max_staleness: int = 0  # 1: the next step's rollouts are sampled while this step trains (one step off-policy)
+
+    def _rules(self) -> list[str]:
+        problems = []
+        if self.rollout_workers < 0:
+            problems.append("rollout_workers must be >= 0 (0 = sample in the training process)")
+        if self.max_staleness not in (0, 1):
+            problems.append(f"max_staleness must be 0 (on-policy) or 1 (one step off-policy), got {self.max_staleness}")
+        return problems
+
+
+@dataclass(frozen=True)
+class MultiTurnSettings(Section):
+    # --- multi-turn -----------------------------------------------------------------
+    tools: tuple = ()  # functions the model may call: python, calculator (built in) or package.module:function
+    environment: str | None = None  # package.module:Class the model talks to turn by turn (environments.py)
+    max_turns: int = 4  # model turns per rollout with tools or an environment (TRL: max_tool_calling_iterations + 1)
+    tool_timeout: float = 10.0  # seconds a tool call may run; past it the model reads an error
+    max_tool_output_chars: int = 2000  # a tool's output is cut to this many characters, with a note saying so
+    rollout_func: str | None = None  # package.module:function that samples the completions itself (TRL's rollout_func)
+
+    def _rules(self) -> list[str]:
+        problems = []
+        if self.tools and self.environment:
+            problems.append("tools and environment cannot both be set: tools are an environment of their own "
+                            "(give your environment the tools it runs)")
+        if self.rollout_func and (self.tools or self.environment):
+            problems.append("rollout_func samples the completions itself: it cannot be combined with tools or environment")
+        if self.max_turns < 1:
+            problems.append(f"max_turns must be at least 1; got {self.max_turns}")
+        if self.tool_timeout <= 0 or self.max_tool_output_chars < 1:
+            problems.append("tool_timeout must be > 0 and max_tool_output_chars at least 1")
+        return problems
+
+    @property
+    def multi_turn(self) -> bool:
+        """Tools, an environment or a rollout_func: the rollout is not plain sampling."""
+        return bool(self.tools or self.environment or self.rollout_func)
+
+
+@dataclass(frozen=True)
+class RolloutSettings(MultiTurnSettings, WorkerSettings, VLLMSettings, SamplingSettings):
+    """Stage 1 as a whole: what the samplers, the Ray rollout workers and the multi-turn loop read."""

@@ -1,0 +1,75 @@
+"""The rules between sections, in one short place; each section's own value rules live beside its
+fields.  Rules that need a registry or load user code (reward names, tasks, tools, environments,
+rollout_func, loss types, alert rules, paths) are the launch check's (settings.check_settings)."""
+
+from __future__ import annotations
+
+from rlvr.errors import ConfigError
+
+
+def validate(cfg) -> None:
+    """Raise ConfigError listing every problem of the values: each section's, then across sections.
+    Touches no model, dataset, registry or user code."""
+    problems = cfg.problems() + cross_section_problems(cfg)
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def cross_section_problems(cfg) -> list[str]:
+    rules = [
+        (not (cfg.sync_ref_model and cfg.use_peft),
+         "sync_ref_model=true is not supported with use_peft (as in TRL): the reference is the policy "
+         "with its adapter switched off, not a model of its own to move; set one of them"),
+        (not (cfg.rollout_workers > 0 and cfg.use_vllm and cfg.vllm_mode == "server"),
+         "rollout_workers with use_vllm=true runs vLLM inside each Ray worker, not on `rlvr vllm-serve` servers: "
+         "set vllm_mode=colocate (the default), or rollout_workers=0 to sample on the servers"),
+        (not (cfg.max_staleness and cfg.use_peft and cfg.beta > 0 and cfg.kl_penalty == "reward"),
+         "max_staleness=1 with use_peft and kl_penalty=reward is not supported: the reward's KL would need the adapter "
+         "switched off while the update trains it; use kl_penalty=loss"),
+        (not (cfg.multi_turn and cfg.rollout_workers > 0),
+         "tools, environment and rollout_func run in the training processes: rollout_workers > 0 is "
+         "not supported with them yet (use torchrun, or vLLM servers, to spread the sampling)"),
+        (not (cfg.multi_turn and cfg.method != "grpo"),
+         f"tools, environment and rollout_func are for rlvr train (GRPO), not rlvr {cfg.command}"),
+        (not (cfg.method != "grpo" and (cfg.fsdp or cfg.rollout_workers or cfg.max_staleness)),
+         f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train"),
+    ]
+    problems = [message for ok, message in rules if not ok]
+    if cfg.vllm_max_model_length is not None:
+        longest = (cfg.max_prompt_length or 1) + cfg.max_completion_length
+        sizes = "max_prompt_length + max_completion_length" if cfg.max_prompt_length else "1 + max_completion_length"
+        if cfg.vllm_max_model_length < longest:
+            problems.append(f"vllm_max_model_length={cfg.vllm_max_model_length} has no room for a longest prompt and a full "
+                            f"completion ({sizes} = {longest} tokens); set it to at least {longest}, or null")
+    if cfg.method == "grpo":  # how generations feed optimizer steps; sft and dpo take whole examples
+        problems += generation_batch_problems(cfg)
+    return problems
+
+
+def generation_batch_problems(cfg) -> list[str]:
+    """TRL's rules: generation_batch_size or steps_per_generation (not both) sets the completions of one
+    generation, a whole number of optimizer steps' batches and of groups."""
+    if cfg.generation_batch_size is not None and cfg.steps_per_generation is not None and \
+            cfg.generation_batch_size != cfg.per_device_train_batch_size * cfg.steps_per_generation:
+        return [f"generation_batch_size={cfg.generation_batch_size} and steps_per_generation={cfg.steps_per_generation} disagree "
+                f"(per_device_train_batch_size x steps_per_generation = {cfg.per_device_train_batch_size * cfg.steps_per_generation}); "
+                "set one of them: the other follows"]
+    if cfg.per_device_train_batch_size < 1 or cfg.gradient_accumulation_steps < 1 or cfg.num_generations < 2:
+        return []  # reported by the sections
+    if (cfg.generation_batch_size or 1) < 1 or (cfg.steps_per_generation or 1) < 1:
+        return ["generation_batch_size and steps_per_generation must be at least 1"]
+    b, g, step = cfg.completions_per_generation, cfg.num_generations, cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    problems = []
+    if b % step:
+        what = "generation_batch_size" if cfg.generation_batch_size is not None else \
+            "per_device_train_batch_size x steps_per_generation"
+        problems.append(f"{what} = {b} completions is not a whole number of optimizer steps of per_device_train_batch_size x "
+                        f"gradient_accumulation_steps = {step} completions; make it a multiple of {step}")
+    if b % g:
+        if cfg.generation_batch_size is None and cfg.steps_per_generation is None:
+            problems.append(
+                f"per_device_train_batch_size x gradient_accumulation_steps = {b} completions is not divisible by "
+                f"num_generations = {g}; make it a multiple of {g}, e.g. per_device_train_batch_size={-(-b // g) * g}")
+        else:
+            problems.append(f"a generation of {b} completions is not divisible by num_generations = {g}; make it a multiple of {g}")
+    return problems

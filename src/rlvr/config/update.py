@@ -1,0 +1,209 @@
+"""Settings of stages 2 to 4: the rewards, the advantage, the loss with its KL term, the optimizer;
+and the supervised methods (rlvr sft, rft, dpo)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rlvr.config.section import Section, choices
+
+
+@dataclass(frozen=True)
+class RewardSettings(Section):
+    # --- reward ---------------------------------------------------------------------
+    reward_funcs: tuple | None = None  # built-in names or `package.module:function`; default: the task's verifier
+    reward_weights: tuple | None = None  # one per reward function; default all 1.0
+    reward_args: dict = field(default_factory=dict)  # keyword arguments per reward, e.g. {soft_overlong: {cache: 32}}
+    reward_timeout: float = 60.0  # seconds one call of one of your own reward functions may take; past it, its scores of that batch are None (0 = no limit)
+    reward_isolation: str = "process"  # process: your own reward functions run in a worker process, killed with what it started past reward_timeout | inline: in the trainer's process (functions that need its memory or CUDA)
+
+    def _rules(self) -> list[str]:
+        problems = choices(self, reward_isolation=("process", "inline"))
+        if self.reward_funcs is not None and len(self.reward_funcs) < 1:
+            problems.append("reward_funcs must name at least one reward function")
+        if self.reward_weights is not None and self.reward_funcs is None:
+            problems.append("reward_weights needs reward_funcs: name the functions the weights belong to")
+        elif self.reward_weights is not None:
+            if len(self.reward_weights) != len(self.reward_funcs):
+                problems.append(f"reward_weights has {len(self.reward_weights)} values but reward_funcs has "
+                                f"{len(self.reward_funcs)}; give one weight per function")
+            if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in self.reward_weights):
+                problems.append("reward_weights must be numbers")
+        named = set(self.reward_funcs or ()) | {n.rpartition(":")[2] for n in self.reward_funcs or ()}
+        for name, args in self.reward_args.items():
+            if self.reward_funcs is not None and name not in named:
+                problems.append(f"reward_args names {name!r}, which is not in reward_funcs {list(self.reward_funcs)}")
+            if not isinstance(args, dict):
+                problems.append(f"reward_args.{name} must be a mapping of keyword arguments, got {args!r}")
+        if not (self.reward_timeout >= 0 and math.isfinite(self.reward_timeout)):
+            problems.append(f"reward_timeout must be >= 0 seconds (0 = no limit); got {self.reward_timeout}")
+        return problems
+
+
+@dataclass(frozen=True)
+class AdvantageSettings(Section):
+    # --- advantage ------------------------------------------------------------------
+    scale_rewards: str = "group"  # group | batch | none
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal and sample more prompts
+    max_sampling_rounds: int = 3  # dynamic sampling: extra generation rounds per step at most
+
+    def _rules(self) -> list[str]:
+        problems = choices(self, scale_rewards=("group", "batch", "none"))
+        if self.max_sampling_rounds < 0:
+            problems.append("max_sampling_rounds must be >= 0")
+        return problems
+
+
+@dataclass(frozen=True)
+class LossSettings(Section):
+    # --- loss -----------------------------------------------------------------------
+    loss_type: str = "dapo"  # grpo | dapo | dr_grpo | bnpo
+    epsilon: float = 0.2  # the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
+    epsilon_high: float | None = None  # default: epsilon
+    delta: float | None = None  # two-sided clipping: the ratio of negative-advantage tokens is also capped at delta (> 1 + epsilon); null = off
+    top_entropy_quantile: float = 1.0  # train only on the tokens whose entropy is in this top fraction per batch (1 = all)
+    importance_sampling_level: str = "token"  # token | sequence (GSPO)
+    num_iterations: int = 1  # updates per generated batch
+    mask_truncated_completions: bool = False  # completions cut at max length get no loss
+
+    @property
+    def epsilon_high_value(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def _rules(self) -> list[str]:
+        rules = [
+            (self.epsilon > 0, f"epsilon must be > 0; got {self.epsilon}"),
+            (self.epsilon_high is None or self.epsilon_high >= self.epsilon, "epsilon_high must be >= epsilon"),
+            (self.delta is None or self.delta > 1 + self.epsilon_high_value,
+             f"delta caps the unclipped ratio above the clip range: it must be > 1 + epsilon_high = "
+             f"{1 + self.epsilon_high_value:g} (or null); got {self.delta}"),
+            (0 <= self.top_entropy_quantile <= 1,
+             f"top_entropy_quantile must be in [0, 1] (1 = train on every token); got {self.top_entropy_quantile}"),
+            (self.num_iterations >= 1, "num_iterations must be at least 1"),
+        ]
+        return choices(self, importance_sampling_level=("token", "sequence")) + [m for ok, m in rules if not ok]
+
+
+@dataclass(frozen=True)
+class KLSettings(Section):
+    # --- kl -------------------------------------------------------------------------
+    beta: float = 0.0  # KL coefficient; 0 loads no reference model
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators of KL(policy || reference))
+    kl_penalty: str = "loss"  # loss: beta * KL added to the loss | reward: beta * KL subtracted from each reward
+    kl_target: float | None = None  # adaptive KL: move beta toward this KL each step; null = fixed beta
+    sync_ref_model: bool = False  # TR-DPO: move the reference toward the policy every ref_model_sync_steps
+    ref_model_mixup_alpha: float = 0.6  # sync: reference = alpha x policy + (1 - alpha) x reference
+    ref_model_sync_steps: int = 512  # sync: steps between reference updates
+    kl_horizon: int = 100  # adaptive KL: steps over which beta may change by about e-fold (Ziegler et al.)
+
+    def _rules(self) -> list[str]:
+        problems = choices(self, kl_estimator=("k1", "k2", "k3"), kl_penalty=("loss", "reward"))
+        if self.beta < 0:
+            problems.append(f"beta must be >= 0; got {self.beta}")
+        if self.sync_ref_model:
+            if not self.beta > 0:
+                problems.append("sync_ref_model=true moves the reference model toward the policy, but beta=0 loads no reference; "
+                                "set beta > 0 (e.g. beta=0.04) or sync_ref_model=false")
+            if not 0 <= self.ref_model_mixup_alpha <= 1:
+                problems.append(f"ref_model_mixup_alpha must be in [0, 1]; got {self.ref_model_mixup_alpha}")
+            if self.ref_model_sync_steps < 1:
+                problems.append(f"ref_model_sync_steps must be at least 1; got {self.ref_model_sync_steps}")
+        if self.kl_horizon < 1:
+            problems.append(f"kl_horizon must be at least 1; got {self.kl_horizon}")
+        if self.kl_target is not None:
+            if not self.kl_target > 0:
+                problems.append(f"kl_target must be > 0 (or null for a fixed beta); got {self.kl_target}")
+            if not self.beta > 0:
+                problems.append("kl_target (adaptive KL) adjusts beta from its starting value: set beta > 0, e.g. beta=0.04")
+        return problems
+
+
+@dataclass(frozen=True)
+class OptimizerSettings(Section):
+    # --- optimisation ---------------------------------------------------------------
+    optim: str = "adamw_torch_fused"  # adamw_torch | adamw_torch_fused | adamw_torch_foreach (torch's AdamW implementations)
+    learning_rate: float = 1e-6  # AdamW peak learning rate
+    lr_scheduler_type: str = "linear"  # constant | linear | cosine | constant_with_warmup | cosine_with_min_lr | polynomial
+    lr_scheduler_kwargs: dict = field(default_factory=dict)  # the schedule's own knobs, e.g. {min_lr_rate: 0.1} for cosine_with_min_lr
+    warmup_ratio: float = 0.0  # fraction of the steps spent warming up linearly
+    warmup_steps: int = 0  # overrides warmup_ratio when > 0
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    adam_beta1: float = 0.9  # AdamW
+    adam_beta2: float = 0.999  # AdamW
+    adam_epsilon: float = 1e-8  # AdamW
+    max_grad_norm: float = 1.0  # 0 = no clipping
+    per_device_train_batch_size: int = 8  # completions per micro-batch
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
+    max_steps: int = -1  # optimizer steps; -1 = derive from num_train_epochs
+    num_train_epochs: float = 3.0  # passes over the train prompts when max_steps is -1
+    bf16: bool = False  # bf16 autocast for forward passes; weights and optimizer stay fp32
+    fp16: bool = False  # fp16 autocast with loss scaling, where the device runs fp16 (a CUDA GPU); weights stay fp32
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass to save memory
+    fsdp: bool = False  # with torchrun: shard weights, gradients and optimizer state across processes (FSDP2); sampling keeps a full copy
+    disable_dropout: bool = True  # dropout off in every pass, so log-probs are comparable
+    seed: int = 42  # data order, sampling and task generation
+
+    def _rules(self) -> list[str]:
+        problems = choices(self, optim=("adamw_torch", "adamw_torch_fused", "adamw_torch_foreach"),
+                           lr_scheduler_type=("constant", "linear", "cosine", "constant_with_warmup", "cosine_with_min_lr", "polynomial"))
+        rules = [
+            (self.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1"),
+            (self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be at least 1"),
+            (self.learning_rate > 0 and math.isfinite(self.learning_rate), f"learning_rate must be a finite number > 0; got {self.learning_rate}"),
+            (0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)"),
+            (self.warmup_steps >= 0, "warmup_steps must be >= 0"),
+            (not (self.fp16 and self.bf16), "fp16 and bf16 cannot both be true: choose one autocast precision (bf16 needs no loss scaling)"),
+            (not (self.fp16 and self.fsdp), "fp16 with fsdp is not supported (its loss scaling would decide per shard); use bf16=true"),
+            (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 = no clipping)"),
+            (self.max_steps == -1 or self.max_steps >= 1, "max_steps must be -1 (use num_train_epochs) or at least 1"),
+            (self.max_steps != -1 or self.num_train_epochs > 0, "num_train_epochs must be > 0 when max_steps is -1"),
+        ]
+        return problems + [message for ok, message in rules if not ok]
+
+
+@dataclass(frozen=True)
+class UpdateSettings(OptimizerSettings, KLSettings, LossSettings, AdvantageSettings):
+    """Stages 3 and 4 as a whole: advantage, loss, KL and optimizer."""
+
+
+@dataclass(frozen=True)
+class FinetuneSettings(Section):
+    # --- sft and dpo ----------------------------------------------------------------
+    method: str = "grpo"  # what is trained; set by the command: grpo (rlvr train) | sft (rlvr sft, rlvr rft) | dpo (rlvr dpo)
+    max_length: int | None = 1024  # sft / dpo: prompt + completion tokens at most; a longer completion loses its end
+    completion_only_loss: bool | None = None  # sft: loss on the completion's tokens only (null: true); false: on the prompt's too
+    packing: bool = False  # sft: a micro-batch holds per_device_train_batch_size rows of max_length tokens, each filled with whole sequences
+    completion_column: str | None = None  # sft: the demonstration; default the first of completion, solution, answer
+    self_samples: bool = False  # sft / dpo: train on the model's own samples scored by the verifier (sft: the correct ones, RFT; dpo: correct vs incorrect pairs)
+    self_rounds: int = 3  # self_samples: rounds of sampling, then training on what was kept (with max_steps set: until it)
+    self_round_prompts: int = 64  # self_samples: train prompts per round, num_generations samples each
+    self_round_steps: int = 20  # self_samples: optimizer steps on each round's data
+    dpo_beta: float = 0.1  # dpo: `beta` of rlvr dpo and DPOConfig; how far the policy may move from the reference
+    dpo_loss_type: str = "sigmoid"  # dpo: `loss_type` of rlvr dpo and DPOConfig: sigmoid (DPO) | ipo | hinge
+    label_smoothing: float = 0.0  # dpo sigmoid: the assumed chance that a pair's preference is flipped (cDPO)
+
+    @property
+    def command(self) -> str:
+        """The rlvr command that trains this method: train, sft, rft (sft with self_samples) or dpo."""
+        return {"grpo": "train", "dpo": "dpo"}.get(self.method, "rft" if self.self_samples else "sft")
+
+    def _rules(self) -> list[str]:
+        problems = choices(self, method=("grpo", "sft", "dpo"))
+        if self.max_length is not None and self.max_length < 2:
+            problems.append(f"max_length must be at least 2 (a prompt token and a completion token), or null; got {self.max_length}")
+        if not self.dpo_beta > 0:
+            problems.append(f"beta for rlvr dpo must be > 0; got {self.dpo_beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            problems.append(f"label_smoothing must be in [0, 0.5); got {self.label_smoothing}")
+        elif self.label_smoothing > 0 and self.dpo_loss_type != "sigmoid":
+            problems.append(f"label_smoothing applies to loss_type=sigmoid only; got loss_type={self.dpo_loss_type}")
+        for name in ("self_rounds", "self_round_prompts", "self_round_steps"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1; got {getattr(self, name)}")
+        if self.method != "grpo":
+            if self.packing and self.method == "dpo":
+                problems.append("packing applies to rlvr sft only")
+            if self.packing and self.max_length is None:
+                problems.append("packing=true fills rows of max_length tokens: set max_length (e.g. 1024)")
+        return problems
