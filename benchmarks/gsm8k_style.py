@@ -11,7 +11,7 @@ ages, rates and time, sharing, savings, percentages, multi-step totals), filled 
 varied names, objects and numbers; every result is a positive integer below 1000 and every
 division is exact.  No question appears twice, in a file or across the two files.
 
-This is the GSM8K-format file behind the README's SFT/GRPO/DPO comparison table and the
+This is the GSM8K-format file behind docs/finetune.md's SFT/GRPO/DPO comparison table and the
 tests: small, committed, and reproducible.  The same arguments give byte-identical files
 (standard library only, a seeded random.Random).  Every row is checked by `check_row`
 (each annotation's arithmetic recomputed by a small integer parser, and ``#### N`` equal to

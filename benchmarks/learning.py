@@ -286,7 +286,7 @@ def recipe(args, seed: int):
 def held_out(cfg):
     from rlvr.tasks import load_splits
 
-    _, test = load_splits(cfg)
+    _, test = load_splits(cfg.data_settings, cfg.seed)
     return test[: cfg.eval_max_examples or None]
 
 
@@ -336,7 +336,7 @@ def run_trl(args, cfg, recorder_for) -> None:
     from rlvr.tasks import load_splits
 
     rlvr.rollout.engine.configure_allocator = lambda: False  # TRL's process keeps glibc's defaults, as users run it
-    train_examples, _ = load_splits(cfg)
+    train_examples, _ = load_splits(cfg.data_settings, cfg.seed)
     test = held_out(cfg)
     data = Dataset.from_list([{"prompt": to_messages(ex.prompt, cfg.system_prompt), "answer": ex.answer} for ex in train_examples])
     trainer_box = {}

@@ -60,7 +60,7 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int) 
         tok.save_pretrained(model)
     cfg = build_config(settings(model, lora, steps, str(scratch / "run"), staleness))
     tokenizer = load_tokenizer(resolve_model_path(cfg.model))
-    train_examples, _ = load_splits(cfg)
+    train_examples, _ = load_splits(cfg.data_settings, cfg.seed)
     texts = render_prompts(tokenizer, [e.prompt for e in train_examples[:200]], cfg.system_prompt, cfg.chat_template_kwargs,
                           cfg.text_prompts == "raw")
     longest = max(len(p) for p in tokenize_prompts(tokenizer, texts, cfg.max_prompt_length))

@@ -1,6 +1,6 @@
 """`rlvr plan` for the layouts of the users' guide, beside the guide's memory table.
 
-    python benchmarks/plan_layouts.py           # the table of README.md (LoRA and memory planning)
+    python benchmarks/plan_layouts.py           # the table of docs/scaling.md (LoRA and memory planning)
     python benchmarks/plan_layouts.py --full    # and each command's whole `rlvr plan` output
 
 Each row is one `rlvr plan` command, printed under the table to be run by hand.  The models are

@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from rlvr.settings import check_settings
 from rlvr.config import ConfigError, build_config
 from rlvr.rewards import REWARDS, check_reward_args
 from rlvr.rewards.countdown import check_expression, countdown, extract_expression
@@ -159,13 +160,13 @@ def test_prompt_templates_and_worked_solution():
 ])
 def test_bad_task_args_fail_at_config_check(args, message):
     with pytest.raises(ConfigError, match=f"task_args for 'countdown': .*{message}".replace("[", r"\[").replace("{", r"\{")):
-        build_config({"task": "countdown", "task_args": args})
+        check_settings(build_config({"task": "countdown", "task_args": args}))
 
 
 def test_a_problem_space_too_small_says_how_to_widen_it():
     cfg = build_config({"task": "countdown", "task_args": {"count": 2, "max_number": 2, "num_train": 50, "num_test": 5}})
     with pytest.raises(ValueError, match="could draw only .* widen the number or target range"):
-        load_splits(cfg)
+        load_splits(cfg.data_settings, cfg.seed)
 
 
 def test_the_task_grades_with_its_verifier():
@@ -173,9 +174,9 @@ def test_the_task_grades_with_its_verifier():
     assert verifier_name(cfg) == "countdown"
     ex = Example("p", "7 * 3 - 5", {"nums": [3, 5, 7], "target": 16, "answer": "7 * 3 - 5"})
     groups = [[Rollout([1], [2], [0.0], "stop", "<answer>7*3-5</answer>"), Rollout([1], [2], [0.0], "stop", "<answer>16</answer>")]]
-    assert build_rewards(cfg).score_groups([ex], groups).total == [1.0, 0.0]
+    assert build_rewards(cfg.reward_settings, cfg.data_settings).score_groups([ex], groups).total == [1.0, 0.0]
 
 
 def test_a_generated_task_refuses_a_dataset():
     with pytest.raises(ConfigError, match="task=countdown makes its own problems and reads no dataset"):
-        build_config({"task": "countdown", "dataset": "x.jsonl"})
+        check_settings(build_config({"task": "countdown", "dataset": "x.jsonl"}))

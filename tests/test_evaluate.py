@@ -71,15 +71,17 @@ def cfg_for(dataset, **values):
 
 
 def test_gsm8k_and_math_files_grade_against_the_final_answer(data):
-    _, gsm = load_splits(cfg_for(data / "gsm8k.jsonl"))
+    gsm_cfg = cfg_for(data / "gsm8k.jsonl")
+    _, gsm = load_splits(gsm_cfg.data_settings, gsm_cfg.seed)
     assert [reference_answer(ex.answer) for ex in gsm] == ["72", "7"]
-    _, math = load_splits(cfg_for(data / "math.parquet"))
+    math_cfg = cfg_for(data / "math.parquet")
+    _, math = load_splits(math_cfg.data_settings, math_cfg.seed)
     assert math[0].prompt == MATH[0]["problem"] and reference_answer(math[0].answer) == "\\frac{1}{2}"
 
 
 def test_k_samples_give_pass_maj_and_mean_at_k(data, tokenizer):
     cfg = cfg_for(data / "gsm8k.jsonl", eval_num_samples=4, eval_temperature=1.0)
-    _, test = load_splits(cfg)
+    _, test = load_splits(cfg.data_settings, cfg.seed)
     result = evaluate(ScriptedSampler(tokenizer), tokenizer, test, RewardSet(["accuracy"]), "accuracy", cfg)
     assert result.metrics() == pytest.approx({
         "accuracy": 5 / 8,  # = mean@4: five correct completions of eight
@@ -97,7 +99,7 @@ def test_k_samples_give_pass_maj_and_mean_at_k(data, tokenizer):
 
 def test_one_greedy_sample_reports_accuracy_and_pass_at_1(data, tokenizer):
     cfg = cfg_for(data / "math.parquet")
-    _, test = load_splits(cfg)
+    _, test = load_splits(cfg.data_settings, cfg.seed)
     result = evaluate(ScriptedSampler(tokenizer), tokenizer, test, RewardSet(["accuracy"]), "accuracy", cfg)
     assert result.metrics() == {"accuracy": 1.0, "pass@1": 1.0, "mean_completion_length": 1.0, "truncated_fraction": 0.0}
     assert "sample" not in result.samples[0]  # the k = 1 layout is unchanged

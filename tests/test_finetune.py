@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.config import ConfigError, build_config
-from rlvr.finetune.api import method_settings
+from rlvr.methods import method_settings
 from rlvr.finetune.data import Demonstration, Encoder, keep_correct, make_pairs, pack, to_batch
 from rlvr.run import train
 
@@ -63,7 +63,7 @@ def test_sft_loss_is_transformers_causal_lm_loss(tiny, completion_only):
 
     model, tokenizer = tiny
     cfg = build_config({"method": "sft", "text_prompts": "raw", "max_length": 64})
-    enc = Encoder(cfg, tokenizer, tokenizer.eos_token_id)
+    enc = Encoder(cfg.data_settings, tokenizer, tokenizer.eos_token_id, cfg.max_length)
     prompts, completions = ["what is 2+3?", "say hi"], ["5", "hi there"]
     seqs = enc.sequences(prompts, completions, full_loss=not completion_only)
     batch = to_batch(seqs, tokenizer.pad_token_id)
@@ -87,7 +87,7 @@ def test_sft_loss_is_transformers_causal_lm_loss(tiny, completion_only):
 def test_sequences_end_with_eos_and_are_cut_at_max_length(tiny):
     _, tokenizer = tiny
     cfg = build_config({"method": "sft", "text_prompts": "raw", "max_length": 8})
-    enc = Encoder(cfg, tokenizer, tokenizer.eos_token_id)
+    enc = Encoder(cfg.data_settings, tokenizer, tokenizer.eos_token_id, cfg.max_length)
     (p, c), none = enc.sequences(["abc", "abcdefgh"], ["xyz", "x"])
     assert p == tokenizer("abc", add_special_tokens=False)["input_ids"]
     assert c == tokenizer("xyz", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]  # the model learns to stop
@@ -159,7 +159,7 @@ def test_rft_keeps_exactly_the_verifier_correct_samples(tiny_model_dir, tmp_path
 
     cfg = _rft_config(tiny_model_dir, tmp_path / "r", self_round_prompts=3, num_generations=5)
     model, tokenizer, _ = load_model(str(tiny_model_dir))
-    data, examples, _ = load_data(cfg, "sft")
+    data, examples, _ = load_data(cfg.data_settings, cfg.finetune_settings, cfg.seed, "sft")
     trainer = FinetuneTrainer(cfg, model, tokenizer, data, examples, tmp_path / "r")
     metrics = trainer._new_round()
     samples = trainer.last_samples  # all 15 of this round

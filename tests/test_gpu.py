@@ -1,6 +1,6 @@
 """On a CUDA GPU (skipped elsewhere): the tiny model trains there, and what it computes there
 agrees with the CPU.  The CPU suite is the one CI runs; these are run by hand on a machine with
-a GPU (README, "One GPU").  Training through train() (test_learning, test_checkpoint, test_lora)
+a GPU (docs/scaling.md, "One GPU").  Training through train() (test_learning, test_checkpoint, test_lora)
 also lands on the GPU there, since a run takes cuda:0 whenever one is visible."""
 
 import copy

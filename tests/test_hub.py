@@ -46,14 +46,14 @@ def test_a_repository_name_the_hub_refuses_fails_before_training(tiny_run_config
 
 def test_the_config_shows_no_token_and_the_push_still_gets_it(no_token):
     from rlvr.config import build_config
-    from rlvr.hub import find_token, without_secrets
+    from rlvr.hub import find_token
 
     cfg = build_config({"hub_token": TOKEN, "model_init_kwargs": {"token": TOKEN, "revision": "main"}})
     assert not any(TOKEN in text for text in (repr(cfg), str(cfg), json.dumps(cfg.to_dict())))
     assert cfg.to_dict()["hub_token"] == "<HUB_TOKEN>" and cfg.to_dict()["model_init_kwargs"] == {"token": "<TOKEN>", "revision": "main"}
-    saved = without_secrets(cfg)  # config.yaml, the loggers, resume's comparison: no token, not even a placeholder
+    saved = cfg.without_secrets()  # config.yaml, the loggers, resume's comparison: no token, not even a placeholder
     assert saved.to_dict()["hub_token"] is None and saved.model_init_kwargs == {"revision": "main"}
-    assert find_token(cfg) == TOKEN and cfg.model_init_kwargs["token"] == TOKEN
+    assert find_token(cfg.run_settings) == TOKEN and cfg.model_init_kwargs["token"] == TOKEN
 
 
 class FakeHub:

@@ -53,7 +53,7 @@ def _cfg(tiny_model_dir, out=None, **kw):
 def _adapted(tiny_model_dir, cfg):
     """The tiny model with a LoRA adapter whose B is random (peft starts it at zero: no change)."""
     model, tokenizer, path = load_model(str(tiny_model_dir))
-    model = lora.wrap(model, cfg, path)
+    model = lora.wrap(model, cfg.model_settings, path, cfg.seed)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():

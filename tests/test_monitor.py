@@ -77,8 +77,9 @@ def test_run_name_names_the_default_output_dir():
     from rlvr.config import build_config
     from rlvr.rundir import default_output_dir
 
-    assert re.fullmatch(r"runs/grpo-arith-\d{8}-\d{6}", default_output_dir(build_config({"run_name": "grpo-arith"})).as_posix())
-    assert re.fullmatch(r"runs/arithmetic-\d{8}-\d{6}", default_output_dir(build_config({})).as_posix())  # else the task's name
+    named, plain = build_config({"run_name": "grpo-arith"}), build_config({})
+    assert re.fullmatch(r"runs/grpo-arith-\d{8}-\d{6}", default_output_dir(named.run_settings, named.data_settings, named.command).as_posix())
+    assert re.fullmatch(r"runs/arithmetic-\d{8}-\d{6}", default_output_dir(plain.run_settings, plain.data_settings, plain.command).as_posix())  # else the task's name
 
 
 @pytest.mark.parametrize("run_name", [None, "grpo-arith"])
@@ -96,7 +97,7 @@ def test_loggers_name_the_run_and_never_get_the_hub_token(run_name, tmp_path, mo
         fake.init = lambda **kw: inits.append(kw)
         monkeypatch.setitem(sys.modules, module, fake)
     cfg = build_config({"run_name": run_name, "hub_token": "hf_secret", "report_to": ["wandb", "trackio", "tensorboard"]})
-    loggers = build_loggers(cfg, tmp_path / "run-20250101-000000")
+    loggers = build_loggers(cfg.run_settings, tmp_path / "run-20250101-000000", cfg.without_secrets().to_dict())
     loggers[2].start(1)  # the event file is opened once the run knows its first step
     loggers[2].close()
     name = run_name or "run-20250101-000000"  # else the output dir's name

@@ -374,8 +374,10 @@ def no_docstring(x: int) -> int:
     ({"rollout_func": "test_multiturn:nothing_here"}, "has no attribute 'nothing_here'"),
 ])
 def test_bad_multiturn_settings_are_refused_before_the_model_loads(settings, message):
+    from rlvr.settings import check_settings
+
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        build_config(settings)
+        check_settings(build_config(settings))  # value rules in build_config, user code in the launch check
 
 
 def test_trls_max_tool_calling_iterations_counts_tool_rounds():

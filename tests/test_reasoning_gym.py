@@ -78,9 +78,9 @@ def test_a_scorer_that_raises_or_hangs_scores_zero_and_is_counted(monkeypatch):
 def test_the_task_grades_with_the_reasoning_gym_verifier():
     cfg = build_config({"task": "reasoning_gym", "task_args": ARITHMETIC})
     assert verifier_name(cfg) == "reasoning_gym"
-    _, test = load_splits(cfg)
+    _, test = load_splits(cfg.data_settings, cfg.seed)
     groups = [[Rollout([1], [2], [0.0], "stop", f"<answer>{test[0].answer}</answer>"), Rollout([1], [2], [0.0], "stop", "no")]]
-    assert build_rewards(cfg).score_groups(test[:1], groups).total == [1.0, 0.0]
+    assert build_rewards(cfg.reward_settings, cfg.data_settings).score_groups(test[:1], groups).total == [1.0, 0.0]
 
 
 @pytest.mark.parametrize("task_args, message", [

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from conftest import make_tiny_model
 from rlvr.checkpoint import STATE_FILE
-from rlvr.config import ConfigError, build_config
-from rlvr.reference import KLReference, KLSettings
+from rlvr.config import ConfigError, KLSettings, build_config
+from rlvr.reference import KLReference
 from rlvr.run import train
 
 
@@ -30,7 +30,7 @@ def test_the_reference_moves_toward_the_policy_every_sync_steps():
     policy = _filled(make_tiny_model(60), 1.0)
     reference = _filled(copy.deepcopy(policy), 0.0)
     buffers = {k: v.clone() for k, v in reference.named_buffers()}
-    kl = KLReference(KLSettings(beta=0.1, sync_every=2, sync_alpha=0.6), policy, reference, logprobs=None)
+    kl = KLReference(KLSettings(beta=0.1, sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.6), policy, reference, logprobs=None)
 
     def reference_values() -> set[float]:
         return {round(v, 6) for p in reference.parameters() for v in p.unique().tolist()}
@@ -51,7 +51,7 @@ def test_the_reference_moves_toward_the_policy_every_sync_steps():
 
 def test_the_moved_reference_is_checkpoint_state():
     policy = _filled(make_tiny_model(60), 1.0)
-    settings = KLSettings(beta=0.1, sync_every=2, sync_alpha=0.5)
+    settings = KLSettings(beta=0.1, sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.5)
     kl = KLReference(settings, policy, _filled(copy.deepcopy(policy), 0.0), logprobs=None)
     kl.after_step({})
     assert "ref_model" not in kl.state_dict()  # not moved yet: a resumed run starts from the same model

@@ -265,15 +265,16 @@ def test_an_error_while_preparing_the_directory_lets_go_of_its_lock(tiny_run_con
     from rlvr import rundir
 
     cfg = tiny_run_config(tmp_path / "run")
+    prepare = (cfg.run_settings, rundir.default_output_dir(cfg.run_settings, cfg.data_settings, cfg.command), cfg.without_secrets().to_dict())
 
     def unreadable(*args):
         raise PermissionError(errno.EACCES, "Permission denied", "metrics.jsonl")
 
     monkeypatch.setattr(rundir, "_keep_logs_until", unreadable)
     with pytest.raises(PermissionError):
-        rundir.prepare_output_dir(cfg, say=lambda text: None)
+        rundir.prepare_output_dir(*prepare, say=lambda text: None)
     monkeypatch.undo()
-    _, _, checkpoint, lock = rundir.prepare_output_dir(cfg, say=lambda text: None)
+    _, checkpoint, lock = rundir.prepare_output_dir(*prepare, say=lambda text: None)
     assert checkpoint is None
     lock.close()
 

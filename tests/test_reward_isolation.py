@@ -207,7 +207,8 @@ def test_reward_isolation_is_a_setting_checked_before_the_model_loads():
     with pytest.raises(ConfigError, match="reward_isolation must be one of process, inline; got 'thread'"):
         build_config({"reward_isolation": "thread"})
     assert build_config({}).reward_isolation == "process"
-    assert build_rewards(build_config({"reward_isolation": "inline"})).isolation == "inline"
+    inline = build_config({"reward_isolation": "inline"})
+    assert build_rewards(inline.reward_settings, inline.data_settings).isolation == "inline"
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")

@@ -184,9 +184,10 @@ def test_generation_kwargs_set_the_sampling_settings_by_their_transformers_and_v
 ])
 def test_generation_kwargs_rlvr_cannot_take_fail_before_a_model_loads(kwargs, message):
     from rlvr.config import ConfigError, build_config
+    from rlvr.settings import check_settings
 
     with pytest.raises(ConfigError) as e:
-        build_config({"generation_kwargs": kwargs})
+        check_settings(build_config({"generation_kwargs": kwargs}))  # generation_kwargs are checked at launch
     assert message in str(e.value)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from rlvr import cli
+from rlvr.settings import check_settings
 from rlvr.config import ConfigError, build_config
 from rlvr.tasks import build_rewards, load_splits, verifier_name
 from rlvr.tasks.dataset import DatasetError
@@ -18,14 +19,18 @@ def _cfg(**settings):
     return build_config(settings)
 
 
+def _splits(cfg, evaluation=False):
+    return load_splits(cfg.data_settings, cfg.seed, evaluation=evaluation)
+
+
 def _grade(cfg, example, texts):
     groups = [[Rollout([1], [2], [0.0], "stop", t) for t in texts]]
-    return build_rewards(cfg, with_verifier=True).score_groups([example], groups).per_func[verifier_name(cfg)]
+    return build_rewards(cfg.reward_settings, cfg.data_settings, with_verifier=True).score_groups([example], groups).per_func[verifier_name(cfg)]
 
 
 def test_gsm8k_reads_question_and_the_number_after_the_hashes():
     cfg = _cfg(task="gsm8k", dataset=str(DATA / "gsm8k.jsonl"), dataset_test_split="train")  # every row, as rlvr eval would
-    _, test = load_splits(cfg)
+    _, test = _splits(cfg)
     first = json.loads((DATA / "gsm8k.jsonl").read_text().splitlines()[0])
     assert len(test) == 4
     ex = test[0]
@@ -33,13 +38,13 @@ def test_gsm8k_reads_question_and_the_number_after_the_hashes():
     assert ex.answer == first["answer"] and ex.answer.endswith("#### 480")
     assert verifier_name(cfg) == "numeric_accuracy"
     assert _grade(cfg, ex, ["... so \\boxed{480}", "\\boxed{481}", "480"]) == [1.0, 0.0, 0.0]  # a bare number is no answer
-    train, test = load_splits(_cfg(task="gsm8k", dataset=str(DATA / "gsm8k.jsonl")))
+    train, test = _splits(_cfg(task="gsm8k", dataset=str(DATA / "gsm8k.jsonl")))
     assert (len(train), len(test)) == (3, 1)  # a file without a test split: held out as for any dataset
 
 
 def test_math500_is_an_evaluation_set_graded_symbolically():
     cfg = _cfg(task="math500", dataset=str(DATA / "math500.jsonl"))
-    train, test = load_splits(cfg, evaluation=True)
+    train, test = _splits(cfg, evaluation=True)
     assert train == [] and len(test) == 4  # every row is a test problem
     ex = test[0]
     assert ex.prompt == ("What is the value of $\\frac{1}{2} + \\frac{1}{3}$?\n\n"
@@ -49,12 +54,12 @@ def test_math500_is_an_evaluation_set_graded_symbolically():
     assert _grade(cfg, ex, ["\\boxed{\\dfrac{5}{6}}", "\\boxed{10/12}", "\\boxed{0.8}", "no box"]) == [1.0, 1.0, 0.0, 0.0]
     assert _grade(cfg, test[2], ["\\boxed{\\sqrt{50}}", "\\boxed{5\\sqrt 2}", "\\boxed{25}"]) == [1.0, 1.0, 0.0]
     with pytest.raises(DatasetError, match="task=math500 is an evaluation set with no train split"):
-        load_splits(cfg)  # rlvr train: refused before any model loads
+        _splits(cfg)  # rlvr train: refused before any model loads
 
 
 def test_aime_reads_integer_answers():
     cfg = _cfg(task="aime", dataset=str(DATA / "aime.jsonl"))
-    _, test = load_splits(cfg, evaluation=True)
+    _, test = _splits(cfg, evaluation=True)
     assert [ex.answer for ex in test] == ["130", "7", "1"]
     assert test[0].prompt.endswith("write the final answer, an integer from 0 to 999, in \\boxed{}.")
     assert test[0].prompt.startswith("Find the number of positive integers less than $1000$")
@@ -65,19 +70,19 @@ def test_aime_reads_integer_answers():
 def test_preset_columns_follow_other_spellings_and_overrides(tmp_path):
     path = tmp_path / "aime25.jsonl"  # e.g. Maxwell-Jia/AIME_2024 capitalises its columns; answers are numbers
     path.write_text("".join(json.dumps({"ID": i, "Problem": f"Find {i} + 1.", "Answer": i + 1}) + "\n" for i in range(3)))
-    _, test = load_splits(_cfg(task="aime", dataset=str(path)), evaluation=True)
+    _, test = _splits(_cfg(task="aime", dataset=str(path)), evaluation=True)
     assert [ex.answer for ex in test] == ["1", "2", "3"] and test[1].prompt.startswith("Find 1 + 1.\n\n")
     path = tmp_path / "mine.jsonl"
     path.write_text("".join(json.dumps({"q": f"Find {i}.", "final": str(i), "answer": "x"}) + "\n" for i in range(3)))
-    _, test = load_splits(_cfg(task="math500", dataset=str(path), prompt_column="q", answer_column="final"), evaluation=True)
+    _, test = _splits(_cfg(task="math500", dataset=str(path), prompt_column="q", answer_column="final"), evaluation=True)
     assert [ex.answer for ex in test] == ["0", "1", "2"]
     with pytest.raises(DatasetError, match="has no prompt column \\(looked for problem, Problem, question, prompt\\)"):
-        load_splits(_cfg(task="aime", dataset=str(path)), evaluation=True)
+        _splits(_cfg(task="aime", dataset=str(path)), evaluation=True)
 
 
 def test_a_plain_dataset_keeps_the_accuracy_grader_and_its_own_prompts():
     cfg = _cfg(dataset=str(DATA / "gsm8k.jsonl"), dataset_test_split="train")
-    _, test = load_splits(cfg)
+    _, test = _splits(cfg)
     first = json.loads((DATA / "gsm8k.jsonl").read_text().splitlines()[0])
     assert test[0].prompt == first["question"] and verifier_name(cfg) == "accuracy"
 
@@ -90,7 +95,7 @@ def test_without_a_network_the_hub_default_says_to_pass_a_local_file(monkeypatch
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(DatasetError) as e:
-        load_splits(_cfg(task="math500"), evaluation=True)
+        _splits(_cfg(task="math500"), evaluation=True)
     message = str(e.value)
     assert message.startswith("task=math500 reads HuggingFaceH4/MATH-500 from the Hugging Face Hub, which failed (")
     assert message.endswith("pass the dataset as a local file: task=math500 dataset=<file.jsonl, .parquet or .csv>")
@@ -104,7 +109,7 @@ def test_without_a_network_the_hub_default_says_to_pass_a_local_file(monkeypatch
 ])
 def test_config_errors(settings, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        build_config(settings)
+        check_settings(build_config(settings))  # tasks are checked at launch
 
 
 class AlwaysTwo:

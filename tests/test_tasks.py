@@ -78,9 +78,13 @@ def _cfg(**kw):
     return build_config({"task_args": {"num_test": 10}, **kw})
 
 
+def _splits(cfg):
+    return load_splits(cfg.data_settings, cfg.seed)
+
+
 def test_jsonl_with_text_prompts_and_a_held_out_split(tmp_path):
     rows = [{"question": f"What is {i} + 1?", "ground_truth": i + 1, "difficulty": i % 3} for i in range(50)]
-    train, test = load_splits(_cfg(dataset=_write_jsonl(tmp_path / "d.jsonl", rows)))
+    train, test = _splits(_cfg(dataset=_write_jsonl(tmp_path / "d.jsonl", rows)))
     assert len(train) == 45 and len(test) == 5  # 10% held out
     assert not {e.prompt for e in train} & {e.prompt for e in test}
     ex = train[0]
@@ -92,7 +96,7 @@ def test_jsonl_with_text_prompts_and_a_held_out_split(tmp_path):
 
 def test_chat_message_prompts_like_deepmath(tmp_path):
     rows = [{"prompt": [{"role": "user", "content": f"Solve {i}"}], "solution": f"\\boxed{{{i}}}"} for i in range(20)]
-    train, _ = load_splits(_cfg(dataset=_write_jsonl(tmp_path / "d.jsonl", rows)))
+    train, _ = _splits(_cfg(dataset=_write_jsonl(tmp_path / "d.jsonl", rows)))
     assert train[0].is_conversational and train[0].answer.startswith("\\boxed{")
 
 
@@ -102,7 +106,7 @@ def test_parquet_with_configured_columns_and_its_own_test_split(tmp_path):
     rows = {"q": [f"q{i}" for i in range(8)], "final": [str(i) for i in range(8)]}
     path = tmp_path / "d.parquet"
     datasets.Dataset.from_dict(rows).to_parquet(str(path))
-    train, test = load_splits(_cfg(dataset=str(path), prompt_column="q", answer_column="final"))
+    train, test = _splits(_cfg(dataset=str(path), prompt_column="q", answer_column="final"))
     assert len(train) + len(test) == 8
     assert {e.answer for e in train + test} == {str(i) for i in range(8)}
 
@@ -110,23 +114,23 @@ def test_parquet_with_configured_columns_and_its_own_test_split(tmp_path):
 def test_dataset_errors_name_the_problem(tmp_path):
     path = _write_jsonl(tmp_path / "d.jsonl", [{"text": "hi", "answer": "1"}] * 4)
     with pytest.raises(DatasetError, match="no prompt column .*columns: text, answer. Set prompt_column"):
-        load_splits(_cfg(dataset=path))
+        _splits(_cfg(dataset=path))
     with pytest.raises(DatasetError, match="prompt_column='nope' is not a column"):
-        load_splits(_cfg(dataset=path, prompt_column="nope"))
+        _splits(_cfg(dataset=path, prompt_column="nope"))
     bad = _write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok", "answer": "1"}] * 5 + [{"prompt": [{"role": "user"}], "answer": "1"}] * 5)
     with pytest.raises(DatasetError, match=r"bad\.jsonl:\d+, column 'prompt': each chat message must be \{role: str, content: str\}"):
-        load_splits(_cfg(dataset=bad))
+        _splits(_cfg(dataset=bad))
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"prompt": "a", "answer": 1}\n{not json\n')
     with pytest.raises(DatasetError, match=r"broken\.jsonl:2: not valid JSON"):
-        load_splits(_cfg(dataset=str(broken)))
+        _splits(_cfg(dataset=str(broken)))
 
 
 def test_unreachable_hub_dataset_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(DatasetError, match="could not load dataset 'someone/not-here'"):
-        load_splits(_cfg(dataset="someone/not-here"))
+        _splits(_cfg(dataset="someone/not-here"))
 
 
 def test_the_task_turns_the_final_number_fallback_on_or_off():
@@ -136,7 +140,7 @@ def test_the_task_turns_the_final_number_fallback_on_or_off():
     def score(**task_args):
         cfg = build_config({"task_args": {"num_test": 10, **task_args}})
         groups = [[Rollout([1], [2], [0.0], "stop", "3 + 5 = 8")]]
-        return build_rewards(cfg).score_groups([Example("What is 3 + 5?", "8")], groups).total
+        return build_rewards(cfg.reward_settings, cfg.data_settings).score_groups([Example("What is 3 + 5?", "8")], groups).total
 
     assert score() == [0.0]  # the default: only a boxed answer counts
     assert score(final_number=True) == [1.0]

@@ -191,7 +191,7 @@ def test_reward_args_reach_the_function(tiny, tmp_path):
 
     cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "reward_funcs": ["accuracy"],
                         "reward_args": {"accuracy": {"final_number": True}}})
-    scores = build_rewards(cfg).score_groups([Example("q", "12")], [[Rollout([1], [2], [0.0], "stop", "so 12 apples")]])
+    scores = build_rewards(cfg.reward_settings, cfg.data_settings).score_groups([Example("q", "12")], [[Rollout([1], [2], [0.0], "stop", "so 12 apples")]])
     assert scores.total == [1.0]  # the last number counts because of reward_args
 
 

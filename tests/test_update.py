@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from conftest import make_tiny_model, make_tokenizer
+from rlvr.config import KLSettings
 from rlvr.kl import kl_estimate
 from rlvr.logprobs import LogProbs
-from rlvr.reference import KLReference, KLSettings
+from rlvr.reference import KLReference
 from rlvr.types import Batch, Rollout
 from rlvr.update import NonFinite, optimizer_step
 
@@ -77,7 +78,7 @@ def test_kl_in_the_reward_lowers_each_reward_by_beta_times_its_summed_estimate()
     sampler_logp = [-1.0, -2.0]  # what the sampler reported for the two tokens
     rollouts = [Rollout(p, c, sampler_logp, "stop", "ab"), Rollout(p, c[:1], sampler_logp[:1], "stop", "a")]
     logprobs = LogProbs(fast=True, temperature=1.0)
-    kl = KLReference(KLSettings(beta=0.5, placement="reward"), policy, reference, logprobs)
+    kl = KLReference(KLSettings(beta=0.5, kl_penalty="reward"), policy, reference, logprobs)
     rewards, kls = kl.penalize([1.0, 0.0], rollouts, 0, 2)
     # By hand: ref log-probs of the tokens from the reference model, k3 per token, summed per completion.
     batch = Batch.from_rollouts(rollouts, torch.zeros(2), torch.ones(2, dtype=torch.bool), 0, False, 2)
@@ -97,16 +98,19 @@ def test_update_settings_take_the_loss_settings_from_the_config():
     from rlvr.config import build_config
     from rlvr.update import UpdateSettings
 
+    def from_config(cfg, off_policy):  # as the trainer builds them
+        return UpdateSettings.from_sections(cfg.update_settings, cfg.rollout_settings, cfg.steps_per_optimizer_step, off_policy)
+
     cfg = build_config({"delta": 1.5, "epsilon_high": 0.28, "top_entropy_quantile": 0.2,
                         "vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_clip_min": 0.5,
                         "vllm_importance_sampling_cap": 2.0})  # TRL's older name for clip_max
-    s = UpdateSettings.from_config(cfg, off_policy=True)
+    s = from_config(cfg, off_policy=True)
     assert (s.delta, s.top_entropy_quantile) == (1.5, 0.2)
     assert (s.sampler_correction, s.sampler_clip_min, s.sampler_clip_max) == ("token_mask", 0.5, 2.0)
-    assert UpdateSettings.from_config(cfg, off_policy=False).sampler_correction is None  # the trained model sampled
+    assert from_config(cfg, off_policy=False).sampler_correction is None  # the trained model sampled
     off = build_config({"vllm_importance_sampling_correction": False})
-    assert UpdateSettings.from_config(off, off_policy=True).sampler_correction is None
-    default = UpdateSettings.from_config(build_config({}), off_policy=True)  # TRL's defaults
+    assert from_config(off, off_policy=True).sampler_correction is None
+    default = from_config(build_config({}), off_policy=True)  # TRL's defaults
     assert (default.sampler_correction, default.sampler_clip_min, default.sampler_clip_max) == ("sequence_mask", None, 3.0)
     assert (default.delta, default.top_entropy_quantile) == (None, 1.0)
 
@@ -147,7 +151,8 @@ def _policy_update(model, **settings):
     from rlvr.update import PolicyUpdate, UpdateSettings
 
     base = dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, importance_sampling_level="token", micro_batch_size=2,
-                max_completion_length=3, max_grad_norm=0.0, num_iterations=1, sampler_correction=None)
+                max_completion_length=3, max_grad_norm=0.0, num_iterations=1, sampler_correction=None, fsdp=False,
+                sampler_clip_min=None, sampler_clip_max=3.0, delta=None, top_entropy_quantile=1.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the gradients are what is checked
     logprobs = LogProbs(fast=True, temperature=1.0)
     kl = KLReference(KLSettings(beta=0.0), model, None, logprobs)

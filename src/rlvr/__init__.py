@@ -1,8 +1,7 @@
 """rlvr: train language models with reinforcement learning from verifiable rewards.
 
-`from rlvr import GRPOConfig, GRPOTrainer` is TRL's Python API on rlvr (api.py), and so are
-SFTConfig / SFTTrainer and DPOConfig / DPOTrainer (finetune/api.py); the command line is
-`rlvr` (cli.py).
+`from rlvr import GRPOConfig, GRPOTrainer` is TRL's Python API on rlvr (api/), and so are
+SFTConfig / SFTTrainer and DPOConfig / DPOTrainer; the command line is `rlvr` (cli.py).
 """
 
 __version__ = "0.1.0"
@@ -12,10 +11,7 @@ __all__ = ["GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "DPOConfig", 
 
 def __getattr__(name: str):
     if name in __all__:  # imported on first use, so `import rlvr` stays light
-        if name.startswith("GRPO"):
-            from rlvr import api
-        else:
-            from rlvr.finetune import api
+        from rlvr import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'rlvr' has no attribute {name!r}")

@@ -36,8 +36,12 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlvr.jsonl import append_rows
+
+if TYPE_CHECKING:
+    from rlvr.config import AlertSettings
 
 
 @dataclass
@@ -86,9 +90,9 @@ class History:
 
 
 class AlertMonitor:
-    def __init__(self, cfg, path: Path | None = None):
-        self.cfg, self.path = cfg, path
-        self.history = History(cfg.alert_window)
+    def __init__(self, settings: AlertSettings, path: Path | None = None):
+        self.settings, self.path = settings, path
+        self.history = History(settings.alert_window)
         self.active: dict[str, Finding] = {}
         self.quiet: dict[str, int] = {}  # active rules: consecutive steps their condition has been false
         self.last_events: list[AlertEvent] = []  # those of the last step taken
@@ -120,9 +124,9 @@ class AlertMonitor:
             mean = sum(rolling) / len(rolling)
             if h.best_reward is None or mean > h.best_reward + max(0.01 * abs(h.best_reward), 1e-3):
                 h.best_reward, h.best_reward_step = mean, step
-        events, patience = [], max(1, self.cfg.alert_window // 4)
+        events, patience = [], max(1, self.settings.alert_window // 4)
         for rule, check in RULES.items():
-            finding = check(h, self.cfg)
+            finding = check(h, self.settings)
             if finding:
                 if rule not in self.active:
                     events.append(self._event(step, rule, "start", finding))
@@ -147,7 +151,7 @@ class AlertMonitor:
                 self.unwritten = []
 
     def _event(self, step: int, rule: str, kind: str, finding: Finding) -> AlertEvent:
-        severity = self.cfg.on_alert.get(rule, "warn")
+        severity = self.settings.on_alert.get(rule, "warn")
         return AlertEvent(step, rule, kind, severity, finding.message, finding.suggestion, finding.value)
 
     def state_dict(self) -> dict:
@@ -171,11 +175,11 @@ def _mean(vals: list[float]) -> float:
     return sum(vals) / len(vals)
 
 
-# --- the rules: History + config -> Finding while active, else None ------------------------
+# --- the rules: History + alert settings -> Finding while active, else None ---------------
 
 
-def reward_flat(h: History, cfg) -> Finding | None:
-    if h.best_reward is None or h.steps[-1] - h.best_reward_step < cfg.alert_reward_flat_steps:
+def reward_flat(h: History, settings: AlertSettings) -> Finding | None:
+    if h.best_reward is None or h.steps[-1] - h.best_reward_step < settings.alert_reward_flat_steps:
         return None
     return Finding(
         h.best_reward,
@@ -185,48 +189,48 @@ def reward_flat(h: History, cfg) -> Finding | None:
     )
 
 
-def reward_std_low(h: History, cfg) -> Finding | None:
+def reward_std_low(h: History, settings: AlertSettings) -> Finding | None:
     vals = h.last("reward_std")
-    if vals is None or _mean(vals) >= cfg.alert_reward_std_low:
+    if vals is None or _mean(vals) >= settings.alert_reward_std_low:
         return None
     return Finding(
         _mean(vals),
-        f"reward std {_mean(vals):.3f} < {cfg.alert_reward_std_low} over the last {len(vals)} steps: groups barely differ",
+        f"reward std {_mean(vals):.3f} < {settings.alert_reward_std_low} over the last {len(vals)} steps: groups barely differ",
         "raise temperature or num_generations so completions of a prompt differ more",
     )
 
 
-def reward_std_high(h: History, cfg) -> Finding | None:
+def reward_std_high(h: History, settings: AlertSettings) -> Finding | None:
     vals = h.last("reward_std")
-    if vals is None or _mean(vals) <= cfg.alert_reward_std_high:
+    if vals is None or _mean(vals) <= settings.alert_reward_std_high:
         return None
     return Finding(
         _mean(vals),
-        f"reward std {_mean(vals):.3f} > {cfg.alert_reward_std_high} over the last {len(vals)} steps",
+        f"reward std {_mean(vals):.3f} > {settings.alert_reward_std_high} over the last {len(vals)} steps",
         "check the reward scale and reward_weights; lower temperature; consider scale_rewards=group",
     )
 
 
-def kl_high(h: History, cfg) -> Finding | None:
+def kl_high(h: History, settings: AlertSettings) -> Finding | None:
     vals = h.last("kl")
     if vals is None:
         return None
     half = len(vals) // 2
     rising = half > 0 and _mean(vals[half:]) > _mean(vals[:half])
-    if _mean(vals) <= cfg.alert_kl_high or not rising:
+    if _mean(vals) <= settings.alert_kl_high or not rising:
         return None
     return Finding(
         _mean(vals),
-        f"KL {_mean(vals):.4f} > {cfg.alert_kl_high} and rising",
+        f"KL {_mean(vals):.4f} > {settings.alert_kl_high} and rising",
         "raise beta (or set kl_target for adaptive KL), or lower the learning_rate",
     )
 
 
-def loss_zero(h: History, cfg) -> Finding | None:
+def loss_zero(h: History, settings: AlertSettings) -> Finding | None:
     loss, grad, reward = h.last("loss"), h.last("grad_norm"), h.last("reward")
     if loss is None or reward is None:
         return None
-    if _mean([abs(v) for v in loss]) >= cfg.alert_loss_zero or (grad is not None and _mean(grad) >= cfg.alert_loss_zero):
+    if _mean([abs(v) for v in loss]) >= settings.alert_loss_zero or (grad is not None and _mean(grad) >= settings.alert_loss_zero):
         return None
     if h.steps[-1] - h.best_reward_step < len(reward):  # the reward improved within the window
         return None
@@ -238,24 +242,24 @@ def loss_zero(h: History, cfg) -> Finding | None:
     )
 
 
-def throughput_low(h: History, cfg) -> Finding | None:
+def throughput_low(h: History, settings: AlertSettings) -> Finding | None:
     early, vals = h.early_tokens_per_second, h.last("tokens_per_second")
     if vals is None or len(early) <= h.window or len(h.steps) < 2 * h.window:
         return None
     baseline = statistics.median(early[1:])  # the first step pays for warm-up
     now = _mean(vals)
-    if baseline <= 0 or now >= cfg.alert_throughput_fraction * baseline:
+    if baseline <= 0 or now >= settings.alert_throughput_fraction * baseline:
         return None
     return Finding(
         now,
-        f"{now:.0f} tokens/s, below {cfg.alert_throughput_fraction:.0%} of the run's early {baseline:.0f} tokens/s",
+        f"{now:.0f} tokens/s, below {settings.alert_throughput_fraction:.0%} of the run's early {baseline:.0f} tokens/s",
         "check for other processes on the machine, swapping, or completions growing to max_completion_length",
     )
 
 
-def zero_std_high(h: History, cfg) -> Finding | None:
+def zero_std_high(h: History, settings: AlertSettings) -> Finding | None:
     vals = h.last("frac_reward_zero_std")
-    if vals is None or _mean(vals) <= cfg.alert_zero_std_high:
+    if vals is None or _mean(vals) <= settings.alert_zero_std_high:
         return None
     return Finding(
         _mean(vals),

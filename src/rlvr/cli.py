@@ -21,9 +21,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rlvr.config import Config, ConfigError, build_config, describe_settings, load_yaml, parse_overrides
+from rlvr.config import Config, ConfigError, describe_settings, parse_overrides
+from rlvr import methods
 from rlvr.settings import resolve_config, split_args
-from rlvr.hub import HubPushError, without_secrets
+from rlvr.hub import HubPushError
 from rlvr.trl_settings import ignored_line
 
 USAGE_ERRORS = (ConfigError, FileNotFoundError, FileExistsError)
@@ -137,23 +138,25 @@ def _library_errors() -> tuple:
             NonFinite, RolloutError)
 
 
-def cmd_train(args: list[str], method: str | None = None, extra: tuple = ()) -> int:
+def cmd_train(args: list[str], command: str = "train") -> int:
     import yaml
 
-    from rlvr.run import AlertStop, train
+    from rlvr.loop import AlertStop
+    from rlvr.run import train
 
     ignored: list[str] = []
-    if method is None:
+    method, extra = methods.commands()[command]
+    if method.is_default:  # rlvr train: the Config as it is; a config of another method is refused
         cfg = resolve_config(args, default_file=None if args else "demo", ignored=ignored)
-        if cfg.method != "grpo":
+        if cfg.method != method.name:
             raise ConfigError(f"this run trains with method={cfg.method}: use rlvr {cfg.method} (rlvr rft for sft with self_samples)")
-    else:  # rlvr sft / rft / dpo: the same run with another objective (finetune/)
-        cfg = resolve_config([*args, *extra], default_file=None if args else "demo", ignored=ignored, method=method)
+    else:  # rlvr sft / rft / dpo: the same run with another objective (finetune/), under its TRL config's names
+        cfg = resolve_config([*args, *extra], default_file=None if args else "demo", ignored=ignored, method=method.name)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints: the settings that differ from the defaults
         if ignored:
             print(ignored_line(ignored))
         defaults = Config().to_dict()
-        changed = {k: v for k, v in without_secrets(cfg).to_dict().items() if v != defaults.get(k)}
+        changed = {k: v for k, v in cfg.without_secrets().to_dict().items() if v != defaults.get(k)}
         print("settings (the rest at their defaults; all of them go to config.yaml in the run directory):")
         print(yaml.safe_dump(changed, sort_keys=False).rstrip())
     try:
@@ -178,7 +181,7 @@ def cmd_eval(args: list[str]) -> int:
     overrides = [a for a in args if "=" in a]
     cfgs = [resolve_config(([f] if f else []) + overrides, run_base=True) for f in files]
     labels = _task_labels(cfgs, files)
-    splits = [load_splits(cfg, evaluation=True) for cfg in cfgs]  # every dataset error before any model loads
+    splits = [load_splits(cfg.data_settings, cfg.seed, evaluation=True) for cfg in cfgs]  # every dataset error before any model loads
     console, models, results = make_console(), {}, []
     for cfg, label, (train, test) in zip(cfgs, labels, splits):
         test = test[: cfg.eval_max_examples or None]
@@ -190,7 +193,7 @@ def cmd_eval(args: list[str]) -> int:
             f", {cfg.eval_num_shots}-shot" if cfg.eval_num_shots else "")
         console.print(f"evaluating {path} on {len(test)} {label} problems{how}...")
         result = evaluate_model(model, tokenizer, test, cfg, shot_pool=train)
-        results.append({"model": str(path), "task": label, "verifier": verifier_name(cfg), "config": without_secrets(cfg).to_dict(), **result.to_dict()})
+        results.append({"model": str(path), "task": label, "verifier": verifier_name(cfg.data_settings), "config": cfg.without_secrets().to_dict(), **result.to_dict()})
     model_dir = Path(cfgs[0].model)
     out = Path(cfgs[0].eval_output) if cfgs[0].eval_output else (model_dir / "eval.json" if model_dir.is_dir() and is_run_dir(model_dir) else Path("eval.json"))
     write_results(results, out)
@@ -251,19 +254,19 @@ def compare_doc() -> str:
 
 
 def cmd_sample(args: list[str]) -> int:
-    import dataclasses
-
+    """A few completions of one prompt, sampled and scored along training's path (rollout/path.py):
+    with model=RUN_DIR, the run's settings, tools and environment (its saved config.yaml)."""
     import torch
 
-    from rlvr.chat import render_prompts, tokenize_prompts
-    from rlvr.models import eos_token_ids, load_model, pick_device
-    from rlvr.rollout import training_params
-    from rlvr.rollout.engine import make_sampler
+    from rlvr.models import load_model, pick_device
+    from rlvr.rollout import sampling_params
+    from rlvr.rollout.path import RolloutPath, in_process_sampler
     from rlvr.tasks import build_rewards
     from rlvr.types import Example
 
+    own = ("prompt", "n", "answer")  # sample's own arguments; the rest are settings
     config_file, overrides = split_args(args)
-    values = parse_overrides(overrides)
+    values = parse_overrides([a for a in overrides if a.split("=", 1)[0] in own])
     prompt = values.pop("prompt", None)
     n = values.pop("n", 4)
     answer = values.pop("answer", None)
@@ -271,25 +274,29 @@ def cmd_sample(args: list[str]) -> int:
         raise ConfigError('sample needs prompt="..." (and optionally n=4, answer=...)')
     if not isinstance(n, int) or n < 1:
         raise ConfigError(f"n must be a positive integer, got {n!r}")
-    cfg = build_config(load_yaml(config_file) if config_file else {}, values)
+    settings = [a for a in overrides if a.split("=", 1)[0] not in own]
+    cfg = resolve_config(([config_file] if config_file else []) + settings, run_base=True)
     model, tokenizer, path = load_model(cfg.model, cfg.dtype, pick_device(cfg.use_cpu), cfg.model_init_kwargs, cfg.trust_remote_code,
                                         cfg.trust_unverified_checkpoint)
-    sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), bf16=cfg.bf16, cuda_graphs=cfg.cuda_graphs)
-    texts = render_prompts(tokenizer, [prompt], cfg.system_prompt, cfg.chat_template_kwargs, cfg.text_prompts == "raw")
-    ids = tokenize_prompts(tokenizer, texts, cfg.max_prompt_length)
-    params = dataclasses.replace(training_params(cfg), n=n)
-    group = sampler.generate(ids, params, torch.Generator().manual_seed(cfg.seed))[0]
+    rollouts = RolloutPath.of(cfg, tokenizer, in_process_sampler(model, tokenizer, cfg.bf16, cfg.cuda_graphs), build_rewards(cfg.reward_settings, cfg.data_settings))
     example = Example(prompt=prompt, answer=None if answer is None else str(answer),
                       columns={"answer": None if answer is None else str(answer)})
-    scores = build_rewards(cfg).score_groups([example], [group], texts, max_completion_length=cfg.max_completion_length)
+    scored = rollouts.run([example], sampling_params(cfg.rollout_settings, n=n), torch.Generator().manual_seed(cfg.seed))
+    group, scores = scored.groups[0], scored.scores
     print(f"model: {path}\nprompt: {prompt}\n")
     for i, r in enumerate(group):
         shown = ", ".join(f"{k}={'n/a' if v[i] is None else f'{v[i]:g}'}" for k, v in scores.per_func.items())
         print(f"--- completion {i + 1}/{n}  ({len(r.completion_ids)} tokens, {r.finish_reason})  reward {scores.total[i]:g}  [{shown}]")
-        print(r.text)
+        print(_transcript(r.messages) if r.messages else r.text)
     if answer is None:
         print("\n(no answer=... given: accuracy rewards are n/a)")
     return 0
+
+
+def _transcript(messages: list[dict]) -> str:
+    """A multi-turn completion turn by turn: the model's turns, and between them what its tools or
+    environment answered."""
+    return "\n".join(f"[{m['role']}] {m['content']}" for m in messages)
 
 
 def check_reward_doc() -> str:
@@ -344,7 +351,7 @@ def settings_help() -> str:
         origin = "[TRL] " if name in TRL_NAMES else "[rlvr]"
         lines.append(f"    {origin} {name} = {default}" + (f"   # {help_text}" if help_text else ""))
     wrap = functools.partial(textwrap.fill, width=110, initial_indent="    ", subsequent_indent="    ")
-    lines += ["", "  TRL settings accepted without effect here (README: Configuration reference):", wrap(", ".join(sorted(IGNORED))),
+    lines += ["", "  TRL settings accepted without effect here (docs/settings.md):", wrap(", ".join(sorted(IGNORED))),
               "  TRL settings accepted only at TRL's default (another value is refused with the reason):", wrap(", ".join(UNSUPPORTED))]
     return "\n".join(lines)
 
@@ -354,17 +361,18 @@ def cmd_vllm_serve(args: list[str]) -> int:
     vllm_tensor_parallel_size and the length limits (vllm_max_model_length) come from the same
     settings as training."""
     from rlvr.models import resolve_model_path
-    from rlvr.rollout.vllm import import_vllm
+    from rlvr.rollout.vllm import engine_args, import_vllm
     from rlvr.rollout.vllm_server import serve
 
     cfg = resolve_config(args)
     import_vllm()  # a clear message before anything else when vLLM is missing
-    serve(cfg, resolve_model_path(cfg.model))
+    engine = engine_args(cfg.rollout_settings, cfg.model_settings, max_prompt_length=cfg.max_prompt_length, bf16=cfg.bf16,
+                         seed=cfg.seed)
+    serve(cfg.rollout_settings, resolve_model_path(cfg.model), engine)
     return 0
 
 
-COMMANDS = {"train": cmd_train, "sft": lambda args: cmd_train(args, "sft"),
-            "rft": lambda args: cmd_train(args, "sft", ("self_samples=true",)), "dpo": lambda args: cmd_train(args, "dpo"), "eval": cmd_eval, "sample": cmd_sample, "compare": cmd_compare, "report": cmd_report,
+COMMANDS = {**{command: functools.partial(cmd_train, command=command) for command in methods.commands()}, "eval": cmd_eval, "sample": cmd_sample, "compare": cmd_compare, "report": cmd_report,
             "vllm-serve": cmd_vllm_serve, "plan": cmd_plan}
 
 if __name__ == "__main__":

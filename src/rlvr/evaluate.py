@@ -17,7 +17,10 @@ k > 1 with eval_temperature = 0 is an error (k identical greedy completions say
 nothing more than one); greedy pass@1 is the default run, eval_num_samples=1.
 Sampled evaluation keeps the training rollouts' truncation (top_k, top_p, min_p)
 and stop strings, generation_kwargs included; the repetition penalty is left out:
-it changes what the model would say, and evaluation measures the model.
+it changes what the model would say, and evaluation measures the model
+(rollout.sampling_params).  The completions are sampled and scored along training's
+path (rollout/path.py): a run trained with tools, an environment or a rollout_func is
+evaluated with them.
 """
 
 from __future__ import annotations
@@ -27,13 +30,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlvr.chat import render_prompts, tokenize_prompts
 from rlvr.passk import ks_to_report, maj_at_k, pass_at_k
 from rlvr.rewards import RewardSet
 from rlvr.rewards.answers import DEFAULT_SOURCES
 from rlvr.rewards.math import accuracy, answer_key, extract_answer, numeric_accuracy, plain_last_box, signed_accuracy
-from rlvr.rollout import SamplingParams, generation_settings
-from rlvr.rollout.multiturn import make_multiturn
+from rlvr.rollout import sampling_params
+from rlvr.rollout.path import RolloutPath, in_process_sampler
 from rlvr.tasks.fewshot import pick_shots, with_shots
 from rlvr.types import Example
 
@@ -67,13 +69,11 @@ def evaluate_model(model, tokenizer, examples: list[Example], cfg, shot_pool: li
     in-process sampler, the configured rewards with the verifier, the config's seed."""
     import torch
 
-    from rlvr.models import eos_token_ids
-    from rlvr.rollout.engine import make_sampler
     from rlvr.tasks import build_rewards, verifier_name
 
-    sampler = make_sampler(model, tokenizer, eos_token_ids(model, tokenizer), max_batch_size=cfg.eval_batch_size, bf16=cfg.bf16,
-                           cuda_graphs=cfg.cuda_graphs)
-    return evaluate(sampler, tokenizer, examples, build_rewards(cfg, with_verifier=True), verifier_name(cfg), cfg,
+    sampler = in_process_sampler(model, tokenizer, cfg.bf16, cfg.cuda_graphs, max_batch_size=cfg.eval_batch_size)
+    return evaluate(sampler, tokenizer, examples, build_rewards(cfg.reward_settings, cfg.data_settings, with_verifier=True),
+                    verifier_name(cfg.data_settings), cfg,
                     generator=torch.Generator().manual_seed(cfg.seed), shot_pool=shot_pool)
 
 
@@ -81,31 +81,23 @@ def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, ve
              on_batch=None, shot_pool: list[Example] | None = None) -> EvalResult:
     """Sample cfg.eval_num_samples completions per example and score them with the verifier.
 
-    shot_pool: the train split, from which cfg.eval_num_shots worked examples are drawn
-    (required when eval_num_shots > 0)."""
+    sampler: the run's sampler, taken along the run's path (rollout/path.py) with its tools,
+    environment or rollout_func.  shot_pool: the train split, from which
+    cfg.eval_num_shots worked examples are drawn (required when eval_num_shots > 0)."""
     if not examples:
         raise ValueError("nothing to evaluate: the test split is empty")
     if cfg.eval_num_shots and shot_pool is None:
         raise ValueError(f"eval_num_shots={cfg.eval_num_shots} needs the train split to draw examples from (shot_pool)")
     shots = pick_shots(shot_pool or [], cfg.eval_num_shots, cfg.seed)
     k = cfg.eval_num_samples
-    sampled = cfg.eval_temperature > 0
-    train, _ = generation_settings(cfg)  # validated with the config
-    params = SamplingParams(n=k, max_tokens=cfg.max_completion_length, temperature=cfg.eval_temperature,
-                            top_p=train["top_p"] if sampled else 1.0, top_k=train["top_k"] if sampled else 0,
-                            min_p=(train["min_p"] or 0.0) if sampled else 0.0, stop_strings=train["stop_strings"])
+    params = sampling_params(cfg.rollout_settings, n=k, eval_temperature=cfg.eval_temperature)
+    path = RolloutPath.of(cfg, tokenizer, sampler, rewards)
     per_func: dict[str, list] = {name: [] for name in rewards.names}
     completions, lengths, truncated, samples = [], [], 0, []
-    multiturn = make_multiturn(cfg, tokenizer)  # with tools or an environment, evaluated as trained: turn by turn
     for lo in range(0, len(examples), cfg.eval_batch_size):
         chunk = examples[lo : lo + cfg.eval_batch_size]
-        prompts = [with_shots(ex.prompt, shots) for ex in chunk]
-        if multiturn is not None:
-            texts, groups = multiturn.generate(sampler, chunk, prompts, params, generator)
-        else:
-            texts = render_prompts(tokenizer, prompts, cfg.system_prompt, cfg.chat_template_kwargs, cfg.text_prompts == "raw")
-            groups = sampler.generate(tokenize_prompts(tokenizer, texts, cfg.max_prompt_length), params, generator)
-        scores = rewards.score_groups(chunk, groups, texts, max_completion_length=cfg.max_completion_length)
+        texts, groups = path.generate(chunk, params, generator, [with_shots(ex.prompt, shots) for ex in chunk])
+        scores = path.score(chunk, groups, texts)
         for name in rewards.names:
             per_func[name] += scores.per_func[name]
         rows = [(ex, s, r) for ex, group in zip(chunk, groups) for s, r in enumerate(group)]

@@ -10,13 +10,15 @@ imported inside the functions, so importing this module stays light.
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rlvr.config import Config
 from rlvr.errors import ConfigError
 from rlvr.errors import HubPushError  # noqa: F401 - raised here, defined in the leaf errors.py
+
+if TYPE_CHECKING:
+    from rlvr.config import OutputSettings
 
 # What stays local: the checkpoints (with optimizer state, several times the model's size), the
 # lock and other hidden files, and wandb's own files.  The rest is the model repository: weights,
@@ -24,38 +26,31 @@ from rlvr.errors import HubPushError  # noqa: F401 - raised here, defined in the
 EXCLUDE = ("checkpoint-*", ".*", "wandb/*")
 
 
-def without_secrets(cfg: Config) -> Config:
-    """cfg without the Hub token, nor from_pretrained's (model_init_kwargs.token): what config.yaml,
-    the loggers and a resumed run's comparison see (Config.without_secrets)."""
-    return cfg.without_secrets()
-
-
-def find_token(cfg: Config) -> str | None:
+def find_token(settings: OutputSettings) -> str | None:
     """hub_token, else $HF_TOKEN, else the token saved by `hf auth login` (huggingface_hub.get_token)."""
-    if cfg.hub_token:
-        return cfg.hub_token
+    if settings.hub_token:
+        return settings.hub_token
     import huggingface_hub
 
     return huggingface_hub.get_token()
 
 
-def repo_name(cfg: Config, output_dir: str | Path) -> str:
+def repo_name(settings: OutputSettings, output_dir: str | Path) -> str:
     """hub_model_id, else the output_dir's name, which the Hub puts under the token's user (as transformers does)."""
-    return cfg.hub_model_id or Path(output_dir).absolute().name
+    return settings.hub_model_id or Path(output_dir).absolute().name
 
 
-def check_push(cfg: Config) -> None:
+def check_push(settings: OutputSettings, default_dir: Path) -> None:
     """Raise ConfigError, before any model loads, when push_to_hub=true cannot push: no token,
-    or a repository name the Hub refuses."""
-    if not find_token(cfg):
+    or a repository name the Hub refuses.  default_dir: where the run goes without output_dir
+    (rundir.default_output_dir)."""
+    if not find_token(settings):
         raise ConfigError("push_to_hub=true needs a Hugging Face token with write access, and none was found: pass "
                           "hub_token=hf_..., set the HF_TOKEN environment variable, or log in once with `hf auth login` "
                           "(or set push_to_hub=false)")
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    from rlvr.rundir import default_output_dir
-
-    name = repo_name(cfg, cfg.output_dir or default_output_dir(cfg))
+    name = repo_name(settings, settings.output_dir or default_dir)
     try:
         validate_repo_id(name)
     except HFValidationError as e:
@@ -63,27 +58,27 @@ def check_push(cfg: Config) -> None:
                           f"repository name: {e} Set hub_model_id=<user>/<name>") from None
 
 
-def push(cfg: Config, output_dir: Path) -> str:
+def push(settings: OutputSettings, output_dir: Path) -> str:
     """Create the repository if it does not exist and upload output_dir without EXCLUDE; returns
     the repository's URL.  Any failure raises HubPushError, which says how to upload it later."""
     from huggingface_hub import HfApi
 
-    name = repo_name(cfg, output_dir)
-    api = HfApi(token=find_token(cfg))
+    name = repo_name(settings, output_dir)
+    api = HfApi(token=find_token(settings))
     try:
-        repo = api.create_repo(name, private=cfg.hub_private_repo, exist_ok=True)
+        repo = api.create_repo(name, private=settings.hub_private_repo, exist_ok=True)
         api.upload_folder(repo_id=repo.repo_id, folder_path=output_dir, ignore_patterns=list(EXCLUDE),
                           commit_message="End of training")
     except Exception as e:  # noqa: BLE001 - network, token or Hub: each leaves the run on disk, with one way on
-        raise HubPushError(push_failed_message(cfg, output_dir, e)) from e
+        raise HubPushError(push_failed_message(settings, output_dir, e)) from e
     return repo.url
 
 
-def push_failed_message(cfg: Config, output_dir: Path, error: BaseException) -> str:
+def push_failed_message(settings: OutputSettings, output_dir: Path, error: BaseException) -> str:
     reason = f"{error.__class__.__name__}: {(str(error).strip().splitlines() or [''])[0]}"
-    command = ["hf", "upload", repo_name(cfg, output_dir), str(output_dir), "."]
+    command = ["hf", "upload", repo_name(settings, output_dir), str(output_dir), "."]
     command += [arg for pattern in EXCLUDE for arg in ("--exclude", pattern)]
-    command += ["--private"] if cfg.hub_private_repo else []
-    command += ["--token", "<your token>"] if cfg.hub_token else []
+    command += ["--private"] if settings.hub_private_repo else []
+    command += ["--token", "<your token>"] if settings.hub_token else []
     return (f"could not push the model to the Hugging Face Hub ({reason}). The model is saved locally at {output_dir}, "
             f"with the run's summary and logs; push it later with: {shlex.join(command)}")

@@ -1,6 +1,6 @@
 """Ctrl-C (SIGINT) and SIGTERM during training: the run stops where it can resume exactly.
 
-`handling()` (run.py, around a whole run) turns both signals into KeyboardInterrupt (its
+`handling()` (loop.py, around a whole run) turns both signals into KeyboardInterrupt (its
 subclass `Terminated` for SIGTERM).  Inside `deferred(reason)` the
 exception is held back until the section ends: the trainer opens one from the update to the
 end of the step's bookkeeping (weights, optimizer, step counter, metrics row and alerts change

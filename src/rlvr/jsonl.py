@@ -11,7 +11,7 @@ from pathlib import Path
 def append_rows(path: Path, rows: list[dict], dump, on_error=None) -> dict | None:
     """Append `rows` to the JSON-lines file `path` and empty the list; the last row, or None.
     A write that fails leaves the list and (where it can) the file as they were, and raises; or,
-    with `on_error(path, error)`, lets that decide (run.py: a full disk with on_save_error=continue
+    with `on_error(path, error)`, lets that decide (loop.py: a full disk with on_save_error=continue
     keeps the rows for the next write and goes on)."""
     if not rows:
         return None

@@ -14,9 +14,13 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rlvr.errors import LoraError  # noqa: F401 - raised here, defined in the leaf errors.py
+
+if TYPE_CHECKING:
+    from rlvr.config import ModelSettings
 
 PEFT_MISSING = 'use_peft=true needs peft, which is not installed. Install it with: pip install "peft>=0.13"'
 # lora_target_modules=null: every linear layer of attention and MLP (for Llama: q/k/v/o_proj,
@@ -40,20 +44,21 @@ def unwrap(model):
     return model.get_base_model() if is_peft(model) else model
 
 
-def wrap(model, cfg, base_path: str):
-    """The model with a fresh LoRA adapter; only the adapter's parameters require gradients."""
+def wrap(model, settings: ModelSettings, base_path: str, seed: int):
+    """The model with a fresh LoRA adapter; only the adapter's parameters require gradients.
+    `seed` (the run's) alone decides the adapter's random init."""
     require_peft()
     from peft import LoraConfig, get_peft_model
 
-    targets = list(cfg.lora_target_modules) if cfg.lora_target_modules else ALL_LINEAR
-    config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+    targets = list(settings.lora_target_modules) if settings.lora_target_modules else ALL_LINEAR
+    config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
                         target_modules=targets, bias="none", task_type="CAUSAL_LM")
     try:
         with torch.random.fork_rng(devices=[]):  # the adapter's random init depends on the seed alone
-            torch.manual_seed(cfg.seed)
+            torch.manual_seed(seed)
             peft_model = get_peft_model(model, config)
     except ValueError as e:  # peft: "Target modules {...} not found in the base model ..."
-        raise LoraError(f"lora_target_modules={cfg.lora_target_modules!r} does not fit this model: {e}") from None
+        raise LoraError(f"lora_target_modules={settings.lora_target_modules!r} does not fit this model: {e}") from None
     # The adapter records where its base model is; an absolute path keeps it loadable from anywhere.
     path = Path(base_path)
     peft_model.peft_config["default"].base_model_name_or_path = str(path.resolve()) if path.is_dir() else base_path

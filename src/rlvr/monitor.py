@@ -14,6 +14,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -22,12 +23,15 @@ from rlvr.jsonl import append_rows
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rlvr.errors import LoggerError  # noqa: F401 - raised here, defined in the leaf errors.py
 
+if TYPE_CHECKING:
+    from rlvr.config import OutputSettings
+
 
 class MetricsLog:
     """Averages step metrics over the logging window and appends them to metrics.jsonl; appends
     the logged completions to completions.jsonl.
 
-    Each step is taken once (a record finished after a failure, run.py, does not add it twice),
+    Each step is taken once (a record finished after a failure, loop.py, does not add it twice),
     and a row is dropped from memory only once it is written: a row whose write failed is kept
     (`unwritten`, saved in checkpoints) and written first the next time, so no row is lost."""
 
@@ -41,7 +45,7 @@ class MetricsLog:
         self.last_completions_step = 0
         self.unwritten: list[dict] = []  # metrics rows not yet on disk
         self.unwritten_completions: list[dict] = []
-        self.on_error = None  # jsonl.append_rows: what a failed write does (run.py sets it)
+        self.on_error = None  # jsonl.append_rows: what a failed write does (loop.py sets it)
 
     def add(self, step: int, metrics: dict, force: bool = False) -> dict | None:
         """Record one step; returns the logged line when this step closes a window."""
@@ -209,10 +213,10 @@ class TensorBoardLogger:
     of that step and later ones, written before a stop, are purged (SummaryWriter's purge_step),
     so the steps a resumed run logs again appear once in TensorBoard."""
 
-    def __init__(self, cfg, output_dir: Path):
+    def __init__(self, settings: OutputSettings, output_dir: Path, logged_settings: dict):
         _require("tensorboard", "tensorboard")
         # With a run_name, its own directory: `tensorboard --logdir runs` lists the run under that name.
-        self.log_dir = str(Path(output_dir) / "tensorboard" / (cfg.run_name or ""))
+        self.log_dir = str(Path(output_dir) / "tensorboard" / (settings.run_name or ""))
         self.writer = None
 
     def start(self, first_step: int) -> None:
@@ -235,10 +239,10 @@ class TensorBoardLogger:
 class WandbLogger:
     """Project from $WANDB_PROJECT (default rlvr); offline runs work as wandb's own do (WANDB_MODE=offline)."""
 
-    def __init__(self, cfg, output_dir: Path):
+    def __init__(self, settings: OutputSettings, output_dir: Path, logged_settings: dict):
         self.wandb = _require("wandb", "wandb")
-        self.run = self.wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), name=run_name(cfg, output_dir),
-                                   dir=str(output_dir), config=_settings(cfg))
+        self.run = self.wandb.init(project=os.environ.get("WANDB_PROJECT", "rlvr"), name=run_name(settings, output_dir),
+                                   dir=str(output_dir), config=logged_settings)
 
     def start(self, first_step: int) -> None:
         pass
@@ -253,9 +257,9 @@ class WandbLogger:
 class TrackioLogger:
     """Project from $TRACKIO_PROJECT (default rlvr)."""
 
-    def __init__(self, cfg, output_dir: Path):
+    def __init__(self, settings: OutputSettings, output_dir: Path, logged_settings: dict):
         self.trackio = _require("trackio", "trackio")
-        self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlvr"), name=run_name(cfg, output_dir), config=_settings(cfg))
+        self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlvr"), name=run_name(settings, output_dir), config=logged_settings)
 
     def start(self, first_step: int) -> None:
         pass
@@ -267,22 +271,20 @@ class TrackioLogger:
         self.trackio.finish()
 
 
-def run_name(cfg, output_dir: Path) -> str:
+def run_name(settings: OutputSettings, output_dir: Path) -> str:
     """The run's name in the loggers: run_name, else its directory's name."""
-    return cfg.run_name or Path(output_dir).name
-
-
-def _settings(cfg) -> dict:
-    return cfg.without_secrets().to_dict()  # never the Hub token
+    return settings.run_name or Path(output_dir).name
 
 
 def _scalars(line: dict) -> dict:
     return {k: v for k, v in line.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def build_loggers(cfg, output_dir: Path) -> list:
-    """One logger per report_to entry (metrics.jsonl is always written, by MetricsLog)."""
-    return [LOGGERS[name](cfg, output_dir) for name in dict.fromkeys(cfg.report_to) if name in LOGGERS]
+def build_loggers(settings: OutputSettings, output_dir: Path, logged_settings: dict) -> list:
+    """One logger per report_to entry (metrics.jsonl is always written, by MetricsLog).
+    logged_settings: every setting of the run as the loggers record it, without the Hub token
+    (Config.without_secrets().to_dict(), what config.yaml holds)."""
+    return [LOGGERS[name](settings, output_dir, logged_settings) for name in dict.fromkeys(settings.report_to) if name in LOGGERS]
 
 
 LOGGERS = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger, "trackio": TrackioLogger}

@@ -26,8 +26,12 @@ from __future__ import annotations
 import inspect
 import math
 import re
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from rlvr.config import OptimizerSettings
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, kind: str, learning_rate: float = 1.0, **kwargs) -> float:
@@ -91,8 +95,8 @@ def schedule_problems(kind: str, kwargs: dict, learning_rate: float) -> list[str
     return problems
 
 
-def warmup_steps_for(cfg, total_steps: int) -> int:
-    return cfg.warmup_steps if cfg.warmup_steps > 0 else math.ceil(cfg.warmup_ratio * total_steps)
+def warmup_steps_for(settings: OptimizerSettings, total_steps: int) -> int:
+    return settings.warmup_steps if settings.warmup_steps > 0 else math.ceil(settings.warmup_ratio * total_steps)
 
 
 # transformers' rule (Trainer.get_decay_parameter_names), so weight_decay means what it means in TRL:
@@ -113,19 +117,19 @@ def param_groups(model, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-def build_optimizer(model, cfg, total_steps: int):
+def build_optimizer(model, settings: OptimizerSettings, total_steps: int):
     optimizer = torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
-        lr=cfg.learning_rate,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        eps=cfg.adam_epsilon,
-        weight_decay=cfg.weight_decay,
-        **OPTIMIZERS[cfg.optim],
+        param_groups(model, settings.weight_decay),
+        lr=settings.learning_rate,
+        betas=(settings.adam_beta1, settings.adam_beta2),
+        eps=settings.adam_epsilon,
+        weight_decay=settings.weight_decay,
+        **OPTIMIZERS[settings.optim],
     )
     if optimizer.defaults.get("fused"):
         optimizer.register_step_post_hook(_mark_written)
-    warmup = warmup_steps_for(cfg, total_steps)
-    kind, kwargs, lr = cfg.lr_scheduler_type, dict(cfg.lr_scheduler_kwargs), cfg.learning_rate
+    warmup = warmup_steps_for(settings, total_steps)
+    kind, kwargs, lr = settings.lr_scheduler_type, dict(settings.lr_scheduler_kwargs), settings.learning_rate
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, warmup, kind, lr, **kwargs))
     return optimizer, scheduler
 
@@ -138,28 +142,28 @@ def _mark_written(optimizer, args, kwargs) -> None:
             torch.autograd.graph.increment_version(p)
 
 
-def apply_optimizer_settings(optimizer, scheduler, cfg) -> None:
-    """The learning rate, weight decay and Adam settings of `cfg` on a resumed optimizer and
+def apply_optimizer_settings(optimizer, scheduler, settings: OptimizerSettings) -> None:
+    """The learning rate, weight decay and Adam settings of `settings` on a resumed optimizer and
     schedule (resume_override=true), the schedule's position kept."""
-    scheduler.base_lrs = [cfg.learning_rate] * len(optimizer.param_groups)
+    scheduler.base_lrs = [settings.learning_rate] * len(optimizer.param_groups)
     for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
-        group.update(initial_lr=cfg.learning_rate, lr=cfg.learning_rate * factor(scheduler.last_epoch),
-                     weight_decay=0.0 if group.get("no_decay") else cfg.weight_decay, eps=cfg.adam_epsilon,
-                     betas=(cfg.adam_beta1, cfg.adam_beta2))
+        group.update(initial_lr=settings.learning_rate, lr=settings.learning_rate * factor(scheduler.last_epoch),
+                     weight_decay=0.0 if group.get("no_decay") else settings.weight_decay, eps=settings.adam_epsilon,
+                     betas=(settings.adam_beta1, settings.adam_beta2))
     scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
 
 
-def autocast_dtype(cfg) -> torch.dtype | None:
+def autocast_dtype(settings: OptimizerSettings) -> torch.dtype | None:
     """The dtype of the matmuls under autocast: bfloat16 (bf16), float16 (fp16), or None (the weights' own)."""
-    return torch.bfloat16 if cfg.bf16 else torch.float16 if cfg.fp16 else None
+    return torch.bfloat16 if settings.bf16 else torch.float16 if settings.fp16 else None
 
 
-def loss_scaler(cfg, device) -> torch.amp.GradScaler:
+def loss_scaler(settings: OptimizerSettings, device) -> torch.amp.GradScaler:
     """fp16's dynamic loss scaling: the loss is multiplied by a scale before the backward pass, so
     that small gradients do not vanish in fp16, and the gradients are divided by it before the
     step; a step whose gradients overflowed is skipped and the scale halved.  Without fp16 the
     scaler is disabled and changes nothing (update.backward, update.optimizer_step)."""
-    return torch.amp.GradScaler(torch.device(device).type, enabled=cfg.fp16)
+    return torch.amp.GradScaler(torch.device(device).type, enabled=settings.fp16)
 
 
 # The schedules by lr_scheduler_type; a function's keyword-only arguments are its lr_scheduler_kwargs.

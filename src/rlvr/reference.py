@@ -3,40 +3,25 @@ the loss or to the reward, and the coefficient beta with its adaptive controller
 formulas).
 
 The reference is a frozen copy of the starting model, or with LoRA the policy itself with its
-adapter switched off (no copy).  With `placement="loss"` each update adds beta x the per-token
-estimate to the loss (GRPO); with `placement="reward"` each completion's reward is lowered by
-beta x its summed estimate before the advantages (RLHF with PPO).  With `target`, beta moves
-after every step toward the value that keeps the measured KL near it.  With `sync_every` (TRL's
-sync_ref_model, from TR-DPO, https://arxiv.org/abs/2404.09656) the frozen copy moves toward the
-policy every sync_every optimizer steps, reference = alpha x policy + (1 - alpha) x reference;
-the moved reference is then part of the checkpoint state, so that a resumed run uses it.
+adapter switched off (no copy).  With `kl_penalty="loss"` each update adds beta x the per-token
+estimate (`kl_estimator`) to the loss (GRPO); with `kl_penalty="reward"` each completion's reward
+is lowered by beta x its summed estimate before the advantages (RLHF with PPO).  With `kl_target`,
+beta moves after every step toward the value that keeps the measured KL near it, over about
+`kl_horizon` steps.  With `sync_ref_model` (TRL's, from TR-DPO, https://arxiv.org/abs/2404.09656)
+the frozen copy moves toward the policy every ref_model_sync_steps optimizer steps,
+reference = alpha x policy + (1 - alpha) x reference (alpha: ref_model_mixup_alpha); the moved
+reference is then part of the checkpoint state, so that a resumed run uses it.  The settings are
+config.KLSettings, the KL section of the run's settings.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from rlvr.config import KLSettings
 from rlvr.kl import AdaptiveKL, sequence_kl
 from rlvr.lora import is_peft, reference_off
 from rlvr.types import Batch, Rollout
-
-
-@dataclass(frozen=True)
-class KLSettings:
-    beta: float = 0.0
-    estimator: str = "k3"
-    placement: str = "loss"  # "loss" or "reward" (kl_penalty)
-    target: float | None = None  # kl_target: adaptive beta
-    horizon: int = 10000
-    sync_every: int = 0  # ref_model_sync_steps when sync_ref_model; 0: the reference never moves
-    sync_alpha: float = 0.6  # ref_model_mixup_alpha
-
-    @classmethod
-    def from_config(cls, cfg) -> "KLSettings":
-        return cls(cfg.beta, cfg.kl_estimator, cfg.kl_penalty, cfg.kl_target or None, cfg.kl_horizon,
-                   cfg.ref_model_sync_steps if cfg.sync_ref_model else 0, cfg.ref_model_mixup_alpha)
 
 
 class KLReference:
@@ -45,19 +30,21 @@ class KLReference:
         there is no ref_model); logprobs: a logprobs.LogProbs, how log-probs are computed."""
         self.settings, self.policy, self.ref_model, self.logprobs = settings, policy, ref_model, logprobs
         self.beta = settings.beta
-        self.control = AdaptiveKL(settings.beta, settings.target, settings.horizon) if settings.target else None
-        if settings.sync_every and ref_model is None:
+        self.control = AdaptiveKL(settings.beta, settings.kl_target, settings.kl_horizon) if settings.kl_target else None
+        # optimizer steps between moves of the reference toward the policy; 0: it never moves
+        self.sync_every = settings.ref_model_sync_steps if settings.sync_ref_model else 0
+        if self.sync_every and ref_model is None:
             raise ValueError("sync_ref_model needs a reference model of its own to move (beta > 0, without LoRA)")
         self.steps = 0  # optimizer steps seen by after_step: when the reference is synced
 
     @property
     def in_reward(self) -> bool:
-        return self.beta > 0 and self.settings.placement == "reward"
+        return self.beta > 0 and self.settings.kl_penalty == "reward"
 
     @property
     def loss_beta(self) -> float:
         """The coefficient in the loss: beta, unless the KL is charged to the reward instead."""
-        return self.beta if self.settings.placement == "loss" else 0.0
+        return self.beta if self.settings.kl_penalty == "loss" else 0.0
 
     @torch.no_grad()
     def ref_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -80,7 +67,7 @@ class KLReference:
         n = len(rollouts)
         batch = Batch.from_rollouts(rollouts, torch.zeros(n), torch.ones(n, dtype=torch.bool), pad_id, False, group_size)
         return sequence_kl(batch.sampler_logprobs, self.ref_logprobs(batch), batch.loss_mask,
-                           self.settings.estimator).tolist()
+                           self.settings.kl_estimator).tolist()
 
     def penalize(self, rewards: list[float], rollouts: list[Rollout], pad_id: int,
                  group_size: int) -> tuple[list[float], list[float] | None]:
@@ -92,20 +79,20 @@ class KLReference:
 
     def after_step(self, metrics: dict) -> None:
         """After each optimizer step: record the beta this step used; with a target, move it for the
-        next step; every sync_every steps, move the reference toward the policy."""
+        next step; every ref_model_sync_steps steps (sync_ref_model), move the reference toward the policy."""
         if self.beta > 0:
             metrics["beta"] = self.beta
         if self.control is not None:
             self.beta = self.control.update(metrics.get("kl"))
         self.steps += 1
-        if self.settings.sync_every and self.steps % self.settings.sync_every == 0:
+        if self.sync_every and self.steps % self.sync_every == 0:
             self.sync()
 
     @torch.no_grad()
     def sync(self) -> None:
         """reference <- alpha x policy + (1 - alpha) x reference, parameter by parameter (TRL's
         SyncRefModelCallback).  A sharded (fsdp) policy parameter is gathered whole first, on every rank."""
-        alpha, policy = self.settings.sync_alpha, dict(self.policy.named_parameters())
+        alpha, policy = self.settings.ref_model_mixup_alpha, dict(self.policy.named_parameters())
         for name, ref in self.ref_model.named_parameters():
             p = policy[name].full_tensor() if hasattr(policy[name], "full_tensor") else policy[name]
             ref.mul_(1.0 - alpha).add_(p.to(ref.device, ref.dtype), alpha=alpha)
@@ -113,7 +100,7 @@ class KLReference:
     @property
     def synced(self) -> bool:
         """Whether the reference has moved from the starting model."""
-        return bool(self.settings.sync_every) and self.steps >= self.settings.sync_every
+        return bool(self.sync_every) and self.steps >= self.sync_every
 
     def state_dict(self) -> dict:
         state = {"beta": self.beta, "kl_control": self.control.state_dict() if self.control else None, "steps": self.steps}

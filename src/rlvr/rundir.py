@@ -11,7 +11,6 @@ once: otherwise it would hold the lock after the run died, and refuse the resume
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import json
 import os
@@ -20,12 +19,15 @@ import socket
 import time
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlvr import distributed, lora
 from rlvr.checkpoint import CheckpointError, DiskFull, checkpoints, clean_leftovers, is_disk_full, resumable, verify
-from rlvr.config import Config
 from rlvr.errors import ConfigError
 from rlvr.models import latest_checkpoint
+
+if TYPE_CHECKING:
+    from rlvr.config import DataSettings, OutputSettings
 
 LOCK = ".lock"
 
@@ -81,14 +83,14 @@ class RunLock:
             self.fd = -1
 
 
-def prepare_output_dir_once(cfg: Config, world: distributed.World, say=print):
+def prepare_output_dir_once(settings: OutputSettings, default_dir: Path, current: dict, world: distributed.World, say=print):
     """prepare_output_dir on rank 0, its answer (or its error) on every rank; the lock is rank 0's."""
     if not world.enabled:
-        return prepare_output_dir(cfg, say)
+        return prepare_output_dir(settings, default_dir, current, say)
     answer, lock = None, None
     if world.is_main:
         try:
-            *answer, lock = prepare_output_dir(cfg, say)
+            *answer, lock = prepare_output_dir(settings, default_dir, current, say)
         except (FileExistsError, FileNotFoundError, CheckpointError, RunLocked, SettingsChanged) as e:
             answer = e
     answer = distributed.broadcast(answer, world)
@@ -97,46 +99,47 @@ def prepare_output_dir_once(cfg: Config, world: distributed.World, say=print):
     return (*answer, lock)
 
 
-def prepare_output_dir(cfg: Config, say=print):
-    """(cfg with a concrete output_dir, that dir, the checkpoint to resume from or None, the lock).
+def prepare_output_dir(settings: OutputSettings, default_dir: Path, current: dict, say=print):
+    """(the run's directory, the checkpoint to resume from or None, the lock).  default_dir: where
+    a new run goes without output_dir (default_output_dir); current: every setting of the run as
+    config.yaml holds it (Config.without_secrets().to_dict()), for compare_settings.
 
     resume=true takes the newest checkpoint that verifies (checkpoint.py), reporting the ones it
     skips; a run that stopped before its first checkpoint starts over in its directory.  The
     logs keep the steps up to the checkpoint, each once (rows of replayed steps are dropped).
     Nothing is looked at or changed before the directory's lock is held."""
-    if cfg.resume_checkpoint:  # TRL's resume_from_checkpoint=<path>
-        output_dir = Path(cfg.output_dir) if cfg.output_dir else Path(cfg.resume_checkpoint).parent
-    elif cfg.resume:
-        output_dir = Path(cfg.output_dir) if cfg.output_dir else latest_run_dir()
+    if settings.resume_checkpoint:  # TRL's resume_from_checkpoint=<path>
+        output_dir = Path(settings.output_dir) if settings.output_dir else Path(settings.resume_checkpoint).parent
+    elif settings.resume:
+        output_dir = Path(settings.output_dir) if settings.output_dir else latest_run_dir()
     else:
-        output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
+        output_dir = Path(settings.output_dir) if settings.output_dir else Path(default_dir)
     lock = RunLock(output_dir, say)
     try:  # any error from here on lets go of the directory
-        checkpoint = _checkpoint_to_resume(cfg, output_dir, say)
-        cfg = dataclasses.replace(cfg, output_dir=str(output_dir))
+        checkpoint = _checkpoint_to_resume(settings, output_dir, say)
         step = _step_of(checkpoint) if checkpoint else 0
-        changed_course = checkpoint is not None and compare_settings(cfg, output_dir, step, say)
+        changed_course = checkpoint is not None and compare_settings(current, output_dir, step, settings.resume_override, say)
         later = [p for p in checkpoints(output_dir) if _step_of(p) > step] if checkpoint is not None else []
         aside = set_aside(output_dir, step, later, say) if later or changed_course else None
         _keep_logs_until(output_dir, step, say, aside)
     except BaseException:
         lock.close()
         raise
-    return cfg, output_dir, checkpoint, lock
+    return output_dir, checkpoint, lock
 
 
-def _checkpoint_to_resume(cfg: Config, output_dir: Path, say) -> Path | None:
+def _checkpoint_to_resume(settings: OutputSettings, output_dir: Path, say) -> Path | None:
     """The checkpoint the run continues from, or None for a new run (or one with no checkpoint yet)."""
-    if cfg.resume_checkpoint:
-        checkpoint = Path(cfg.resume_checkpoint)
-        problem = verify(checkpoint, cfg.trust_unverified_checkpoint)
+    if settings.resume_checkpoint:
+        checkpoint = Path(settings.resume_checkpoint)
+        problem = verify(checkpoint, settings.trust_unverified_checkpoint)
         if problem is not None:
             raise CheckpointError(f"resume_from_checkpoint={checkpoint}: {problem}")
         return checkpoint
-    if cfg.resume:
+    if settings.resume:
         for name in clean_leftovers(output_dir):
             say(f"removed {name}: left by an interrupted save")
-        checkpoint = resumable(output_dir, say, cfg.trust_unverified_checkpoint)
+        checkpoint = resumable(output_dir, say, settings.trust_unverified_checkpoint)
         if checkpoint is None and checkpoints(output_dir):
             raise CheckpointError(f"resume=true but no checkpoint in {output_dir} verifies (see above); "
                                   "resume_from_checkpoint=<dir> resumes from one you choose")
@@ -172,22 +175,23 @@ class SettingsChanged(ConfigError):
     pass
 
 
-def compare_settings(cfg: Config, output_dir: Path, step: int, say=print) -> bool:
-    """Resuming with other settings than the run's config.yaml: free ones are reported, the others
-    refused unless resume_override=true (then True: the run takes another course from `step`).
-    The previous config.yaml is kept as config.before-step-<N>.yaml."""
+def compare_settings(current: dict, output_dir: Path, step: int, override: bool, say=print) -> bool:
+    """Resuming with other settings (`current`, as config.yaml holds them) than the run's config.yaml:
+    free ones are reported, the others refused unless `override` (resume_override=true; then True:
+    the run takes another course from `step`).  The previous config.yaml is kept as
+    config.before-step-<N>.yaml."""
     saved_path = output_dir / "config.yaml"
     if not saved_path.is_file():
         return False
     import yaml
 
     saved = yaml.safe_load(saved_path.read_text()) or {}
-    current = yaml.safe_load(yaml.safe_dump(cfg.without_secrets().to_dict(), sort_keys=False))  # the same YAML round trip
+    current = yaml.safe_load(yaml.safe_dump(current, sort_keys=False))  # the same YAML round trip
     changed = {k: (saved[k], v) for k, v in current.items() if k in saved and saved[k] != v}
     course = {k: d for k, d in changed.items() if k not in FREE_TO_CHANGE and not k.startswith("alert_")}
     free = {k: d for k, d in changed.items() if k not in course and k not in ("output_dir", "resume", "resume_checkpoint", "resume_override")}
     listing = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in course.items())
-    if course and not cfg.resume_override:
+    if course and not override:
         raise SettingsChanged(f"resume with settings that change the run's course from step {step}: {listing}. "
                               "Resume with the run's own settings (its config.yaml), or add resume_override=true")
     if course:
@@ -264,12 +268,12 @@ def latest_run_dir(root: Path = Path("runs")) -> Path:
     return max(runs, key=lambda p: latest_checkpoint(p).stat().st_mtime)
 
 
-def default_output_dir(cfg: Config) -> Path:
+def default_output_dir(settings: OutputSettings, data: DataSettings, command: str) -> Path:
     """runs/<run_name>-<date>-<time>; without a run_name, the dataset's or the task's name (after
-    the method's for rlvr sft / rft / dpo: runs/sft-arithmetic-...)."""
-    name = cfg.run_name or (Path(cfg.dataset).stem if cfg.dataset else cfg.task)
-    if not cfg.run_name and cfg.method != "grpo":
-        name = f"{cfg.command}-{name}"
+    the command's for rlvr sft / rft / dpo: runs/sft-arithmetic-...; `command`: FinetuneSettings.command)."""
+    name = settings.run_name or (Path(data.dataset).stem if data.dataset else data.task)
+    if not settings.run_name and command != "train":
+        name = f"{command}-{name}"
     return Path("runs") / f"{name.replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 

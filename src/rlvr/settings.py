@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlvr import methods
 from rlvr.config import Config, build_config, load_yaml, parse_overrides, sampling_problems, validate
 from rlvr.errors import ConfigError
 
@@ -45,7 +46,7 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
     """defaults <- (the method's defaults) <- (a run's saved config) <- CONFIG_FILE <- key=value.
 
     `method` (sft, dpo): the command's own defaults and names, as TRL's SFTConfig / DPOConfig
-    have them (finetune/api.py: DPO's `beta` and `loss_type` are dpo_beta and dpo_loss_type).
+    have them (methods.py: DPO's `beta` and `loss_type` are dpo_beta and dpo_loss_type).
 
     The saved config of a run is the base when resuming it, and (run_base) when
     its directory is the model, so `rlvr eval model=runs/x` evaluates on the
@@ -60,12 +61,11 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
     override_values = parse_overrides(overrides)
     base, defaults = {}, {}
     if method is not None:
-        from rlvr.finetune.api import method_settings
-
-        defaults = method_settings(method, {})  # below a resumed run's own settings, as for rlvr train
-        # Given {}, method_settings answers with the defaults: only what the user gave is renamed.
-        file_values = method_settings(method, file_values) if file_values else {}
-        override_values = method_settings(method, override_values) if override_values else {}
+        own = methods.get(method).settings
+        defaults = own({})  # below a resumed run's own settings, as for rlvr train
+        # Given {}, Method.settings answers with the defaults: only what the user gave is renamed.
+        file_values = own(file_values) if file_values else {}
+        override_values = own(override_values) if override_values else {}
     merged = {**file_values, **override_values}
     model = merged.get("model") or merged.get("model_name_or_path")
     if run_base and isinstance(model, str) and (Path(model) / "config.yaml").is_file():
@@ -83,7 +83,7 @@ def resolve_config(args: list[str], default_file: str | None = None, run_base: b
         base["output_dir"] = str(run_dir)
     if method is not None and base.get("method", method) != method:
         raise ConfigError(f"{base.get('output_dir') or 'the run'} was trained with method={base['method']}; "
-                          f"continue it with rlvr {'train' if base['method'] == 'grpo' else base['method']}")
+                          f"continue it with rlvr {methods.get(base['method']).command}")
     return check_settings(build_config(defaults, base, file_values, override_values, ignored=ignored))
 
 
@@ -131,8 +131,10 @@ def check_runnable(cfg: Config, world: World) -> None:
     require_hub_model(cfg.model, cfg.model_init_kwargs.get("revision"))  # offline, a hub id not in the cache fails now
     if cfg.push_to_hub:
         from rlvr.hub import check_push
+        from rlvr.rundir import default_output_dir
 
-        check_push(cfg)  # a token and a valid repository name now, not after training
+        # a token and a valid repository name now, not after training
+        check_push(cfg.run_settings, default_output_dir(cfg.run_settings, cfg.data_settings, cfg.command))
     if cfg.use_peft:
         from rlvr.lora import require_peft
 
@@ -189,7 +191,7 @@ def _reward_problems(cfg: Config) -> list[str]:
     for name, args in cfg.reward_args.items():
         if ":" not in name and isinstance(args, dict) and args:
             problems += check_reward_args(name, args)
-    return problems + check_task(cfg)
+    return problems + check_task(cfg.data_settings)
 
 
 def _multiturn_problems(cfg: Config) -> list[str]:

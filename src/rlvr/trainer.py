@@ -1,5 +1,6 @@
-"""One training step, top to bottom: sample, score, advantage, update.  (The whole run,
-with evaluation, logging, alerts and checkpoints around the steps, is run.py.)
+"""The parts every method builds and checkpoints (RunCore), and GRPO's step on them (Trainer):
+sample, score, advantage, update.  (The whole run, with evaluation, logging, alerts and checkpoints
+around the steps, is run.py and loop.py; SFT, RFT and DPO add their steps in finetune/trainer.py.)
 
 One *generation* samples G completions for each of `prompts_per_step` prompts and scores them
 (stages 1-3, rollout/generation.py), then optimizer steps train on it (stage 4, update.py): one per
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,13 +34,13 @@ from rlvr.tasks import PromptStream
 from rlvr.types import Batch, Example, Generation, TrainerState
 from rlvr.update import PolicyUpdate, UpdateSettings
 
-__all__ = ["StepRecord", "Trainer", "total_steps_for"]
+__all__ = ["RunCore", "RunData", "StepRecord", "Trainer", "steps_for", "total_steps_for"]
 
 
 class StepRecord:
     """A trainer whose step's record (its logged completions and `on_step(metrics)`) is kept in
     `unrecorded` from the moment the step is counted until the record is done; a checkpoint saved
-    in between holds it, and the resumed run finishes it (run.py)."""
+    in between holds it, and the resumed run finishes it (loop.py)."""
 
     unrecorded: dict | None = None  # {"step", "metrics", "completions"}
     log: MetricsLog
@@ -57,46 +59,196 @@ class StepRecord:
         self.unrecorded = None
 
 
-class Trainer(StepRecord):
-    def __init__(self, cfg: Config, model, tokenizer, train_examples: list[Example], output_dir: Path, total_steps: int, ref_model=None,
-                 world: distributed.World = distributed.SINGLE, full_model=None):
-        self.cfg, self.model, self.tokenizer, self.ref_model = cfg, model, tokenizer, ref_model
+@dataclass
+class RunData:
+    """What a run trains and evaluates on: the train examples (the prompts, their answers and
+    columns), the test examples, and for sft / dpo the demonstrations or pairs (finetune/data.py)."""
+
+    train_examples: list[Example]
+    test_examples: list[Example]
+    items: list | None = None
+
+
+class RunCore(StepRecord):
+    """The parts of a run that every method builds, checkpoints and restores the same way: the
+    optimizer and its schedule, the fp16 loss scaler, the seeded prompt stream and generator, the
+    log-probs, the metrics log, the alerts, extra state kept across resumes, the step's record
+    (StepRecord), and the samplers told the new weights.  A method adds its step:
+
+        _prepare()            what the step trains on (GRPO: the generation; RFT / DPO rounds: a new round when due)
+        _step(prepared, t0)   the update, counted by _count_step, and its metrics
+        _own_parts()          its checkpoint parts besides the shared ones (state_dict / load_state_dict)
+        _own_state(collective), _load_own(state)   its plain values in a checkpoint
+
+    A subclass's __init__ calls RunCore.__init__, then _plan once it knows its prompts and steps."""
+
+    poisoned: str | None = None  # why the weights may no longer be saved (an update made them non-finite)
+    rollout: RolloutStage  # sampling and scoring: evaluation samples with `rollout.sampler`
+
+    def __init__(self, cfg: Config, model, tokenizer, output_dir: Path, world: distributed.World = distributed.SINGLE,
+                 full_model=None, temperature: float = 1.0):
+        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.world = world  # this process among several (torchrun); only rank 0 writes files
         # With fsdp, `model` is sharded and `full_model` an unsharded copy that samples and is saved (fsdp.py).
         self.full_model = full_model if full_model is not None else model
-        self.output_dir, self.total_steps = Path(output_dir), total_steps
-        self.step = 0
+        self.output_dir, self.step, self.sharded = Path(output_dir), 0, cfg.fsdp
         self.weight_subscribers: list = [fsdp.FullCopy(self.full_model)] if cfg.fsdp else []  # told after each update
+        device = next(self.full_model.parameters()).device
+        # Log-probs by rlvr's own forward (llama.py) where it applies, else the generic one (always with fsdp).
+        self.logprobs = LogProbs(not cfg.fsdp and on_fast_path(model), temperature, autocast_dtype(cfg.update_settings),
+                                 cfg.per_device_train_batch_size, device)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.scaler = loss_scaler(cfg.update_settings, device)  # fp16 only; disabled (a no-op) otherwise
+        self.log = MetricsLog(self.output_dir, cfg.logging_steps)
+        self.alerts = AlertMonitor(cfg.run_settings, self.output_dir / "alerts.jsonl" if world.is_main else None)
+        self.last_samples: list[dict] = []
+        self.extra_state: dict = {}  # e.g. the accuracy before training, kept across resumes
+
+    def _plan(self, prompts: list, total_steps: int) -> None:
+        """The prompts (or units) in their seeded order, and the optimizer with its schedule over total_steps."""
+        self.prompts = PromptStream(prompts, self.cfg.seed, shuffle=self.cfg.shuffle_dataset)
+        self.total_steps = total_steps
+        self.optimizer, self.scheduler = build_optimizer(self.model, self.cfg.update_settings, total_steps)
+
+    # --- the step ----------------------------------------------------------------------------
+
+    def train_step(self, on_step=None) -> dict:
+        """One optimizer step.  A step is one unit: until the optimizer step nothing has changed
+        (an error leaves the run at the previous step), and from it on the step is counted whatever
+        raises.  Its record (`on_step(metrics)`, loop.py: evaluation, alerts, the metrics row; and the
+        completions it logs) is kept in `unrecorded` until it is done, and saved with any checkpoint
+        taken before then, so a resumed run finishes it (`finish_record`) instead of losing the row.
+        No Ctrl-C or SIGTERM cuts in from the update to the end of the record (interrupts.py)."""
+        t0 = time.perf_counter()
+        self._begin_step()
+        self.finish_record(on_step)  # an earlier step's record that failed, if any
+        prepared = self._prepare()
+        with interrupts.deferred(f"step {self.step + 1} (its update and its record)"):
+            metrics = self._step(prepared, t0)
+            self.finish_record(on_step)
+        return metrics
+
+    def _begin_step(self) -> None:
+        pass
+
+    def _prepare(self):
+        return None
+
+    def _step(self, prepared, t0: float) -> dict:
+        raise NotImplementedError
+
+    def _count_step(self, metrics: dict, completions: list | None = None) -> None:
+        """The optimizer step is applied: count it, and keep its record until it is done."""
+        self.step += 1
+        self.unrecorded = {"step": self.step, "metrics": metrics, "completions": completions}
+
+    def _timed(self, metrics: dict, t0: float) -> None:
+        metrics["epoch"] = self.prompts.epochs_done
+        metrics["step_time"] = time.perf_counter() - t0
+
+    def _state(self) -> TrainerState:
+        return TrainerState(global_step=self.step, max_steps=self.total_steps)
+
+    def publish_weights(self) -> None:
+        """Hand the updated weights to every sampler outside this model (vLLM, rollout workers)."""
+        for subscriber in self.weight_subscribers:
+            subscriber.update_weights(self.model)
+
+    # --- checkpoints (checkpoint.py) --------------------------------------------------------
+
+    def _parts(self) -> dict:
+        """What a checkpoint restores, besides the weights, each with state_dict / load_state_dict."""
+        optimizer = fsdp.FullOptimizerState(self.model, self.optimizer) if self.sharded else self.optimizer
+        return {"optimizer": optimizer, "scheduler": self.scheduler, "prompts": self.prompts,
+                "generator": GeneratorState(self.generator), "log": self.log, "alerts": self.alerts, **self._own_parts(),
+                **({"scaler": self.scaler} if self.scaler.is_enabled() else {})}
+
+    def _own_parts(self) -> dict:
+        return {}
+
+    def _own_state(self, collective: bool) -> dict:
+        return {}
+
+    def _load_own(self, state: dict) -> None:
+        pass
+
+    def state_dict(self, collective: bool = True) -> dict:
+        """With several processes, `collective` gathers what each rank holds of its own (all ranks
+        must call it); without, that is left out and made again on resume."""
+        return trainer_state(self.step, self._parts(), **self._own_state(collective), extra=self.extra_state,
+                             unrecorded=self.unrecorded)
+
+    def save(self, collective: bool = True) -> Path | None:
+        """Every rank calls it (see state_dict); rank 0 writes the checkpoint and returns its path.
+        With fsdp the optimizer state is gathered from every rank, so nothing is saved without `collective`;
+        nor after an update made the weights non-finite."""
+        if (self.sharded and not collective) or self.poisoned:
+            return None
+        state = self.state_dict(collective)
+        if not self.world.is_main:
+            return None
+        return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.cfg.save_total_limit)
+
+    def resume(self, checkpoint: Path) -> None:
+        state = load_checkpoint(checkpoint, self.full_model)
+        if self.sharded:
+            fsdp.load_full_state_dict(self.model, self.full_model.state_dict())
+        self._load_own(state)  # before the parts: a method's own values may make a part (finetune's round stream)
+        restore_trainer_state(state, self._parts())
+        if self.cfg.resume_override:  # the optimizer settings given now, not the checkpoint's
+            apply_optimizer_settings(self.optimizer, self.scheduler, self.cfg.update_settings)
+        self.step, self.extra_state = state["step"], state.get("extra", {})
+        self.unrecorded = state.get("unrecorded")  # a record the stopped run did not finish (train_step)
+        self.publish_weights()  # samplers outside this model (rollout workers, vLLM) get the checkpoint's weights
+
+    def close(self) -> None:
+        """Stop what the trainer started outside this process (the rollout workers) or in it."""
+        self.rollout.close()
+
+
+class Trainer(RunCore):
+    """GRPO's step: 1. rollout, 2. reward, 3. advantage (a generation, rollout/generation.py), 4. update (update.py)."""
+
+    def __init__(self, cfg: Config, model, tokenizer, train_examples: list[Example], output_dir: Path, total_steps: int, ref_model=None,
+                 world: distributed.World = distributed.SINGLE, full_model=None):
+        super().__init__(cfg, model, tokenizer, output_dir, world, full_model, temperature=cfg.temperature)
+        self.ref_model = ref_model
         # Reward functions run on the thread of the training loop, also for a batch sampled ahead (rollout/home.py).
         self.home = HomeThread()
         self.rollout = RolloutStage(cfg, model, self.full_model, tokenizer, world, self.home)  # 1. rollout, 2. reward
         self.weight_subscribers.append(self.rollout)
-        # Log-probs by rlvr's own forward (llama.py) where it applies, else the generic one (always with fsdp).
-        device = next(self.full_model.parameters()).device
-        self.logprobs = LogProbs(not cfg.fsdp and on_fast_path(model), cfg.temperature, autocast_dtype(cfg),
-                                 cfg.per_device_train_batch_size, device)
         # With LoRA the reference is the policy with its adapter off: with fsdp, the full copy's, whose
         # forward is no collective (the ranks' batches differ in size), as for the old log-probs.
-        self.kl = KLReference(KLSettings.from_config(cfg), self.full_model, ref_model, self.logprobs)
-        self.prompts = PromptStream(train_examples, cfg.seed, shuffle=cfg.shuffle_dataset)
-        self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.batches = Generations(GenerationSettings.from_config(cfg), self.rollout, self.prompts, self.generator,
+        self.kl = KLReference(cfg.section(KLSettings), self.full_model, ref_model, self.logprobs)
+        self._plan(train_examples, total_steps)
+        generation = GenerationSettings.of(cfg.rollout_settings, cfg.update_settings, cfg.prompts_per_step,
+                                           cfg.num_completions_to_print)
+        self.batches = Generations(generation, self.rollout, self.prompts, self.generator,
                                    self.kl, world, self.home)  # 1-3: sampling rounds, advantages, sampling ahead
-        self.optimizer, self.scheduler = build_optimizer(model, cfg, total_steps)
-        self.scaler = loss_scaler(cfg, device)  # fp16 only; disabled (a no-op) otherwise
-        self.updater = PolicyUpdate(UpdateSettings.from_config(cfg, self.rollout.off_policy), model, self.optimizer,
+        self.updater = PolicyUpdate(UpdateSettings.from_sections(cfg.update_settings, cfg.rollout_settings, cfg.steps_per_optimizer_step,
+                                                                  self.rollout.off_policy), model, self.optimizer,
                                     self.scheduler, self.logprobs, self.kl, self.rollout.pad_id, world,
                                     sampler_model=self.full_model, between_micro_batches=self.home.serve,
                                     scaler=self.scaler)  # 4
-        self.log = MetricsLog(self.output_dir, cfg.logging_steps)
-        self.alerts = AlertMonitor(cfg, self.output_dir / "alerts.jsonl" if world.is_main else None)
         self.log_completions = cfg.log_completions and world.is_main
         self.parts = cfg.steps_per_optimizer_step  # optimizer steps one pass over a generation takes
-        self.uses, self.sharded = cfg.num_iterations * self.parts, cfg.fsdp  # optimizer steps per generation
-        self.save_total_limit, self.resume_override = cfg.save_total_limit, cfg.resume_override
-        self.last_samples: list[dict] = []
+        self.uses = cfg.num_iterations * self.parts  # optimizer steps per generation
         self.pending: Generation | None = None  # the generation being trained on
-        self.extra_state: dict = {}  # e.g. the accuracy before training, kept across resumes
+
+    @classmethod
+    def load_data(cls, cfg: Config, objects=None) -> RunData:
+        """The task's or dataset's splits, or the examples given to GRPOTrainer (api/)."""
+        if objects is not None and objects.train_examples is not None:
+            return RunData(objects.train_examples, objects.test_examples)
+        from rlvr.tasks import load_splits
+
+        return RunData(*load_splits(cfg.data_settings, cfg.seed))
+
+    @classmethod
+    def for_run(cls, cfg: Config, model, tokenizer, data: RunData, output_dir: Path, reference, world: distributed.World,
+                full_model=None) -> Trainer:
+        total = total_steps_for(cfg, len(data.train_examples))
+        return cls(cfg, model, tokenizer, data.train_examples, output_dir, total, reference, world, full_model)
 
     # --- the four stages ---------------------------------------------------------------------
 
@@ -109,29 +261,21 @@ class Trainer(StepRecord):
         from train_step, once the step is counted."""
         return self.updater(batch, self.step + 1, before_step)
 
-    def train_step(self, on_step=None) -> dict:
-        """One optimizer step, generating a new batch when the previous one is used up.
+    # train_step (RunCore) generates a new batch when the previous one is used up.  With
+    # max_staleness=1 the batch of the next generation is sampled (in a thread, from the weights
+    # before this step's update) while this step computes its gradients, and is finished before the
+    # optimizer applies them; an error in a reward of the batch sampled ahead too leaves the run at
+    # the previous step.
 
-        With max_staleness=1 the batch of the next generation is sampled (in a thread, from the
-        weights before this step's update) while this step computes its gradients, and is finished
-        before the optimizer applies them.  A step is one unit: until the optimizer step nothing has
-        changed (an error, in a reward of the batch sampled ahead too, leaves the run at the previous
-        step), and from it on the step is counted whatever raises.  Its record (`on_step(metrics)`,
-        run.py: evaluation, alerts, the metrics row; and the completions it logs) is kept in
-        `unrecorded` until it is done, and saved with any checkpoint taken before then, so a resumed
-        run finishes it (`finish_record`) instead of losing the row.  No Ctrl-C or SIGTERM cuts in
-        from the update to the end of the record (interrupts.py)."""
-        t0 = time.perf_counter()
+    def _begin_step(self) -> None:
         self.home.bind()
-        self.finish_record(on_step)  # an earlier step's record that failed, if any
+
+    def _prepare(self) -> Generation:
         if self.pending is None:
             self.pending = self.batches.generate_or_rewind(self._state())
-        with interrupts.deferred(f"step {self.step + 1} (its update and its record)"):
-            metrics = self._train_on(self.pending, t0)
-            self.finish_record(on_step)
-        return metrics
+        return self.pending
 
-    def _train_on(self, gen: Generation, t0: float) -> dict:
+    def _step(self, gen: Generation, t0: float) -> dict:
         if gen.iterations_done == 0 and len(gen.batch):
             self.updater.prepare(gen.batch)  # old and reference log-probs, with the weights it is first trained at
         last_use, last_step = gen.iterations_done + 1 >= self.uses, self.step + 1 >= self.total_steps
@@ -160,16 +304,14 @@ class Trainer(StepRecord):
         gen.iterations_done += 1
         if gen.iterations_done >= self.uses:
             self.pending = following[0] if following else None
-        self.step += 1
         completions = gen.samples if gen.iterations_done == 1 and gen.samples and self.log_completions else None
-        self.unrecorded = {"step": self.step, "metrics": metrics, "completions": completions}
+        self._count_step(metrics, completions)
         self.last_samples = gen.samples
         self.kl.after_step(metrics)  # the beta this step used; adaptive KL: the next step's
         if self.batches.settings.sample_ahead:
             metrics["sampling/staleness"] = gen.staleness  # 1: sampled before the update that preceded its first use
         metrics.update(self.rollout.metrics())
-        metrics["epoch"] = self.prompts.epochs_done
-        metrics["step_time"] = time.perf_counter() - t0
+        self._timed(metrics, t0)
         metrics["tokens_per_second"] = gen.metrics["num_tokens"] / self.parts / metrics["step_time"]
 
     def _finish_ahead(self) -> list[Generation]:
@@ -183,70 +325,41 @@ class Trainer(StepRecord):
         rows = torch.tensor_split(torch.arange(len(gen.batch)), self.parts)[gen.iterations_done % self.parts]
         return gen.batch.select(rows)
 
-    def _state(self) -> TrainerState:
-        return TrainerState(global_step=self.step, max_steps=self.total_steps)
-
-    def publish_weights(self) -> None:
-        """Hand the updated weights to every sampler outside this model (vLLM, rollout workers)."""
-        for subscriber in self.weight_subscribers:
-            subscriber.update_weights(self.model)
-
     @property
     def poisoned(self) -> str | None:
         """Why the weights may no longer be saved (an update made them non-finite), or None."""
         return self.updater.poisoned
 
-    # --- checkpoints (checkpoint.py) --------------------------------------------------------
+    # --- checkpoints: the KL state, and each rank's pending generation ----------------------
 
-    def _parts(self) -> dict:
-        """What a checkpoint restores, besides the weights, each with state_dict / load_state_dict."""
-        optimizer = fsdp.FullOptimizerState(self.model, self.optimizer) if self.sharded else self.optimizer
-        return {"optimizer": optimizer, "scheduler": self.scheduler, "prompts": self.prompts,
-                "generator": GeneratorState(self.generator), "log": self.log, "alerts": self.alerts, "kl": self.kl,
-                **({"scaler": self.scaler} if self.scaler.is_enabled() else {})}
+    def _own_parts(self) -> dict:
+        return {"kl": self.kl}
 
-    def state_dict(self, collective: bool = True) -> dict:
-        """With several processes, `collective` gathers every rank's pending batch (all ranks must
-        call it); without, the pending batch is left out and regenerated on resume."""
+    def _own_state(self, collective: bool) -> dict:
         pending = self.pending
         if self.world.enabled:
             pending = distributed.gather(self.pending, self.world) if collective else None
-        return trainer_state(self.step, self._parts(), pending=pending, extra=self.extra_state, unrecorded=self.unrecorded)
+        return {"pending": pending}
 
-    def save(self, collective: bool = True) -> Path | None:
-        """Every rank calls it (see state_dict); rank 0 writes the checkpoint and returns its path.
-        With fsdp the optimizer state is gathered from every rank, so nothing is saved without `collective`;
-        nor after an update made the weights non-finite."""
-        if (self.sharded and not collective) or self.poisoned:
-            return None
-        state = self.state_dict(collective)
-        if not self.world.is_main:
-            return None
-        return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.save_total_limit)
-
-    def resume(self, checkpoint: Path) -> None:
-        state = load_checkpoint(checkpoint, self.full_model)
-        if self.sharded:
-            fsdp.load_full_state_dict(self.model, self.full_model.state_dict())
-        restore_trainer_state(state, self._parts())
-        if self.resume_override:  # the optimizer settings given now, not the checkpoint's
-            apply_optimizer_settings(self.optimizer, self.scheduler, self.cfg)
-        self.step, self.extra_state = state["step"], state.get("extra", {})
-        self.unrecorded = state.get("unrecorded")  # a record the stopped run did not finish (train_step)
+    def _load_own(self, state: dict) -> None:
         self.pending = state["pending"]
         if self.world.enabled:  # one pending batch per rank, or none (then the generation is sampled again)
             fits = isinstance(self.pending, list) and len(self.pending) == self.world.world_size
             self.pending = self.pending[self.world.rank] if fits else None
-        self.publish_weights()  # samplers outside this model (rollout workers, vLLM) get the checkpoint's weights
 
     def close(self) -> None:
-        """Stop what the trainer started outside this process (the rollout workers) or in it."""
         self.batches.close()
-        self.rollout.close()
+        super().close()
+
+
+def steps_for(cfg: Config, items: int, items_per_batch: int, steps_per_batch: int = 1) -> int:
+    """max_steps when it is set, else as many optimizer steps as num_train_epochs passes over
+    `items` take, `items_per_batch` at a time and `steps_per_batch` steps each (at least one)."""
+    if cfg.max_steps > 0:
+        return cfg.max_steps
+    return max(1, math.ceil(cfg.num_train_epochs * items / items_per_batch) * steps_per_batch)
 
 
 def total_steps_for(cfg: Config, num_train_examples: int) -> int:
-    if cfg.max_steps > 0:
-        return cfg.max_steps
-    generations = math.ceil(cfg.num_train_epochs * num_train_examples / cfg.prompts_per_step)
-    return max(1, generations * cfg.num_iterations * cfg.steps_per_optimizer_step)
+    """GRPO's: a generation of prompts_per_step prompts is trained on num_iterations times, in its parts."""
+    return steps_for(cfg, num_train_examples, cfg.prompts_per_step, cfg.num_iterations * cfg.steps_per_optimizer_step)

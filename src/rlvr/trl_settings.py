@@ -34,7 +34,7 @@ vllm_importance_sampling_clip_min log_completions num_completions_to_print
     "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules dataset_config dataset_train_split "
     "dataset_test_split reward_funcs".split())
 
-# Accepted and without effect in rlvr; the reason is what `rlvr train --help` and the README say.
+# Accepted and without effect in rlvr; the reason is what `rlvr train --help` and docs/settings.md say.
 IGNORED = {
     **dict.fromkeys("""dataloader_drop_last dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers
         dataloader_prefetch_factor dataloader_multiprocessing_context dataloader_in_order remove_unused_columns
@@ -179,7 +179,7 @@ def known_names() -> list[str]:
 
 
 def other_settings_markdown() -> str:
-    """README: TRL's settings without an rlvr field of their name: ignored, or refused unless inert."""
+    """docs/settings.md: TRL's settings without an rlvr field of their name: ignored, or refused unless inert."""
     by_reason: dict[str, list[str]] = {}
     for key, why in IGNORED.items():
         by_reason.setdefault(why, []).append(key)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr import distributed, fsdp
+from rlvr import config, distributed, fsdp
 from rlvr.losses import LossNorm, entropy_threshold, high_entropy_mask, policy_loss, sampler_importance_weights
 from rlvr.types import Batch
 from rlvr.errors import NonFinite  # noqa: F401 - raised here, defined in the leaf errors.py
@@ -29,30 +29,36 @@ from rlvr.errors import NonFinite  # noqa: F401 - raised here, defined in the le
 
 @dataclass(frozen=True)
 class UpdateSettings:
+    """What PolicyUpdate reads: the update's settings as this run uses them (every field set by
+    from_sections; the defaults are the settings sections' own)."""
+
     loss_type: str
     epsilon: float
-    epsilon_high: float
+    epsilon_high: float | None
     importance_sampling_level: str
     micro_batch_size: int  # per_device_train_batch_size
     max_completion_length: int
     max_grad_norm: float  # 0: no clipping
     num_iterations: int  # optimizer steps per generated batch: > 1 needs the old log-probs
     sampler_correction: str | None  # vllm_importance_sampling_mode; None: no correction (on-policy samples)
-    fsdp: bool = False
-    sampler_clip_min: float | None = None  # vllm_importance_sampling_clip_min
-    sampler_clip_max: float | None = 3.0  # vllm_importance_sampling_clip_max
-    delta: float | None = None  # two-sided clipping: the unclipped ratio's cap
-    top_entropy_quantile: float = 1.0  # train on the tokens of this top fraction of entropy (1: all)
+    fsdp: bool
+    sampler_clip_min: float | None  # vllm_importance_sampling_clip_min
+    sampler_clip_max: float | None  # vllm_importance_sampling_clip_max
+    delta: float | None  # two-sided clipping: the unclipped ratio's cap
+    top_entropy_quantile: float  # train on the tokens of this top fraction of entropy (1: all)
 
     @classmethod
-    def from_config(cls, cfg, off_policy: bool) -> "UpdateSettings":
-        """off_policy: the samples come from another engine or older weights (rollout/stage.py)."""
-        corrects = cfg.vllm_importance_sampling_correction and off_policy
-        return cls(cfg.loss_type, cfg.epsilon, cfg.epsilon_high, cfg.importance_sampling_level, cfg.per_device_train_batch_size,
-                   cfg.max_completion_length, cfg.max_grad_norm, cfg.num_iterations * cfg.steps_per_optimizer_step,
-                   cfg.vllm_importance_sampling_mode if corrects else None, cfg.fsdp,
-                   sampler_clip_min=cfg.vllm_importance_sampling_clip_min, sampler_clip_max=cfg.vllm_importance_sampling_clip_max,
-                   delta=cfg.delta, top_entropy_quantile=cfg.top_entropy_quantile)
+    def from_sections(cls, update: config.UpdateSettings, rollout: config.RolloutSettings, steps_per_optimizer_step: int,
+                      off_policy: bool) -> UpdateSettings:
+        """steps_per_optimizer_step: optimizer steps one generation feeds (Config.steps_per_optimizer_step);
+        off_policy: the samples come from another engine or older weights (rollout/stage.py)."""
+        corrects = rollout.vllm_importance_sampling_correction and off_policy
+        return cls(update.loss_type, update.epsilon, update.epsilon_high, update.importance_sampling_level,
+                   update.per_device_train_batch_size, rollout.max_completion_length, update.max_grad_norm,
+                   update.num_iterations * steps_per_optimizer_step, rollout.vllm_importance_sampling_mode if corrects else None,
+                   update.fsdp, sampler_clip_min=rollout.vllm_importance_sampling_clip_min,
+                   sampler_clip_max=rollout.vllm_importance_sampling_clip_max, delta=update.delta,
+                   top_entropy_quantile=update.top_entropy_quantile)
 
 
 def optimizer_step(model, optimizer, scheduler, max_grad_norm: float, loss: float, step: int,
@@ -217,7 +223,7 @@ class PolicyUpdate:
                 logprobs, old, micro.advantages, micro.loss_mask, norm,
                 loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high, delta=s.delta,
                 importance_sampling_level=s.importance_sampling_level, ref_logprobs=micro.ref_logprobs,
-                beta=self.kl.loss_beta, kl_estimator=self.kl.settings.estimator, importance_weights=weights,
+                beta=self.kl.loss_beta, kl_estimator=self.kl.settings.kl_estimator, importance_weights=weights,
                 entropy_mask=self._entropy_mask(entropy, micro.loss_mask),
             )
             backward(loss, self.scaler)

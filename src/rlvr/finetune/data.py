@@ -22,12 +22,16 @@ the sequence is then its first token as the "prompt" and everything after as the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlvr.chat import render_prompts, tokenize_prompts
 from rlvr.tasks.dataset import ANSWER_COLUMNS, PROMPT_COLUMNS, DatasetError, pick_column
 from rlvr.types import Batch, Example, Prompt, Rollout, completion_text
+
+if TYPE_CHECKING:
+    from rlvr.config import DataSettings, FinetuneSettings
 
 COMPLETION_COLUMNS = ("completion", "solution", "answer")
 
@@ -50,23 +54,29 @@ Sequence = tuple[list[int], list[int]]  # (prompt ids, completion ids)
 
 # --- from a dataset or a task ----------------------------------------------------------------
 
-def load_data(cfg, objective: str, rows=None) -> tuple[list, list[Example], list[Example]]:
+def load_data(data: DataSettings, finetune: FinetuneSettings, seed: int, objective: str,
+              rows=None) -> tuple[list, list[Example], list[Example]]:
     """(train demonstrations or pairs, train examples, test examples).  The examples (prompt,
     answer, columns) are what the verifier and evaluation use; with self_samples, the train
     examples are the prompts sampled from and the first list is empty.  `rows`: the train rows
-    given as objects (SFTTrainer / DPOTrainer), then the test examples are empty."""
+    given as objects (SFTTrainer / DPOTrainer), then the test examples are empty.  `objective`: the
+    method (methods.py), which says whether its data are demonstrations or preference pairs.  `seed`
+    (the run's) draws a task's problems and a held-out test split."""
+    from rlvr.methods import get as get_method
     from rlvr.tasks import TASKS, load_splits
 
-    if rows is None and not cfg.dataset:
-        train, test = load_splits(cfg)
-        if cfg.self_samples:
+    pairs = get_method(objective).pairs
+
+    if rows is None and not data.dataset:
+        train, test = load_splits(data, seed)
+        if finetune.self_samples:
             return [], train, test
-        if objective == "dpo":
-            raise DatasetError(f"rlvr dpo on the built-in task {cfg.task!r} builds its pairs from the model's own samples: "
+        if pairs:
+            raise DatasetError(f"rlvr dpo on the built-in task {data.task!r} builds its pairs from the model's own samples: "
                                "set self_samples=true, or dataset=<file with prompt, chosen, rejected columns>")
-        task = TASKS[cfg.task]
+        task = TASKS[data.task]
         if not hasattr(task, "solution"):
-            raise DatasetError(f"the built-in task {cfg.task!r} has no worked solutions to imitate: use self_samples=true "
+            raise DatasetError(f"the built-in task {data.task!r} has no worked solutions to imitate: use self_samples=true "
                                "(rejection-sampling fine-tuning) or dataset=<file with prompt and completion columns>")
         return [Demonstration(ex.prompt, task.solution(ex)) for ex in train], train, test
     if rows is not None:
@@ -74,14 +84,14 @@ def load_data(cfg, objective: str, rows=None) -> tuple[list, list[Example], list
     else:
         from rlvr.tasks.dataset import load_split_rows
 
-        train_rows, test_rows, where = load_split_rows(cfg)
+        train_rows, test_rows, where = load_split_rows(data, seed)
     columns = list(train_rows.column_names) if hasattr(train_rows, "column_names") else \
         list(dict.fromkeys(k for row in train_rows[:100] for k in row))
-    name = cfg.dataset or "train_dataset"
+    name = data.dataset or "train_dataset"
     if not train_rows:
         raise DatasetError(f"{name} has no train rows")
-    read = _pair_reader(cfg, columns, name) if objective == "dpo" and not cfg.self_samples else _demo_reader(cfg, columns, name)
-    answer_col = pick_column(columns, cfg.answer_column, ANSWER_COLUMNS, "answer", name, required=False)
+    read = _pair_reader(data, columns, name) if pairs and not finetune.self_samples else _demo_reader(data, finetune, columns, name)
+    answer_col = pick_column(columns, data.answer_column, ANSWER_COLUMNS, "answer", name, required=False)
     train, train_examples, test_examples = [], [], []
     for split, split_rows, examples in (("train", train_rows, train_examples), ("test", test_rows, test_examples)):
         for i, row in enumerate(split_rows):
@@ -92,11 +102,11 @@ def load_data(cfg, objective: str, rows=None) -> tuple[list, list[Example], list
             answer = None if answer is None else str(answer)
             examples.append(Example(item.prompt, answer, {**{k: v for k, v in row.items() if not k.startswith("__")},
                                                            "answer": answer}))
-    return ([] if cfg.self_samples else train), train_examples, test_examples
+    return ([] if finetune.self_samples else train), train_examples, test_examples
 
 
-def _demo_reader(cfg, columns: list[str], name: str):
-    if "messages" in columns and not any(c in columns for c in PROMPT_COLUMNS) and cfg.prompt_column is None:
+def _demo_reader(data: DataSettings, finetune: FinetuneSettings, columns: list[str], name: str):
+    if "messages" in columns and not any(c in columns for c in PROMPT_COLUMNS) and data.prompt_column is None:
         def read(row, where):
             messages = _column(row, "messages", where)
             if not (isinstance(messages, list) and messages and isinstance(messages[-1], dict)
@@ -104,8 +114,9 @@ def _demo_reader(cfg, columns: list[str], name: str):
                 raise DatasetError(f"{where()}: `messages` must be a list of chat messages ending with the assistant's")
             return Demonstration(_messages(messages[:-1], where), str(messages[-1].get("content") or ""))
         return read
-    prompt_col = pick_column(columns, cfg.prompt_column, PROMPT_COLUMNS, "prompt", name)
-    completion_col = None if cfg.self_samples else pick_column(columns, cfg.completion_column, COMPLETION_COLUMNS, "completion", name)
+    prompt_col = pick_column(columns, data.prompt_column, PROMPT_COLUMNS, "prompt", name)
+    completion_col = None if finetune.self_samples else \
+        pick_column(columns, finetune.completion_column, COMPLETION_COLUMNS, "completion", name)
 
     def read(row, where):
         prompt = _prompt(_column(row, prompt_col, where), where)
@@ -116,12 +127,12 @@ def _demo_reader(cfg, columns: list[str], name: str):
     return read
 
 
-def _pair_reader(cfg, columns: list[str], name: str):
+def _pair_reader(data: DataSettings, columns: list[str], name: str):
     for col in ("chosen", "rejected"):
         if col not in columns:
             raise DatasetError(f"{name} has no {col!r} column (DPO needs prompt, chosen and rejected; columns: "
                                f"{', '.join(columns)}), or build the pairs from the model's own samples: self_samples=true")
-    prompt_col = pick_column(columns, cfg.prompt_column, PROMPT_COLUMNS, "prompt", name, required=False)
+    prompt_col = pick_column(columns, data.prompt_column, PROMPT_COLUMNS, "prompt", name, required=False)
 
     def read(row, where):
         chosen, rejected = _column(row, "chosen", where), _column(row, "rejected", where)
@@ -169,16 +180,17 @@ def _completion(value, where, column: str) -> str:
 # --- tokens ---------------------------------------------------------------------------------
 
 class Encoder:
-    """Prompts and completions as token ids, the way rollouts and evaluation see them."""
+    """Prompts and completions as token ids, the way rollouts and evaluation see them: prompts by
+    the data settings, a prompt + completion cut to max_length tokens (None: not cut)."""
 
-    def __init__(self, cfg, tokenizer, eos_id: int):
-        self.cfg, self.tokenizer, self.eos_id = cfg, tokenizer, eos_id
+    def __init__(self, data: DataSettings, tokenizer, eos_id: int, max_length: int | None):
+        self.data, self.tokenizer, self.eos_id, self.max_length = data, tokenizer, eos_id, max_length
         self.dropped = 0  # sequences with no room for a completion token under max_length
 
     def prompts(self, prompts: list[Prompt]) -> list[list[int]]:
-        cfg = self.cfg
-        texts = render_prompts(self.tokenizer, prompts, cfg.system_prompt, cfg.chat_template_kwargs, cfg.text_prompts == "raw")
-        return tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
+        data = self.data
+        texts = render_prompts(self.tokenizer, prompts, data.system_prompt, data.chat_template_kwargs, data.text_prompts == "raw")
+        return tokenize_prompts(self.tokenizer, texts, data.max_prompt_length)
 
     def completion(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eos_id]
@@ -189,8 +201,8 @@ class Encoder:
         out = []
         for p, text in zip(self.prompts(prompts), completions):
             c = self.completion(text)
-            if self.cfg.max_length is not None:
-                c = c[: self.cfg.max_length - len(p)]
+            if self.max_length is not None:
+                c = c[: self.max_length - len(p)]
             if not c:
                 self.dropped += 1
                 out.append(None)

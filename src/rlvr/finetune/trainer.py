@@ -1,5 +1,6 @@
-"""One optimizer step of SFT or DPO, with the interface run.py drives (`train_step`, `save`,
-`resume`, `step`, `prompts`, `log`, `alerts`, `rollout.sampler` for evaluation).
+"""The step of SFT (FinetuneTrainer) and of DPO (PreferenceTrainer), on the parts every method
+shares (trainer.RunCore: optimizer, schedule, scaler, prompts, generator, log-probs, metrics,
+alerts, checkpoints with exact resume).
 
 A step takes per_device_train_batch_size x gradient_accumulation_steps *units* from a seeded
 stream (a demonstration, a packed row of demonstrations, or a pair), runs the model over them a
@@ -19,33 +20,28 @@ run continues the same round.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
 import torch
 
-from rlvr import distributed, interrupts
-from rlvr.alerts import AlertMonitor
-from rlvr.checkpoint import GeneratorState, load_checkpoint, restore_trainer_state, save_checkpoint, trainer_state
+from rlvr import distributed
 from rlvr.finetune.data import Demonstration, Encoder, Pair, keep_correct, make_pairs, pack, to_batch
 from rlvr.finetune.losses import dpo_loss, sequence_logps, sft_loss
-from rlvr.llama import on_fast_path
-from rlvr.logprobs import LogProbs
 from rlvr.models import eos_token_ids
-from rlvr.monitor import MetricsLog
-from rlvr.optim import apply_optimizer_settings, autocast_dtype, build_optimizer, loss_scaler
 from rlvr.reference import KLReference, KLSettings
 from rlvr.rollout.stage import RolloutStage
 from rlvr.tasks import PromptStream, build_rewards, verifier_name
-from rlvr.trainer import StepRecord
+from rlvr.trainer import RunCore, RunData, steps_for
 from rlvr.types import Example, TrainerState
 from rlvr.update import backward, optimizer_step, skip_step
 
-__all__ = ["FinetuneTrainer"]
+__all__ = ["FinetuneTrainer", "PreferenceTrainer"]
 
 
-class FinetuneTrainer(StepRecord):
+class FinetuneTrainer(RunCore):
+    """SFT on demonstrations, or with self_samples on the model's own verifier-correct samples (RFT)."""
+
     def __init__(self, cfg, model, tokenizer, data: list, train_examples: list[Example], output_dir: Path, ref_model=None,
                  world: distributed.World = distributed.SINGLE):
         """data: demonstrations (sft) or pairs (dpo) from finetune.data.load_data (empty with
@@ -53,117 +49,122 @@ class FinetuneTrainer(StepRecord):
         reference (None with LoRA: the policy with its adapter off)."""
         if world.enabled:
             raise ValueError(f"rlvr {cfg.method} runs in one process; launch it without torchrun")
-        self.cfg, self.model, self.tokenizer, self.world = cfg, model, tokenizer, world
-        self.dpo = cfg.method == "dpo"
-        self.output_dir, self.step = Path(output_dir), 0
-        self.full_model = model
+        super().__init__(cfg, model, tokenizer, output_dir, world)
         self.rollout = RolloutStage(cfg, model, model, tokenizer, world)  # evaluation; self_samples' rounds
-        self.rollout.rewards = build_rewards(cfg, with_verifier=True)  # a round keeps what the task's verifier scores 1
+        self.rollout.rewards = build_rewards(cfg.reward_settings, cfg.data_settings, with_verifier=True)  # a round keeps what the task's verifier scores 1
+        self.weight_subscribers.append(self.rollout)
         eos = eos_token_ids(model, tokenizer)
-        self.encoder = Encoder(cfg, tokenizer, tokenizer.eos_token_id if tokenizer.eos_token_id in eos else eos[0])
-        device = next(model.parameters()).device
-        self.logprobs = LogProbs(on_fast_path(model), 1.0, autocast_dtype(cfg), cfg.per_device_train_batch_size, device)
-        self.reference = KLReference(KLSettings(beta=1.0), model, ref_model, self.logprobs) if self.dpo else None
+        self.encoder = Encoder(cfg.data_settings, tokenizer, tokenizer.eos_token_id if tokenizer.eos_token_id in eos else eos[0], cfg.max_length)
+        self._reference(ref_model)
         self.full_loss = cfg.completion_only_loss is False
         self.units_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
         self.train_examples = train_examples
-        self.generator = torch.Generator().manual_seed(cfg.seed)
         self.sequences: list = []  # tokenised data: sequences (sft) or (chosen, rejected) sequence pairs (dpo)
         self.units: list[list[int]] = []  # indices into sequences, one list per unit
         self.round, self.round_steps_left, self.round_metrics = 0, 0, {}
-        if cfg.self_samples:
-            self.prompts = PromptStream(train_examples, cfg.seed, shuffle=cfg.shuffle_dataset)  # prompts to sample
+        if cfg.self_samples:  # the prompts to sample from; the round's units come with each round
+            self._plan(train_examples, cfg.max_steps if cfg.max_steps > 0 else cfg.self_rounds * cfg.self_round_steps)
             self.stream = None
         else:
             self._set_data(data)
-            self.prompts = self.stream = PromptStream(self.units, cfg.seed, shuffle=cfg.shuffle_dataset)
-        self.total_steps = self._total_steps()
-        self.optimizer, self.scheduler = build_optimizer(model, cfg, self.total_steps)
-        self.scaler = loss_scaler(cfg, device)
-        self.log = MetricsLog(self.output_dir, cfg.logging_steps)
-        self.alerts = AlertMonitor(cfg, self.output_dir / "alerts.jsonl")
-        self.last_samples: list[dict] = []
-        self.extra_state: dict = {}
-        self.poisoned: str | None = None
+            self._plan(self.units, steps_for(cfg, len(self.units), self.units_per_step))
+            self.stream = self.prompts
 
-    # --- data ----------------------------------------------------------------------------------
+    @classmethod
+    def load_data(cls, cfg, objects=None) -> RunData:
+        """Demonstrations or pairs (finetune/data.py), from the settings or the rows given to SFTTrainer / DPOTrainer."""
+        from rlvr.finetune.data import load_data
+
+        items, train_examples, test_examples = load_data(cfg.data_settings, cfg.finetune_settings, cfg.seed, cfg.method,
+                                                             objects.train_rows if objects is not None else None)
+        if objects is not None and objects.test_examples is not None:
+            test_examples = objects.test_examples
+        return RunData(train_examples, test_examples, items)
+
+    @classmethod
+    def for_run(cls, cfg, model, tokenizer, data: RunData, output_dir: Path, reference, world: distributed.World,
+                full_model=None) -> FinetuneTrainer:
+        return cls(cfg, model, tokenizer, data.items, data.train_examples, output_dir, reference, world)
+
+    # --- what differs between SFT and DPO ------------------------------------------------------
+
+    def _reference(self, ref_model) -> None:
+        self.reference = None
+
+    def _tokenize(self, items: list) -> tuple[list, list[list[int]]]:
+        """Demonstrations as (prompt, completion) sequences, grouped into units (packed rows with packing)."""
+        cfg = self.cfg
+        seqs = self.encoder.sequences([d.prompt for d in items], [d.completion for d in items], self.full_loss)
+        sequences = [s for s in seqs if s is not None]
+        if cfg.packing:
+            return sequences, pack([len(p) + len(c) for p, c in sequences], cfg.max_length)
+        return sequences, [[i] for i in range(len(sequences))]
+
+    def _keep(self, examples: list[Example], texts: list[list[str]], per_prompt: list, scores: list) -> dict:
+        """A round's verifier-correct samples as demonstrations; its metrics."""
+        kept = keep_correct(texts, per_prompt)
+        self._set_data([Demonstration(examples[i].prompt, t) for i, t in kept])
+        return {"self/kept": float(len(kept)), "self/keep_rate": len(kept) / max(len(scores), 1)}  # samples kept
+
+    def _normaliser(self, units: list, rows: list[list[int]]) -> int:
+        """What the step's loss is normalised by: its trained tokens."""
+        return sum(len(self.sequences[s][1]) for part in rows for s in part)
+
+    def _micro(self, part: list[int], total_tokens: int):
+        batch = to_batch([self.sequences[s] for s in part], self.rollout.pad_id).to(self.logprobs.device)
+        logp, entropy = self.logprobs(self.model, batch)
+        loss = sft_loss(logp, batch.completion_mask, total_tokens)
+        ent = torch.where(batch.completion_mask, entropy, 0.0).sum().item()
+        return loss, {"entropy": ent, "sequences": float(len(part))}
+
+    def _summary(self, sums: dict, total: int) -> dict:
+        return {"num_tokens": float(total), "entropy": sums["entropy"] / max(total, 1), "sequences": sums["sequences"]}
+
+    # --- data and rounds -----------------------------------------------------------------------
 
     def _set_data(self, items: list) -> None:
         """Tokenise demonstrations or pairs into sequences and group them into units."""
-        cfg, enc = self.cfg, self.encoder
-        if self.dpo:
-            chosen = enc.sequences([p.prompt for p in items], [p.chosen for p in items])
-            rejected = enc.sequences([p.prompt for p in items], [p.rejected for p in items])
-            self.sequences = [(c, r) for c, r in zip(chosen, rejected) if c is not None and r is not None]
-            self.units = [[i] for i in range(len(self.sequences))]
-        else:
-            seqs = enc.sequences([d.prompt for d in items], [d.completion for d in items], self.full_loss)
-            self.sequences = [s for s in seqs if s is not None]
-            if cfg.packing:
-                self.units = pack([len(p) + len(c) for p, c in self.sequences], cfg.max_length)
-            else:
-                self.units = [[i] for i in range(len(self.sequences))]
+        self.sequences, self.units = self._tokenize(items)
         if items and not self.sequences:
-            raise ValueError(f"no example fits max_length={cfg.max_length} with at least one completion token; raise max_length")
-
-    def _total_steps(self) -> int:
-        cfg = self.cfg
-        if cfg.max_steps > 0:
-            return cfg.max_steps
-        if cfg.self_samples:
-            return cfg.self_rounds * cfg.self_round_steps
-        return max(1, math.ceil(cfg.num_train_epochs * len(self.units) / self.units_per_step))
+            raise ValueError(f"no example fits max_length={self.cfg.max_length} with at least one completion token; raise max_length")
 
     def _new_round(self) -> dict:
         """Sample self_round_prompts prompts x num_generations with the current weights, keep the
         verifier-correct samples (sft) or correct / incorrect pairs (dpo); the round's metrics."""
         cfg, t0 = self.cfg, time.perf_counter()
         examples = self.prompts.take(cfg.self_round_prompts)
-        self.rollout.update_weights(self.model)  # engines outside this model (vLLM) get the current weights
+        self.publish_weights()  # engines outside this model (vLLM) get the current weights
         sampled = self.rollout.sample(examples, self.generator, TrainerState(self.step, self.total_steps))
-        scores = sampled.scores.per_func[verifier_name(cfg)]
+        scores = sampled.scores.per_func[verifier_name(cfg.data_settings)]
         g = len(sampled.groups[0]) if sampled.groups else 0
         texts = [[r.text for r in group] for group in sampled.groups]
         per_prompt = [scores[i * g:(i + 1) * g] for i in range(len(texts))]
         correct = sum(s == 1 for s in scores)
-        if self.dpo:
-            pairs = make_pairs(texts, per_prompt)
-            self._set_data([Pair(examples[i].prompt, c, r) for i, c, r in pairs])
-            kept, keep_rate = len(pairs), len({i for i, _, _ in pairs}) / max(len(texts), 1)  # prompts that gave a pair
-        else:
-            kept_rows = keep_correct(texts, per_prompt)
-            self._set_data([Demonstration(examples[i].prompt, t) for i, t in kept_rows])
-            kept, keep_rate = len(kept_rows), len(kept_rows) / max(len(scores), 1)  # samples kept
+        kept = self._keep(examples, texts, per_prompt, scores)
         self.stream = PromptStream(self.units or [[0]], cfg.seed + self.round, shuffle=cfg.shuffle_dataset)
         self.round += 1
         self.round_steps_left = cfg.self_round_steps
         self.last_samples = [{"prompt": examples[i // g].prompt, "completion": t, "reward": s}
                              for i, (t, s) in enumerate(zip([t for ts in texts for t in ts], scores))][:16]
         return {"self/round": float(self.round), "self/samples": float(len(scores)), "self/correct_rate": correct / max(len(scores), 1),
-                f"self/{'pairs' if self.dpo else 'kept'}": float(kept),
-                "self/keep_rate": keep_rate,
-                "timing/sampling": time.perf_counter() - t0}
+                **kept, "timing/sampling": time.perf_counter() - t0}
 
-    # --- the step ------------------------------------------------------------------------------
+    # --- the step (RunCore.train_step) ---------------------------------------------------------
 
-    def train_step(self, on_step=None) -> dict:
-        """One optimizer step (a new round of samples first, when one is due); `on_step(metrics)`
-        records it, with no Ctrl-C or SIGTERM cutting in between the update and its record."""
-        t0 = time.perf_counter()
-        metrics = {}
+    def _prepare(self) -> dict:
+        """A new round of samples first, when one is due; its metrics go into the step's."""
         if self.cfg.self_samples and self.round_steps_left == 0:
             self.round_metrics = self._new_round()
-            metrics.update(self.round_metrics)
-        with interrupts.deferred(f"step {self.step + 1} (its update and its record)"):
-            if self.cfg.self_samples:
-                self.round_steps_left -= 1
-                metrics["self/keep_rate"] = self.round_metrics["self/keep_rate"]
-            metrics.update(self._update())
-            self.step += 1  # counted: the record below finishes it, now or on resume (trainer.StepRecord)
-            metrics["epoch"] = self.prompts.epochs_done
-            metrics["step_time"] = time.perf_counter() - t0
-            self.unrecorded = {"step": self.step, "metrics": metrics, "completions": None}
-            self.finish_record(on_step)
+            return dict(self.round_metrics)
+        return {}
+
+    def _step(self, metrics: dict, t0: float) -> dict:
+        if self.cfg.self_samples:
+            self.round_steps_left -= 1
+            metrics["self/keep_rate"] = self.round_metrics["self/keep_rate"]
+        metrics.update(self._update())
+        self._count_step(metrics)  # the record finishes it, now or on resume (trainer.StepRecord)
+        self._timed(metrics, t0)
         return metrics
 
     def _update(self) -> dict:
@@ -173,14 +174,14 @@ class FinetuneTrainer(StepRecord):
             skip_step(self.scheduler)
             return {"learning_rate": lr, "skipped_update": 1.0, "loss": 0.0}
         units = self.stream.take(self.units_per_step)
-        micro = [units[i:i + cfg.per_device_train_batch_size] for i in range(0, len(units), cfg.per_device_train_batch_size)]
-        rows = [[s for u in part for s in u] for part in micro]
-        total = len(units) if self.dpo else sum(len(self.sequences[s][1]) for part in rows for s in part)
+        size = cfg.per_device_train_batch_size
+        rows = [[s for u in units[i:i + size] for s in u] for i in range(0, len(units), size)]
+        total = self._normaliser(units, rows)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict = {}
         for part in rows:
-            loss, m = self._dpo_micro(part, total) if self.dpo else self._sft_micro(part, total)
+            loss, m = self._micro(part, total)
             backward(loss, self.scaler)
             for k, v in {"loss": loss.item(), **m}.items():
                 sums[k] = sums.get(k, 0.0) + v
@@ -191,25 +192,55 @@ class FinetuneTrainer(StepRecord):
             self.poisoned = getattr(e, "poisoned", None)
             raise
         out = {"loss": sums.pop("loss"), "grad_norm": grad_norm, "learning_rate": lr, "timing/update": time.perf_counter() - t0}
-        if self.dpo:
-            n = sums.pop("pairs")
-            out.update({k: v / n for k, v in sums.items()})
-            out["num_pairs"] = n
-        else:
-            out["num_tokens"] = float(total)
-            out["entropy"] = sums["entropy"] / max(total, 1)
-            out["sequences"] = sums["sequences"]
+        out.update(self._summary(sums, total))
         out["tokens_per_second"] = sums.get("tokens", total) / out["timing/update"]
         return out
 
-    def _sft_micro(self, part: list[int], total_tokens: int):
-        batch = to_batch([self.sequences[s] for s in part], self.rollout.pad_id).to(self.logprobs.device)
-        logp, entropy = self.logprobs(self.model, batch)
-        loss = sft_loss(logp, batch.completion_mask, total_tokens)
-        ent = torch.where(batch.completion_mask, entropy, 0.0).sum().item()
-        return loss, {"entropy": ent, "sequences": float(len(part))}
+    # --- checkpoints: the stream of a round's units, and the round itself ---------------------
 
-    def _dpo_micro(self, part: list[int], total_pairs: int):
+    def _own_parts(self) -> dict:
+        return {"stream": self.stream} if self.stream is not None and self.stream is not self.prompts else {}
+
+    def _own_state(self, collective: bool) -> dict:
+        rounds = {"round": self.round, "round_steps_left": self.round_steps_left, "round_metrics": self.round_metrics,
+                  "sequences": self.sequences, "units": self.units} if self.cfg.self_samples else {}
+        return {"rounds": rounds}
+
+    def _load_own(self, state: dict) -> None:
+        rounds = state.get("rounds") or {}
+        if rounds:  # the round being trained on, as it was sampled
+            self.round, self.round_steps_left, self.round_metrics = rounds["round"], rounds["round_steps_left"], rounds["round_metrics"]
+            self.sequences, self.units = rounds["sequences"], rounds["units"]
+            self.stream = PromptStream(self.units or [[0]], self.cfg.seed + self.round - 1, shuffle=self.cfg.shuffle_dataset)
+
+
+class PreferenceTrainer(FinetuneTrainer):
+    """DPO (IPO, hinge) on preference pairs, or with self_samples on pairs of the model's own correct
+    and incorrect samples; the reference is a frozen copy of the starting model (with LoRA: the
+    adapter off)."""
+
+    def _reference(self, ref_model) -> None:
+        self.reference = KLReference(KLSettings(beta=1.0), self.model, ref_model, self.logprobs)
+
+    def _tokenize(self, items: list) -> tuple[list, list[list[int]]]:
+        """Pairs as (chosen, rejected) sequence pairs, each pair a unit."""
+        prompts = [p.prompt for p in items]
+        chosen = self.encoder.sequences(prompts, [p.chosen for p in items])
+        rejected = self.encoder.sequences(prompts, [p.rejected for p in items])
+        sequences = [(c, r) for c, r in zip(chosen, rejected) if c is not None and r is not None]
+        return sequences, [[i] for i in range(len(sequences))]
+
+    def _keep(self, examples: list[Example], texts: list[list[str]], per_prompt: list, scores: list) -> dict:
+        pairs = make_pairs(texts, per_prompt)
+        self._set_data([Pair(examples[i].prompt, c, r) for i, c, r in pairs])
+        keep_rate = len({i for i, _, _ in pairs}) / max(len(texts), 1)  # prompts that gave a pair
+        return {"self/pairs": float(len(pairs)), "self/keep_rate": keep_rate}
+
+    def _normaliser(self, units: list, rows: list[list[int]]) -> int:
+        """Its pairs."""
+        return len(units)
+
+    def _micro(self, part: list[int], total_pairs: int):
         """Chosen and rejected of each pair as rows 2i and 2i+1, sharing their prompt; TRL's metric names."""
         seqs = [seq for s in part for seq in self.sequences[s]]
         batch = to_batch(seqs, self.rollout.pad_id, group_size=2).to(self.logprobs.device)
@@ -228,38 +259,6 @@ class FinetuneTrainer(StepRecord):
                    "tokens": float(batch.num_tokens)}
         return losses.sum() / total_pairs, metrics
 
-    # --- checkpoints ---------------------------------------------------------------------------
-
-    def _parts(self) -> dict:
-        parts = {"optimizer": self.optimizer, "scheduler": self.scheduler, "prompts": self.prompts,
-                 "generator": GeneratorState(self.generator), "log": self.log, "alerts": self.alerts}
-        if self.stream is not None and self.stream is not self.prompts:
-            parts["stream"] = self.stream
-        if self.scaler.is_enabled():
-            parts["scaler"] = self.scaler
-        return parts
-
-    def save(self, collective: bool = True) -> Path | None:
-        if self.poisoned:
-            return None
-        rounds = {"round": self.round, "round_steps_left": self.round_steps_left, "round_metrics": self.round_metrics,
-                  "sequences": self.sequences, "units": self.units} if self.cfg.self_samples else {}
-        state = trainer_state(self.step, self._parts(), extra=self.extra_state, rounds=rounds, unrecorded=self.unrecorded)
-        return save_checkpoint(self.output_dir, self.step, self.model, self.tokenizer, state, self.cfg.save_total_limit)
-
-    def resume(self, checkpoint: Path) -> None:
-        state = load_checkpoint(checkpoint, self.model)
-        rounds = state.get("rounds") or {}
-        if rounds:  # the round being trained on, as it was sampled
-            self.round, self.round_steps_left, self.round_metrics = rounds["round"], rounds["round_steps_left"], rounds["round_metrics"]
-            self.sequences, self.units = rounds["sequences"], rounds["units"]
-            self.stream = PromptStream(self.units or [[0]], self.cfg.seed + self.round - 1, shuffle=self.cfg.shuffle_dataset)
-        restore_trainer_state(state, self._parts())
-        if self.cfg.resume_override:
-            apply_optimizer_settings(self.optimizer, self.scheduler, self.cfg)
-        self.step, self.extra_state = state["step"], state.get("extra", {})
-        self.unrecorded = state.get("unrecorded")
-        self.rollout.update_weights(self.model)
-
-    def close(self) -> None:
-        self.rollout.close()
+    def _summary(self, sums: dict, total: int) -> dict:
+        n = sums.pop("pairs")
+        return {**{k: v / n for k, v in sums.items()}, "num_pairs": n}

@@ -5,9 +5,11 @@ prompt, `n` Rollouts (token ids, sampling log-probs, finish reason, text).
 The in-process engine (rollout/engine.py) runs a Hugging Face model with a KV
 cache; vLLM (rollout/vllm.py) implements the same `generate`.
 
-`generation_settings` is the one place where the config's sampling settings
-and `generation_kwargs` (TRL's extra GenerationConfig / vLLM SamplingParams
-arguments) become the settings the samplers use.
+`sampling_params` is the one place where the sampling settings become the
+SamplingParams the samplers use, for training, evaluation and `rlvr sample` alike;
+`generation_settings` applies `generation_kwargs` (TRL's extra GenerationConfig /
+vLLM SamplingParams arguments) over the settings' own.  rollout/path.py takes
+prompts through a sampler to scored completions with them.
 """
 
 from __future__ import annotations
@@ -18,10 +20,7 @@ from typing import Protocol
 import torch
 
 from rlvr.types import Rollout
-
-
-class RolloutError(RuntimeError):
-    """A rollout the run cannot make: an environment whose reset fails, a rollout_func whose output is malformed."""
+from rlvr.errors import RolloutError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 
 @dataclass(frozen=True)
@@ -83,15 +82,36 @@ def generation_settings(cfg) -> tuple[dict, list[str]]:
     return settings, problems
 
 
-def training_params(cfg) -> SamplingParams:
-    """SamplingParams of the training rollouts: num_generations completions of each prompt."""
-    settings, problems = generation_settings(cfg)
+def sampling_params(settings, n: int | None = None, eval_temperature: float | None = None) -> SamplingParams:
+    """SamplingParams from the rollout settings (cfg.rollout_settings, or a Config), for
+    training, evaluation and `rlvr sample` alike:
+
+    - training (the default): num_generations completions of each prompt at the training settings,
+      generation_kwargs applied over them;
+    - evaluation (eval_temperature given): at that temperature, with the training truncation
+      (top_k, top_p, min_p) only when sampled (eval_temperature > 0), the stop strings always, and
+      no repetition penalty: it changes what the model would say, and evaluation measures the model;
+    - n: that many completions of each prompt instead of num_generations (eval_num_samples, or
+      `rlvr sample`'s n).
+
+    max_completion_length bounds each completion (with tools, all of its turns together)."""
+    values, problems = generation_settings(settings)
     if problems:  # config.validate reports these before a model loads
-        from rlvr.config import ConfigError
+        from rlvr.errors import ConfigError
 
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-    return SamplingParams(n=cfg.num_generations, max_tokens=cfg.max_completion_length,
-                          **{**settings, "min_p": settings["min_p"] or 0.0})
+    values["min_p"] = values["min_p"] or 0.0  # None: off
+    if eval_temperature is not None:
+        sampled = eval_temperature > 0
+        values = {"temperature": eval_temperature, "top_p": values["top_p"] if sampled else 1.0,
+                  "top_k": values["top_k"] if sampled else 0, "min_p": values["min_p"] if sampled else 0.0,
+                  "stop_strings": values["stop_strings"]}
+    return SamplingParams(n=settings.num_generations if n is None else n, max_tokens=settings.max_completion_length, **values)
+
+
+def training_params(cfg) -> SamplingParams:
+    """SamplingParams of the training rollouts: num_generations completions of each prompt."""
+    return sampling_params(cfg)
 
 
 def _is_number(value, whole: bool = False) -> bool:

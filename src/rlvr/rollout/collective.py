@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-from rlvr.rollout.vllm import VLLMError
+from rlvr.errors import VLLMError
 from rlvr.rollout.weights import WeightUpdate, describe, entry_dtype
 
 

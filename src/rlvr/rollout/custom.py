@@ -39,10 +39,11 @@ def register_rollout_func(fn) -> str:
 
 
 class RolloutContext:
-    """What a rollout_func gets as `trainer`."""
+    """What a rollout_func gets as `trainer`.  `args`: what it reads as trainer.args, the run's
+    settings (as TRL's reads its GRPOConfig); passed through, not read here."""
 
-    def __init__(self, cfg, tokenizer, sampler, params, generator):
-        self.args, self.processing_class = cfg, tokenizer
+    def __init__(self, args, tokenizer, sampler, params, generator):
+        self.args, self.processing_class = args, tokenizer
         self._sampler, self._params, self._generator = sampler, params, generator
         self._calls = 0
 
@@ -57,11 +58,12 @@ class RolloutContext:
         return self._sampler.generate(prompt_ids, params, generator)
 
 
-def custom_rollouts(fn, cfg, tokenizer, sampler, examples, params, generator) -> list[list[Rollout]]:
-    """Per example, params.n Rollouts made by `fn`."""
+def custom_rollouts(fn, args, tokenizer, sampler, examples, params, generator) -> list[list[Rollout]]:
+    """Per example, params.n Rollouts made by `fn`, which sees `args` as trainer.args (RolloutContext).
+    A completion of params.max_tokens tokens (max_completion_length) or more was cut: finish "length"."""
     n = params.n
     prompts = [ex.prompt for ex in examples for _ in range(n)]
-    out = fn(prompts, RolloutContext(cfg, tokenizer, sampler, params, generator))
+    out = fn(prompts, RolloutContext(args, tokenizer, sampler, params, generator))
     name = getattr(fn, "__name__", "rollout_func")
     if not isinstance(out, dict):
         raise RolloutError(f"rollout_func {name} must return a dict with {', '.join(REQUIRED)}; got {type(out).__name__}")
@@ -84,7 +86,7 @@ def custom_rollouts(fn, cfg, tokenizer, sampler, examples, params, generator) ->
             mask = [bool(m) for m in out["env_mask"][i]]
             if len(mask) != len(completion):
                 raise RolloutError(f"rollout_func {name}: env_mask {i} has {len(mask)} entries for {len(completion)} tokens")
-        finish = "length" if len(completion) >= cfg.max_completion_length else "stop"
+        finish = "length" if len(completion) >= params.max_tokens else "stop"
         text = tokenizer.decode(completion, skip_special_tokens=True)
         rollouts.append(Rollout([int(t) for t in out["prompt_ids"][i]], completion, logprobs, finish, text, mask=mask,
                                 info={"fields": {k: out[k][i] for k in extra}}))

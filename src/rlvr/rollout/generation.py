@@ -24,6 +24,7 @@ import torch
 
 from rlvr import distributed
 from rlvr.advantages import group_advantages
+from rlvr.config import RolloutSettings, UpdateSettings
 from rlvr.monitor import generation_metrics
 from rlvr.rewards import merge_counters
 from rlvr.types import Batch, Generation, Round, SampledGroup, TrainerState
@@ -31,19 +32,27 @@ from rlvr.types import Batch, Generation, Round, SampledGroup, TrainerState
 
 @dataclass(frozen=True)
 class GenerationSettings:
+    """What a generation reads, every value set where it is built (`of`): no defaults of its own."""
+
     num_generations: int
     prompts_per_step: int
-    scale_rewards: str = "group"
-    mask_truncated_completions: bool = False
-    dynamic_sampling: bool = False
-    max_sampling_rounds: int = 0
-    num_completions_to_print: int | None = 0  # None: all
-    sample_ahead: bool = False  # max_staleness=1
+    scale_rewards: str
+    mask_truncated_completions: bool
+    dynamic_sampling: bool
+    max_sampling_rounds: int
+    num_completions_to_print: int | None  # None: all
+    sample_ahead: bool  # max_staleness=1
 
     @classmethod
-    def from_config(cls, cfg) -> "GenerationSettings":
-        return cls(cfg.num_generations, cfg.prompts_per_step, cfg.scale_rewards, cfg.mask_truncated_completions,
-                   cfg.dynamic_sampling, cfg.max_sampling_rounds, cfg.num_completions_to_print, bool(cfg.max_staleness))
+    def of(cls, rollout: RolloutSettings, update: UpdateSettings, prompts_per_step: int,
+           num_completions_to_print: int | None) -> "GenerationSettings":
+        """From the rollout settings (num_generations, max_staleness), the update settings' advantage
+        and loss parts, and the numbers of the whole run: prompts_per_step (Config.prompts_per_step)
+        and num_completions_to_print (the run's output settings)."""
+        return cls(num_generations=rollout.num_generations, prompts_per_step=prompts_per_step,
+                   scale_rewards=update.scale_rewards, mask_truncated_completions=update.mask_truncated_completions,
+                   dynamic_sampling=update.dynamic_sampling, max_sampling_rounds=update.max_sampling_rounds,
+                   num_completions_to_print=num_completions_to_print, sample_ahead=bool(rollout.max_staleness))
 
 
 class Generations:

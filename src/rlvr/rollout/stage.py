@@ -1,4 +1,5 @@
-"""Stages 1 and 2 of a step: G completions for each prompt, scored.
+"""Stages 1 and 2 of a step: G completions for each prompt, scored, along the path that
+evaluation and `rlvr sample` take too (rollout/path.py).
 
 The configuration picks who samples: the in-process engine on the trained model, vLLM (in this
 process or a server) that is sent the weights after every update, or Ray rollout workers that
@@ -16,14 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from rlvr import distributed
-from rlvr.chat import render_prompts, tokenize_prompts
 from rlvr.models import WeightCopy, eos_token_ids
-from rlvr.rewards import Scores
-from rlvr.rollout import training_params
+from rlvr.rewards import RewardSet, Scores
+from rlvr.rollout import sampling_params
 from rlvr.rollout.engine import make_sampler
-from rlvr.rollout.custom import custom_rollouts, load_rollout_func
 from rlvr.rollout.home import HomeThread
-from rlvr.rollout.multiturn import make_multiturn
+from rlvr.rollout.path import RolloutPath
 from rlvr.rollout.sampling import GroupGenerators
 from rlvr.tasks import build_rewards
 from rlvr.types import Example, Rollout, TrainerState
@@ -47,7 +46,7 @@ class RolloutStage:
         from (the same model, except with fsdp).  `home`: where reward functions run when a batch
         is sampled from another thread (rollout/home.py); without it, in the sampling thread."""
         self.cfg, self.tokenizer, self.world, self.home = cfg, tokenizer, world, home
-        self.rewards = build_rewards(cfg)
+        rewards = build_rewards(cfg.reward_settings, cfg.data_settings)
         eos = eos_token_ids(model, tokenizer)
         self.subscribers: list = []  # the engines outside this model, sent the weights after each update
         self.source = sampler_model  # whole weights to send them (with fsdp the unsharded copy, refreshed first)
@@ -55,7 +54,8 @@ class RolloutStage:
             from rlvr.models import resolve_model_path
             from rlvr.rollout.vllm import make_vllm_sampler
 
-            self.sampler = make_vllm_sampler(cfg, resolve_model_path(cfg.model), tokenizer, eos, world)
+            self.sampler = make_vllm_sampler(cfg.rollout_settings, cfg.model_settings, resolve_model_path(cfg.model), tokenizer,
+                                             eos, world, max_prompt_length=cfg.max_prompt_length, bf16=cfg.bf16, seed=cfg.seed)
             self.sampler.update_weights(self.source)
             self.subscribers.append(self.sampler)
         else:
@@ -67,49 +67,51 @@ class RolloutStage:
         if cfg.rollout_workers > 0:
             from rlvr.rollout.workers import RolloutWorkers
 
-            self.workers = RolloutWorkers(model, tokenizer, eos, cfg)
+            self.workers = RolloutWorkers(model, tokenizer, eos, cfg.rollout_settings, cfg.model_settings, cfg.data_settings,
+                                          cfg.reward_settings, bf16=cfg.bf16, seed=cfg.seed)
             self.subscribers.append(self.workers)
         # Completions from another engine, or from the weights before the last update, get the
         # importance correction (losses.py).
         self.off_policy = cfg.use_vllm or cfg.rollout_workers > 0 or cfg.max_staleness > 0
         self._stream = None  # see side_stream
-        self.params = training_params(cfg)
-        self.multiturn = make_multiturn(cfg, tokenizer)  # tools or an environment: rollouts of several turns
-        self.rollout_func = load_rollout_func(cfg.rollout_func) if cfg.rollout_func else None
+        self.params = sampling_params(cfg.rollout_settings)
+        # prompts -> scored completions: with tools or an environment, rollouts of several turns
+        self.path = RolloutPath.of(cfg, tokenizer, self.sampler, rewards)
 
     @property
     def pad_id(self) -> int:
         return self.sampler.pad_id
 
+    @property
+    def rewards(self) -> RewardSet:
+        """The reward functions the rollouts are scored with (rlvr rft sets the verifier alone)."""
+        return self.path.rewards
+
+    @rewards.setter
+    def rewards(self, rewards: RewardSet) -> None:
+        self.path.rewards = rewards
+
     def sample(self, examples: list[Example], generator: torch.Generator, state: TrainerState) -> Sampled:
         """Sample and score this process's share of `examples` (all of them with one process)."""
-        cfg, t0 = self.cfg, time.perf_counter()
+        t0 = time.perf_counter()
         streams = self._streams(len(examples), generator)
         mine = distributed.shard(len(examples), self.world)
         examples = examples[mine.start : mine.stop]
-        if self.multiturn is not None:  # the turns, the environment's answers between them, and the first prompts' texts
-            texts, groups = self.multiturn.generate(self.sampler, examples, [ex.prompt for ex in examples], self.params,
-                                                    streams)
-        else:
-            texts = render_prompts(self.tokenizer, [ex.prompt for ex in examples], cfg.system_prompt,
-                                   cfg.chat_template_kwargs, cfg.text_prompts == "raw")
-        if self.multiturn is None and self.rollout_func is None:
-            prompt_ids = tokenize_prompts(self.tokenizer, texts, cfg.max_prompt_length)
-            if self.workers is not None:  # rollout and reward on the Ray actors; the rollout time then includes the reward
-                groups, scores = self.workers.generate_and_score(examples, texts, prompt_ids, self.params, streams.seeds, state)
-                return Sampled(examples, groups, scores, time.perf_counter() - t0, 0.0)
-            groups = self.sampler.generate(prompt_ids, self.params, streams)
-        elif self.rollout_func is not None:
-            groups = custom_rollouts(self.rollout_func, cfg, self.tokenizer, self.sampler, examples, self.params, streams)
+        if self.workers is not None and self.path.single_turn:  # sampled and scored on the Ray actors, timed together
+            texts = self.path.render([ex.prompt for ex in examples])
+            groups, scores = self.workers.generate_and_score(examples, texts, self.path.tokenize(texts), self.params,
+                                                             streams.seeds, state)
+            return Sampled(examples, groups, scores, time.perf_counter() - t0, 0.0)
+        texts, groups = self.path.generate(examples, self.params, streams)
         rollout_seconds = time.perf_counter() - t0
-        score = (examples, groups, texts, state, cfg.max_completion_length)
+        score = (examples, groups, texts, state)
         scores, reward_seconds = self.home.call(self._score, *score) if self.home else self._score(*score)
         return Sampled(examples, groups, scores, rollout_seconds, reward_seconds)
 
     def _score(self, *args) -> tuple[Scores, float]:
         """(scores, seconds spent scoring): timed where it runs, not counting a wait for the home thread."""
         t0 = time.perf_counter()
-        return self.rewards.score_groups(*args), time.perf_counter() - t0
+        return self.path.score(*args), time.perf_counter() - t0
 
     def _streams(self, num_groups: int, generator: torch.Generator):
         """With the in-process engine or the workers, one stream per group seeded from the trainer's

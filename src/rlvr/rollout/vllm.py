@@ -19,9 +19,13 @@ the default "raw_logprobs" would instead ignore the temperature.  The trainer
 corrects the difference (and numerics, bf16) with an importance weight
 (losses.sampler_importance_weights, vllm_importance_sampling_mode).
 
-Seeds.  Each prompt gets a seed from its group's own stream (request_seeds), so a run with a
-fixed seed is reproducible and a group's completions do not depend on which process, server or
-worker sampled it.
+Seeds.  Each prompt gets a seed from its group's own stream (rollout/vllm_request.py), so a run
+with a fixed seed is reproducible and a group's completions do not depend on which process, server
+or worker sampled it.
+
+Settings.  engine_args turns the run's settings into vLLM's engine arguments; the parts that
+start an engine (the colocate sampler, `rlvr vllm-serve`, the rollout workers) are given the
+sections it reads, never the whole Config.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ from pathlib import Path
 
 import torch
 
+from rlvr.config import ModelSettings, RolloutSettings
+from rlvr.errors import VLLMError  # noqa: F401 - raised here, defined in the leaf errors.py
 from rlvr.rollout import SamplingParams, pad_token_id
+from rlvr.rollout.vllm_request import check_prompts, params_dict, request_seeds
 from rlvr.rollout.weights import weight_update, with_aliases
 from rlvr.types import Rollout
-from rlvr.errors import VLLMError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 INSTALL_HINT = (
     "vLLM is not installed in this environment. On a CPU machine, create the vLLM environment with "
@@ -64,22 +70,6 @@ def import_vllm():
     return vllm
 
 
-def draw_seeds(count: int, generator: torch.Generator | None) -> list[int]:
-    """One vLLM seed per prompt, from the trainer's generator (fresh randomness without one)."""
-    return torch.randint(0, 2**31 - 1, (count,), generator=generator).tolist()
-
-
-def request_seeds(count: int, generator) -> list[int]:
-    """One vLLM seed per prompt.  From a GroupGenerators (one seeded stream per group) each group's
-    seed is drawn from its own stream, so the completions of a group depend on its seed alone.
-    (vLLM gives a request's n completions seed, seed + 1, ...: hence drawn, not numbered in a row.)"""
-    from rlvr.rollout.sampling import GroupGenerators
-
-    if isinstance(generator, GroupGenerators):
-        return [int(torch.randint(0, 2**31 - 1, (1,), generator=torch.Generator().manual_seed(s))) for s in generator.seeds]
-    return draw_seeds(count, generator)
-
-
 def lora_rank_slot(r: int) -> int:
     """The smallest max_lora_rank vLLM accepts that holds an adapter of rank r."""
     for slot in LORA_RANKS:
@@ -88,21 +78,22 @@ def lora_rank_slot(r: int) -> int:
     raise ValueError(f"lora_r={r} is larger than vLLM's largest LoRA rank ({LORA_RANKS[-1]})")
 
 
-def engine_args(cfg, several_processes: bool = False) -> dict:
-    """vLLM's engine settings from the run configuration (colocate, `rlvr vllm-serve` and the rollout
-    workers alike).  The context is vllm_max_model_length, else room for a longest prompt and a full
-    completion.  With use_peft the engine takes LoRA adapters of the run's rank.  Under torchrun
-    (several_processes) each process drives its own engine, as TRL's colocate mode does: vLLM's
-    external launcher joins the process group already there (each rank a replica of its own, on
-    its own GPU) instead of starting one."""
-    max_model_len = cfg.vllm_max_model_length or (cfg.max_prompt_length or 1536) + cfg.max_completion_length
-    args = {"dtype": "bfloat16" if cfg.bf16 else cfg.dtype, "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization,
-            "max_model_len": max_model_len, "tensor_parallel_size": cfg.vllm_tensor_parallel_size, "seed": cfg.seed,
-            "enforce_eager": cfg.vllm_enforce_eager}
-    if cfg.vllm_kv_cache_gb:
-        args["kv_cache_memory_bytes"] = int(cfg.vllm_kv_cache_gb * 2**30)
-    if cfg.use_peft:
-        args.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_slot(cfg.lora_r))
+def engine_args(rollout: RolloutSettings, model: ModelSettings, *, max_prompt_length: int | None, bf16: bool, seed: int,
+                several_processes: bool = False) -> dict:
+    """vLLM's engine settings (colocate, `rlvr vllm-serve` and the rollout workers alike): the vllm_*
+    settings, the weights' dtype (bf16, else the model's dtype) and the run's seed.  The context is
+    vllm_max_model_length, else room for a longest prompt and a full completion.  With use_peft the
+    engine takes LoRA adapters of the model's rank.  Under torchrun (several_processes) each process
+    drives its own engine, as TRL's colocate mode does: vLLM's external launcher joins the process
+    group already there (each rank a replica of its own, on its own GPU) instead of starting one."""
+    max_model_len = rollout.vllm_max_model_length or (max_prompt_length or 1536) + rollout.max_completion_length
+    args = {"dtype": "bfloat16" if bf16 else model.dtype, "gpu_memory_utilization": rollout.vllm_gpu_memory_utilization,
+            "max_model_len": max_model_len, "tensor_parallel_size": rollout.vllm_tensor_parallel_size, "seed": seed,
+            "enforce_eager": rollout.vllm_enforce_eager}
+    if rollout.vllm_kv_cache_gb:
+        args["kv_cache_memory_bytes"] = int(rollout.vllm_kv_cache_gb * 2**30)
+    if model.use_peft:
+        args.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_slot(model.lora_r))
     if several_processes:
         args["distributed_executor_backend"] = "external_launcher"
     return args
@@ -229,17 +220,6 @@ class VLLMEngine:
         self._files.cleanup()
 
 
-def params_dict(params: SamplingParams, eos_token_ids: list[int]) -> dict:
-    return {"n": params.n, "max_tokens": params.max_tokens, "temperature": params.temperature, "top_p": params.top_p,
-            "top_k": params.top_k, "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
-            "stop_strings": list(params.stop_strings), "eos_token_ids": eos_token_ids}
-
-
-def check_prompts(prompt_ids) -> None:
-    if any(len(p) == 0 for p in prompt_ids):
-        raise ValueError("cannot sample from an empty prompt")
-
-
 class VLLMColocateSampler:
     """vLLM in the training process; update_weights copies the trainer's weights (with LoRA, its
     adapter) into it in memory."""
@@ -268,12 +248,16 @@ class VLLMColocateSampler:
         self.engine.close()
 
 
-def make_vllm_sampler(cfg, model_path: str, tokenizer, eos_token_ids: list[int], world=None):
-    """The sampler cfg.vllm_mode asks for: vLLM in this process, or the `rlvr vllm-serve` servers."""
+def make_vllm_sampler(rollout: RolloutSettings, model: ModelSettings, model_path: str, tokenizer, eos_token_ids: list[int],
+                      world=None, *, max_prompt_length: int | None, bf16: bool, seed: int):
+    """The sampler rollout.vllm_mode asks for: vLLM in this process, started on model_path with
+    engine_args (whose settings the keywords are), or the `rlvr vllm-serve` servers."""
     several = world is not None and world.enabled
-    if cfg.vllm_mode == "colocate":
-        return VLLMColocateSampler(model_path, tokenizer, eos_token_ids, **engine_args(cfg, several))
+    if rollout.vllm_mode == "colocate":
+        engine = engine_args(rollout, model, max_prompt_length=max_prompt_length, bf16=bf16, seed=seed,
+                             several_processes=several)
+        return VLLMColocateSampler(model_path, tokenizer, eos_token_ids, **engine)
     from rlvr.rollout.vllm_client import VLLMServers, server_urls
 
-    return VLLMServers(server_urls(cfg), tokenizer, eos_token_ids, cfg.vllm_server_timeout, world,
-                       cfg.vllm_weight_transfer)
+    return VLLMServers(server_urls(rollout), tokenizer, eos_token_ids, rollout.vllm_server_timeout, world,
+                       rollout.vllm_weight_transfer)

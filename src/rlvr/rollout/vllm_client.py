@@ -6,7 +6,7 @@ sent at once.  A server that refuses the connection, errs or does not answer wit
 vllm_server_timeout is dropped, reported on stderr and counted (metrics vllm/servers,
 vllm/server_failures), and its share goes to a server still there; the call fails only when no
 server is left, naming each one and what happened to it.  A group's completions depend on its
-seed, not on the server (vllm.request_seeds), so a share sampled elsewhere is the same share.
+seed, not on the server (vllm_request.request_seeds), so a share sampled elsewhere is the same share.
 
 Weights.  After each optimizer step one copy leaves the trainer: rank 0 streams the update
 (rollout/weights.py) to the first server, which loads it as it arrives and relays the same bytes
@@ -32,8 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from rlvr import distributed
+from rlvr.config import VLLMSettings
+from rlvr.errors import VLLMError
 from rlvr.rollout import SamplingParams, pad_token_id
-from rlvr.rollout.vllm import VLLMError, check_prompts, params_dict, request_seeds
+from rlvr.rollout.vllm_request import check_prompts, params_dict, request_seeds
 from rlvr.rollout.weights import encode, weight_update, wire_dtype
 from rlvr.types import Rollout
 
@@ -42,20 +44,20 @@ class StaleWeights(VLLMError):
     """The server holds another version of the weights than the trainer's latest."""
 
 
-def server_urls(cfg) -> list[str]:
+def server_urls(vllm: VLLMSettings) -> list[str]:
     """Where the trainer finds `rlvr vllm-serve`: vllm_server_base_url (one URL, or several separated
     by commas), else vllm_server_host (one host or several, each host or host:port) and
     vllm_server_port.  A server listening on every address, 0.0.0.0, is reached locally."""
-    if cfg.vllm_server_base_url:
-        return [u.strip().rstrip("/") for u in cfg.vllm_server_base_url.split(",") if u.strip()]
+    if vllm.vllm_server_base_url:
+        return [u.strip().rstrip("/") for u in vllm.vllm_server_base_url.split(",") if u.strip()]
     urls = []
-    for host in [h.strip() for h in cfg.vllm_server_host.split(",") if h.strip()] or ["0.0.0.0"]:
+    for host in [h.strip() for h in vllm.vllm_server_host.split(",") if h.strip()] or ["0.0.0.0"]:
         name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
         name = name or host
         name = "127.0.0.1" if name in ("0.0.0.0", "") else name
         if port and not port.isdigit():
             raise VLLMError(f"vllm_server_host: {host!r} is not host or host:port")
-        port = int(port) if port else cfg.vllm_server_port
+        port = int(port) if port else vllm.vllm_server_port
         if port == 0:
             raise VLLMError(f"the trainer needs the port of `rlvr vllm-serve` on {name}: vllm_server_port=0 (any free port) "
                             "is for the server, which prints the port it took; pass that port, or vllm_server_base_url")

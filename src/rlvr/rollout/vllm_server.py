@@ -27,7 +27,9 @@ import threading
 import traceback
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from rlvr.rollout.vllm import VLLMEngine, VLLMError, engine_args
+from rlvr.config import VLLMSettings
+from rlvr.errors import VLLMError
+from rlvr.rollout.vllm import VLLMEngine
 from rlvr.rollout.vllm_client import Server
 from rlvr.rollout.weights import decode
 
@@ -157,20 +159,21 @@ def listen(host: str, port: int, relay_timeout: float) -> VLLMServer:
                         "choose another port with vllm_server_port=<port> (0: any free port)") from None
 
 
-def serve(cfg, model_path: str) -> None:
-    """Take the port, start vLLM on model_path (answering 503 meanwhile) and serve until interrupted."""
+def serve(vllm: VLLMSettings, model_path: str, engine_args: dict) -> None:
+    """Take the port (vllm_server_host, vllm_server_port), start vLLM on model_path with engine_args
+    (vllm.engine_args), answering 503 meanwhile, and serve until interrupted."""
     import signal
     import sys
 
     if threading.current_thread() is threading.main_thread():  # stopped by a scheduler or kill: clean up as on Ctrl-C
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    server = listen(cfg.vllm_server_host, cfg.vllm_server_port, cfg.vllm_server_timeout)
-    url = f"http://{cfg.vllm_server_host}:{server.server_address[1]}"
+    server = listen(vllm.vllm_server_host, vllm.vllm_server_port, vllm.vllm_server_timeout)
+    url = f"http://{vllm.vllm_server_host}:{server.server_address[1]}"
     print(f"rlvr vllm-serve: loading {model_path}; {url} answers 503 until it is ready", flush=True)
     loading = threading.Thread(target=server.serve_forever, name="rlvr-vllm-serve-loading", daemon=True)
     loading.start()
     try:
-        engine = VLLMEngine(model_path, **engine_args(cfg))
+        engine = VLLMEngine(model_path, **engine_args)
     except BaseException:
         server.shutdown()
         server.server_close()
@@ -179,7 +182,7 @@ def serve(cfg, model_path: str) -> None:
     loading.join()
     server.engine = engine
     print(f"rlvr vllm-serve: {model_path} on {url}"
-          f"{' (takes LoRA adapters of rank <= ' + str(engine_args(cfg)['max_lora_rank']) + ')' if engine.adapters else ''}", flush=True)
+          f"{' (takes LoRA adapters of rank <= ' + str(engine_args['max_lora_rank']) + ')' if engine.adapters else ''}", flush=True)
     try:
         server.serve_forever()
     finally:

@@ -2,8 +2,10 @@
 
 `rollout_workers=N` starts N actors (`RolloutWorker`), on a local Ray cluster or the one at
 `ray_address`.  Each holds an engine and the reward functions.  The engine is either rlvr's
-in-process sampler (rollout/engine.py) on a model built from the trainer's config and weights,
-or with use_vllm a vLLM engine (rollout/vllm.py) started from the model's path.  `RolloutWorkers`,
+in-process sampler (rollout/engine.py) on a model built from the trainer's model config and
+weights, or with use_vllm a vLLM engine (rollout/vllm.py) started from the model's path.  An actor
+is sent the rollout settings, the reward and data settings its reward functions are built from
+(tasks.build_rewards), vLLM's engine arguments and bf16: never the whole Config.  `RolloutWorkers`,
 on the driver, splits a round's groups across the actors, gathers the rollouts and scores in
 order, and after each optimizer step puts the update in the object store once for every actor to
 load (it is one of `Trainer.weight_subscribers`).
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.config import DataSettings, ModelSettings, RewardSettings, RolloutSettings
 from rlvr.rewards import Scores, merge_counters
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.sampling import GroupGenerators
@@ -66,7 +69,8 @@ class LocalPolicy:
     """The in-process engine on a Hugging Face model built in the actor.  `state`: with LoRA the
     trainer's peft state dict at the start (the frozen base weights with them), else None."""
 
-    def __init__(self, model_config, tokenizer, eos_ids: list[int], cfg, state: dict | None, update: tuple):
+    def __init__(self, model_config, tokenizer, eos_ids: list[int], bf16: bool, cuda_graphs: bool, state: dict | None,
+                 update: tuple):
         from transformers import AutoModelForCausalLM
 
         from rlvr.rollout.engine import make_sampler
@@ -82,7 +86,7 @@ class LocalPolicy:
             model.load_state_dict(state, strict=True)
         self.model = model.eval()
         self.load(meta, tensors)
-        self.sampler = make_sampler(self.model, tokenizer, eos_ids, bf16=cfg.bf16, cuda_graphs=cfg.cuda_graphs)
+        self.sampler = make_sampler(self.model, tokenizer, eos_ids, bf16=bf16, cuda_graphs=cuda_graphs)
 
     def load(self, meta: dict, tensors: dict) -> None:
         """In place: the sampler reads the model's parameters, so it sees the new values."""
@@ -107,13 +111,14 @@ class LocalPolicy:
 
 
 class VLLMPolicy:
-    """vLLM in the actor (no engine subprocess), started from `model_path`, then given every update."""
+    """vLLM in the actor (no engine subprocess), started from `model_path` with `engine_args`
+    (vllm.engine_args), then given every update."""
 
-    def __init__(self, model_path: str, eos_ids: list[int], cfg, update: tuple):
-        from rlvr.rollout.vllm import VLLMEngine, engine_args
+    def __init__(self, model_path: str, eos_ids: list[int], engine_args: dict, update: tuple):
+        from rlvr.rollout.vllm import VLLMEngine
 
         self.eos = list(eos_ids)
-        self.engine = VLLMEngine(model_path, **engine_args(cfg))
+        self.engine = VLLMEngine(model_path, **engine_args)
         self.load(*update)
 
     def load(self, meta: dict, tensors: dict) -> None:
@@ -128,19 +133,23 @@ class VLLMPolicy:
 
 class RolloutWorker:
     """One actor: an engine holding the current policy, and the reward functions.  (Wrapped by
-    ray.remote in RolloutWorkers.)  `update`: (meta, tensors) of the latest weight update."""
+    ray.remote in RolloutWorkers.)  With rollout.use_vllm the engine is vLLM on `model_path` with
+    `engine_args`, else the in-process engine on a model of `model_config`.  `rewards` and `data`:
+    what the reward functions are built from (tasks.build_rewards); `update`: (meta, tensors) of the
+    latest weight update."""
 
-    def __init__(self, model_config, tokenizer, eos_ids: list[int], model_path: str | None, cfg, threads: int,
+    def __init__(self, model_config, tokenizer, eos_ids: list[int], model_path: str | None, engine_args: dict | None,
+                 rollout: RolloutSettings, rewards: RewardSettings, data: DataSettings, bf16: bool, threads: int,
                  state: dict | None, update: tuple):
         from rlvr.tasks import build_rewards
 
         torch.set_num_threads(threads)
-        self.cfg = cfg
-        if cfg.use_vllm:
-            self.policy = VLLMPolicy(model_path, eos_ids, cfg, update)
+        self.max_completion_length = rollout.max_completion_length
+        if rollout.use_vllm:
+            self.policy = VLLMPolicy(model_path, eos_ids, engine_args, update)
         else:
-            self.policy = LocalPolicy(model_config, tokenizer, eos_ids, cfg, state, update)
-        self.rewards = build_rewards(cfg)
+            self.policy = LocalPolicy(model_config, tokenizer, eos_ids, bf16, rollout.cuda_graphs, state, update)
+        self.rewards = build_rewards(rewards, data)
 
     def pid(self) -> int:
         return os.getpid()
@@ -151,7 +160,7 @@ class RolloutWorker:
     def generate_and_score(self, examples: list[Example], texts: list[str], prompt_ids: list[list[int]],
                            params: SamplingParams, seeds: list[int], trainer_state: TrainerState):
         groups = self.policy.generate(prompt_ids, params, seeds)
-        scores = self.rewards.score_groups(examples, groups, texts, trainer_state, self.cfg.max_completion_length)
+        scores = self.rewards.score_groups(examples, groups, texts, trainer_state, self.max_completion_length)
         return groups, scores
 
     def close(self) -> None:
@@ -161,31 +170,40 @@ class RolloutWorker:
 class RolloutWorkers:
     """N RolloutWorker actors seen as one sampler + reward set; a weight subscriber of the Trainer.
 
-    With use_vllm each actor starts vLLM from rlvr.models.resolve_model_path(cfg.model), resolved
-    here on the driver: a hub id works on every node; a local path must exist on each node."""
+    Given the sections it reads: `rollout` (rollout_workers, ray_address, use_vllm, ...),
+    `model_settings` (the model's name, dtype and LoRA), `data` and `rewards` (what the reward
+    functions are built from), and bf16 and seed, which vLLM's engine arguments take as well
+    (vllm.engine_args).  With use_vllm each actor starts vLLM from
+    rlvr.models.resolve_model_path(model_settings.model), resolved here on the driver: a hub id
+    works on every node; a local path must exist on each node."""
 
-    def __init__(self, model, tokenizer, eos_ids: list[int], cfg, threads: int | None = None):
+    def __init__(self, model, tokenizer, eos_ids: list[int], rollout: RolloutSettings, model_settings: ModelSettings,
+                 data: DataSettings, rewards: RewardSettings, *, bf16: bool, seed: int, threads: int | None = None):
         ray = import_ray()
-        self.ray, self.cfg = ray, _with_absolute_reward_files(cfg)
-        self.size = cfg.rollout_workers
+        self.ray, self.use_peft = ray, model_settings.use_peft
+        self.size = rollout.rollout_workers
         self.threads = threads or max(1, (os.cpu_count() or 1) // self.size)
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
-            if cfg.ray_address:
-                ray.init(address=cfg.ray_address, logging_level="WARNING")
+            if rollout.ray_address:
+                ray.init(address=rollout.ray_address, logging_level="WARNING")
             else:
                 ray.init(num_cpus=max(os.cpu_count() or 1, self.size * self.threads), include_dashboard=False,
                          logging_level="WARNING")
-        gpus = cfg.vllm_tensor_parallel_size if cfg.use_vllm and ray.cluster_resources().get("GPU", 0) else 0
+        gpus = rollout.vllm_tensor_parallel_size if rollout.use_vllm and ray.cluster_resources().get("GPU", 0) else 0
         self.actor_class = ray.remote(num_cpus=self.threads, num_gpus=gpus, max_restarts=0)(RolloutWorker)
-        model_path = None
-        if cfg.use_vllm:
+        model_path, self.engine_args = None, None  # vLLM's: where the actors start it, and how
+        if rollout.use_vllm:
             from rlvr.models import resolve_model_path
+            from rlvr.rollout.vllm import engine_args
 
-            model_path = resolve_model_path(cfg.model)
+            model_path = resolve_model_path(model_settings.model)
+            self.engine_args = engine_args(rollout, model_settings, max_prompt_length=data.max_prompt_length, bf16=bf16,
+                                           seed=seed)
         # The actor constructor's arguments; the state and the update as object-store references.
-        self.spec = [ray.put(model.config), ray.put(tokenizer), list(eos_ids), model_path]
-        local_lora = cfg.use_peft and not cfg.use_vllm and hasattr(model, "peft_config")
+        self.spec = [ray.put(model.config), ray.put(tokenizer), list(eos_ids), model_path, self.engine_args, rollout,
+                     _with_absolute_reward_files(rewards), data, bf16]
+        local_lora = model_settings.use_peft and not rollout.use_vllm and hasattr(model, "peft_config")
         self.state = ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()}) if local_lora else None
         self.version = 0
         self.replacements = 0  # actors replaced since the start
@@ -196,17 +214,15 @@ class RolloutWorkers:
         ray.get([a.pid.remote() for a in self.actors])  # fail here, clearly, if an actor cannot start
 
     def _start(self):
-        return self.actor_class.remote(*self.spec, self.cfg, self.threads, self.state, self.update)
+        return self.actor_class.remote(*self.spec, self.threads, self.state, self.update)
 
     def _put(self, model):
         """The policy's update for version self.version, in the object store once for every actor."""
         t0 = time.perf_counter()
-        update = weight_update(model, self.cfg.use_peft, self.version)
+        update = weight_update(model, self.use_peft, self.version)
         dtype = None
-        if self.cfg.use_vllm and update.adapter is None:  # vLLM holds the weights in its own dtype: send that
-            from rlvr.rollout.vllm import engine_args
-
-            dtype = wire_dtype(engine_args(self.cfg)["dtype"])
+        if self.engine_args is not None and update.adapter is None:  # vLLM holds the weights in its own dtype: send that
+            dtype = wire_dtype(self.engine_args["dtype"])
         tensors = {name: t.to("cpu", dtype) if dtype is not None and t.is_floating_point() else t.cpu()
                    for name, t in update.tensors.items()}
         ref = self.ray.put(({**update.meta, "version": update.version, "adapter": update.adapter}, tensors))
@@ -301,15 +317,15 @@ def _slice_scores(scores: Scores, lo: int, hi: int, first: bool) -> Scores:
                   scores.counters if first else {n: {} for n in scores.counters})
 
 
-def _with_absolute_reward_files(cfg):
+def _with_absolute_reward_files(rewards: RewardSettings) -> RewardSettings:
     """reward_funcs given as path/to/file.py:function (and their reward_args keys) made absolute,
     as the actors may run in another directory."""
     renamed = {}
-    for name in cfg.reward_funcs or ():
+    for name in rewards.reward_funcs or ():
         target, sep, attr = name.rpartition(":")
         if sep and target.endswith(".py"):
             renamed[name] = f"{Path(target).expanduser().resolve()}:{attr}"
     if not renamed:
-        return cfg
-    return dataclasses.replace(cfg, reward_funcs=tuple(renamed.get(n, n) for n in cfg.reward_funcs),
-                               reward_args={renamed.get(k, k): v for k, v in cfg.reward_args.items()})
+        return rewards
+    return dataclasses.replace(rewards, reward_funcs=tuple(renamed.get(n, n) for n in rewards.reward_funcs),
+                               reward_args={renamed.get(k, k): v for k, v in rewards.reward_args.items()})

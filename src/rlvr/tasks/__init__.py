@@ -3,16 +3,19 @@
 A task bundles prompts, reference answers and its verifier (the reward that
 decides correctness, used for held-out accuracy).  Add a task by giving it
 `name`, `verifier`, `check_args(args)`, `reward_args(args)` and either `splits(args, seed)`
-(it makes its own problems) or `reads_dataset = True` and `load(cfg)` (a preset: it reads
-`dataset`, or its own default from the hub), and listing it in TASKS below.
+(it makes its own problems) or `reads_dataset = True` and `load(data, seed)` (a preset: it reads
+`dataset`, or its own default from the hub), and listing it in TASKS below.  The functions here
+read the data settings (config.DataSettings), and the reward settings where they build rewards.
 
 `dataset=...` with the default task (arithmetic) is a plain dataset: its columns, prompts and the
-`accuracy` verifier as the dataset section of the README says.  With a preset (gsm8k, math500,
+`accuracy` verifier as docs/data-and-tasks.md says.  With a preset (gsm8k, math500,
 aime) the preset's columns, prompt and grader apply to it; a task that makes its own problems
 (countdown, reasoning_gym, humaneval) refuses a dataset.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from rlvr.tasks.arithmetic import ArithmeticTask
 from rlvr.tasks.countdown import CountdownTask
@@ -21,25 +24,28 @@ from rlvr.tasks.presets import PRESETS
 from rlvr.tasks.reasoning_gym import ReasoningGymTask
 from rlvr.types import Example
 
+if TYPE_CHECKING:
+    from rlvr.config import DataSettings, RewardSettings
 
-def task_of(cfg):
+
+def task_of(data: DataSettings):
     """The task that makes the examples and grades them; None for a plain dataset."""
-    task = TASKS[cfg.task]
-    if cfg.dataset and not getattr(task, "reads_dataset", False):
+    task = TASKS[data.task]
+    if data.dataset and not getattr(task, "reads_dataset", False):
         return None
     return task
 
 
-def check_task(cfg) -> list[str]:
+def check_task(data: DataSettings) -> list[str]:
     """Problems with `task`, `task_args` and their fit with `dataset`; loads no data."""
-    if cfg.task not in TASKS:
-        return [f"unknown task {cfg.task!r}; built-in tasks: {', '.join(TASKS)} (or set dataset=...)"]
-    task = TASKS[cfg.task]
-    if cfg.dataset and not getattr(task, "reads_dataset", False):
-        if cfg.task == ArithmeticTask.name:  # the default: a plain dataset, the task unused
+    if data.task not in TASKS:
+        return [f"unknown task {data.task!r}; built-in tasks: {', '.join(TASKS)} (or set dataset=...)"]
+    task = TASKS[data.task]
+    if data.dataset and not getattr(task, "reads_dataset", False):
+        if data.task == ArithmeticTask.name:  # the default: a plain dataset, the task unused
             return []
         readers = ", ".join(name for name, t in TASKS.items() if getattr(t, "reads_dataset", False))
-        return [f"task={cfg.task} makes its own problems and reads no dataset: drop dataset={cfg.dataset}, or use a task "
+        return [f"task={data.task} makes its own problems and reads no dataset: drop dataset={data.dataset}, or use a task "
                 f"that reads one ({readers}), or leave task unset for a plain dataset"]
     try:
         if hasattr(task, "check_available"):
@@ -47,56 +53,57 @@ def check_task(cfg) -> list[str]:
     except ValueError as e:
         return [str(e)]
     try:
-        task.check_args(cfg.task_args)
+        task.check_args(data.task_args)
     except (TypeError, ValueError) as e:
-        return [f"task_args for {cfg.task!r}: {e}"]
+        return [f"task_args for {data.task!r}: {e}"]
     return []
 
 
-def load_splits(cfg, evaluation: bool = False) -> tuple[list[Example], list[Example]]:
-    """(train, test) examples for the configured dataset or built-in task.  An evaluation set
-    (task=math500, aime) has no train split: an error unless `evaluation` (rlvr eval)."""
-    task = task_of(cfg)
+def load_splits(data: DataSettings, seed: int, evaluation: bool = False) -> tuple[list[Example], list[Example]]:
+    """(train, test) examples for the configured dataset or built-in task; `seed` (the run's) draws a
+    generated task's problems and a held-out test split.  An evaluation set (task=math500, aime)
+    has no train split: an error unless `evaluation` (rlvr eval)."""
+    task = task_of(data)
     if task is None:
         from rlvr.tasks.dataset import load_splits as load_dataset_splits
 
-        return load_dataset_splits(cfg)
+        return load_dataset_splits(data, seed)
     if not getattr(task, "reads_dataset", False):
-        return task.splits(cfg.task_args, cfg.seed)
-    train, test = task.load(cfg)
+        return task.splits(data.task_args, seed)
+    train, test = task.load(data, seed)
     if not train and not evaluation:
         from rlvr.tasks.dataset import DatasetError
 
-        raise DatasetError(f"task={cfg.task} is an evaluation set with no train split: train on another task or dataset "
-                           f"(e.g. task=gsm8k), and measure with rlvr eval task={cfg.task}")
+        raise DatasetError(f"task={data.task} is an evaluation set with no train split: train on another task or dataset "
+                           f"(e.g. task=gsm8k), and measure with rlvr eval task={data.task}")
     return train, test
 
 
-def verifier_name(cfg) -> str:
+def verifier_name(data: DataSettings) -> str:
     """The reward that decides "correct" for accuracy: the task's verifier, else `accuracy`."""
-    task = task_of(cfg)
+    task = task_of(data)
     return "accuracy" if task is None else task.verifier
 
 
-def reward_funcs(cfg) -> tuple[str, ...]:
+def reward_funcs(rewards: RewardSettings, data: DataSettings) -> tuple[str, ...]:
     """The configured reward functions, or the task's verifier alone."""
-    return tuple(cfg.reward_funcs) if cfg.reward_funcs else (verifier_name(cfg),)
+    return tuple(rewards.reward_funcs) if rewards.reward_funcs else (verifier_name(data),)
 
 
-def build_rewards(cfg, with_verifier: bool = False):
+def build_rewards(rewards: RewardSettings, data: DataSettings, with_verifier: bool = False):
     """The RewardSet for training (with_verifier: plus the verifier at weight 0, for accuracy)."""
     from rlvr.rewards import RewardSet
 
-    names = list(reward_funcs(cfg))
-    weights = list(cfg.reward_weights) if cfg.reward_weights is not None else [1.0] * len(names)
-    verifier = verifier_name(cfg)
+    names = list(reward_funcs(rewards, data))
+    weights = list(rewards.reward_weights) if rewards.reward_weights is not None else [1.0] * len(names)
+    verifier = verifier_name(data)
     if with_verifier and verifier not in names:
         names.append(verifier)
         weights.append(0.0)
-    task = task_of(cfg)
-    task_args = {} if task is None else task.reward_args(cfg.task_args)
-    args = {name: {**task_args.get(name, {}), **cfg.reward_args.get(name, {})} for name in names}
-    return RewardSet(names, weights, args, timeout=cfg.reward_timeout, isolation=cfg.reward_isolation)
+    task = task_of(data)
+    task_args = {} if task is None else task.reward_args(data.task_args)
+    args = {name: {**task_args.get(name, {}), **rewards.reward_args.get(name, {})} for name in names}
+    return RewardSet(names, weights, args, timeout=rewards.reward_timeout, isolation=rewards.reward_isolation)
 
 
 TASKS = {task.name: task for task in (ArithmeticTask, HumanEvalTask, CountdownTask, ReasoningGymTask, *PRESETS)}

@@ -9,9 +9,13 @@ reaches the reward functions as a keyword argument, as in TRL.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlvr.types import Example
 from rlvr.errors import DatasetError  # noqa: F401 - raised here, defined in the leaf errors.py
+
+if TYPE_CHECKING:
+    from rlvr.config import DataSettings
 
 PROMPT_COLUMNS = ("prompt", "question", "problem")
 ANSWER_COLUMNS = ("answer", "solution", "ground_truth")
@@ -20,18 +24,18 @@ HOLDOUT_FRACTION = 0.1
 HOLDOUT_MAX = 1000
 
 
-def load_splits(cfg) -> tuple[list[Example], list[Example]]:
-    """(train, test) examples; the test split is held out of train when the dataset has none."""
-    train, test, where = load_split_rows(cfg)
-    prompt_col = pick_column(train.column_names, cfg.prompt_column, PROMPT_COLUMNS, "prompt", cfg.dataset)
-    answer_col = pick_column(train.column_names, cfg.answer_column, ANSWER_COLUMNS, "answer", cfg.dataset, required=False)
+def load_splits(data: DataSettings, seed: int) -> tuple[list[Example], list[Example]]:
+    """(train, test) examples; the test split is held out of train (drawn with `seed`) when the dataset has none."""
+    train, test, where = load_split_rows(data, seed)
+    prompt_col = pick_column(train.column_names, data.prompt_column, PROMPT_COLUMNS, "prompt", data.dataset)
+    answer_col = pick_column(train.column_names, data.answer_column, ANSWER_COLUMNS, "answer", data.dataset, required=False)
     return examples_of(train, prompt_col, answer_col, "train", where), examples_of(test, prompt_col, answer_col, "test", where)
 
 
-def load_split_rows(cfg):
+def load_split_rows(data: DataSettings, seed: int):
     """(train, test, where): the two splits as `datasets` datasets, the test split held out of
-    train when the dataset has none; `where(split, row, i)` names a row for an error message."""
-    return split_rows(cfg.dataset, cfg.dataset_config, cfg.dataset_train_split, cfg.dataset_test_split, cfg.seed)
+    train (drawn with `seed`) when the dataset has none; `where(split, row, i)` names a row for an error message."""
+    return split_rows(data.dataset, data.dataset_config, data.dataset_train_split, data.dataset_test_split, seed)
 
 
 def split_rows(dataset: str, config: str | None, train_split: str, test_split: str, seed: int):

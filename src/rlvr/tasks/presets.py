@@ -20,8 +20,12 @@ no train split, so `rlvr train` refuses them and `rlvr eval` grades every row.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlvr.types import Example
+
+if TYPE_CHECKING:
+    from rlvr.config import DataSettings
 
 _STEPS = "Solve the problem step by step, then write the final answer in \\boxed{{}}."
 GSM8K_TEMPLATE = "{problem}\n\n" + _STEPS.replace("final answer", "final number")
@@ -52,18 +56,19 @@ class Preset:
     def reward_args(self, args: dict) -> dict:
         return {}
 
-    def load(self, cfg) -> tuple[list[Example], list[Example]]:
-        """(train, test) from `cfg.dataset` when set, else from the hub dataset."""
+    def load(self, data: DataSettings, seed: int) -> tuple[list[Example], list[Example]]:
+        """(train, test) from `data.dataset` when set, else from the hub dataset; `seed` draws a
+        held-out test split."""
         from rlvr.tasks.dataset import DatasetError, pick_column, split_rows
 
-        given = cfg.dataset is not None
-        name, config = (cfg.dataset, cfg.dataset_config) if given else (self.hub, self.hub_config)
-        train_split, test_split = (cfg.dataset_train_split, cfg.dataset_test_split) if given else (self.train_split, self.test_split)
+        given = data.dataset is not None
+        name, config = (data.dataset, data.dataset_config) if given else (self.hub, self.hub_config)
+        train_split, test_split = (data.dataset_train_split, data.dataset_test_split) if given else (self.train_split, self.test_split)
         try:
             if self.train_split is None:
                 train, (test, where) = None, self._test_only(name, config, test_split)
             else:
-                train, test, where = split_rows(name, config, train_split, test_split, cfg.seed)
+                train, test, where = split_rows(name, config, train_split, test_split, seed)
         except DatasetError as e:
             if given or not str(e).startswith("could not load dataset"):
                 raise
@@ -71,8 +76,8 @@ class Preset:
                                f"({str(e).partition(': ')[2]}); without a network, pass the dataset as a local file: "
                                f"task={self.name} dataset=<file.jsonl, .parquet or .csv>") from None
         columns = (test if train is None else train).column_names
-        prompt_col = pick_column(columns, cfg.prompt_column, self.prompt_columns, "prompt", name)
-        answer_col = pick_column(columns, cfg.answer_column, self.answer_columns, "answer", name)
+        prompt_col = pick_column(columns, data.prompt_column, self.prompt_columns, "prompt", name)
+        answer_col = pick_column(columns, data.answer_column, self.answer_columns, "answer", name)
         train = [] if train is None else self._examples(train, prompt_col, answer_col, "train", where)
         return train, self._examples(test, prompt_col, answer_col, "test", where)
 

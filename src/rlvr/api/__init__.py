@@ -1,0 +1,36 @@
+"""TRL's Python API on rlvr: a script that did `from trl import GRPOConfig, GRPOTrainer` runs
+with `from rlvr import GRPOConfig, GRPOTrainer` instead, and trains with rlvr; so do TRL's
+SFTConfig / SFTTrainer and DPOConfig / DPOTrainer.
+
+    args = GRPOConfig(output_dir="my-run", learning_rate=1e-5, max_steps=100)
+    trainer = GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=[my_reward, "accuracy"],
+                          args=args, train_dataset=dataset)
+    trainer.train()
+    trainer.save_model("my-run/final")
+
+    trainer = SFTTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", train_dataset=dataset,
+                         args=SFTConfig(output_dir="sft", max_length=1024, packing=True))
+    trainer = DPOTrainer(model="sft", train_dataset=pairs, args=DPOConfig(output_dir="dpo", beta=0.1))
+
+The configs take every TRL setting by its TRL name (trl_settings.py says what each does here; where
+SFT or DPO gives a name another meaning, DPO's `beta` and `loss_type`, or another default, SFT's
+learning rate, the method's own applies: methods.py) and check them when they are made.  The
+trainers take what TRL's take: the model as a name, a path or a loaded model; reward functions as
+functions, callable objects, built-in names or `module:function` paths; datasets as
+`datasets.Dataset` / `IterableDataset` (or lists of rows); a tokenizer; a peft LoraConfig;
+TrainerCallback-like callbacks.  The run itself is rlvr's (run.py), with its run directory,
+checkpoints, metrics and report.
+
+    configs.py     GRPOConfig, SFTConfig, DPOConfig
+    trainers.py    GRPOTrainer, and SFTTrainer / DPOTrainer on its construction
+    inputs.py      the objects a trainer is given, as settings, Examples or rows; RunObjects for run.py
+    callbacks.py   TrainerState, TrainerControl, TrainOutput and the callbacks
+"""
+
+from rlvr.api.callbacks import Callbacks, TrainerControl, TrainerState, TrainOutput
+from rlvr.api.configs import DPOConfig, GRPOConfig, SFTConfig
+from rlvr.api.inputs import RunObjects
+from rlvr.api.trainers import DPOTrainer, GRPOTrainer, SFTTrainer
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "DPOConfig", "DPOTrainer", "TrainOutput", "TrainerState",
+           "TrainerControl", "Callbacks", "RunObjects"]

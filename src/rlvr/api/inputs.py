@@ -1,0 +1,125 @@
+"""What TRL's trainers are given as objects, as rlvr has them: a model as a name, a peft LoraConfig
+as lora_* settings, tools / rollout_func / environment_factory as registered names, datasets as
+Examples or rows; and RunObjects, what the run (run.py) takes as objects rather than settings."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlvr.config import Config, ConfigError
+
+
+@dataclass
+class RunObjects:
+    """What the Python API gives the run as objects rather than names in the Config (run.py).
+    After the run, `model` and `tokenizer` are the trained ones."""
+
+    model: Any = None
+    tokenizer: Any = None
+    train_examples: list | None = None
+    test_examples: list | None = None
+    callbacks: Any = None  # api.callbacks.Callbacks
+    train_rows: list | None = None  # sft / dpo: the train_dataset's rows (finetune/data.py reads them)
+
+
+def model_name(model) -> str:
+    name = model if isinstance(model, str) else getattr(model, "name_or_path", "") or "model"
+    return str(name).rstrip("/").split("/")[-1]
+
+
+def lora_settings(peft_config) -> dict:
+    """A peft LoraConfig as rlvr's lora_* settings."""
+    if type(peft_config).__name__ != "LoraConfig":
+        raise ConfigError(f"peft_config: only a LoraConfig is supported, got {type(peft_config).__name__}")
+    targets = peft_config.target_modules
+    out = {"use_peft": True, "lora_r": int(peft_config.r), "lora_alpha": int(peft_config.lora_alpha),
+           "lora_dropout": float(peft_config.lora_dropout)}
+    if targets and targets != "all-linear":
+        out["lora_target_modules"] = sorted(targets) if not isinstance(targets, str) else [targets]
+    return out
+
+
+def multiturn_settings(tools, rollout_func, environment_factory) -> dict:
+    """tools (functions or names), rollout_func and environment_factory given as objects, as the
+    names the Config holds (the objects are registered where those names resolve)."""
+    from rlvr.environments import register_environment
+    from rlvr.rollout.custom import register_rollout_func
+    from rlvr.tools import register_tool
+
+    out = {}
+    if tools:
+        out["tools"] = [t if isinstance(t, str) else register_tool(t) for t in tools]
+    if rollout_func is not None:
+        out["rollout_func"] = rollout_func if isinstance(rollout_func, str) else register_rollout_func(rollout_func)
+    if environment_factory is not None:
+        out["environment"] = (environment_factory if isinstance(environment_factory, str)
+                              else register_environment(environment_factory))
+    return out
+
+
+def given_objects(cfg: Config) -> list[tuple[dict, str, Any]]:
+    """(registry, name, object) for each name of cfg that resolves to an object given to GRPOTrainer.
+    Registries are by name, shared by the process's trainers, and a trainer given another object of
+    the same name takes the name over; each trainer puts its own back (put_back) before it trains or
+    evaluates, so it resolves exactly what it was given, under TRL's names."""
+    from rlvr import environments, rewards, tools
+    from rlvr.rollout import custom
+
+    named = [(rewards.GIVEN, cfg.reward_funcs or ()), (tools.GIVEN, cfg.tools or ()),
+             (environments.GIVEN, (cfg.environment,)), (custom.GIVEN, (cfg.rollout_func,))]
+    return [(registry, name, registry[name]) for registry, names in named for name in names if name in registry]
+
+
+def put_back(given: list[tuple[dict, str, Any]]) -> None:
+    for registry, name, obj in given:
+        registry[name] = obj
+
+
+def examples(dataset, cfg: Config, what: str) -> list:
+    """A datasets.Dataset / IterableDataset / list of rows as Examples: the prompt column, the
+    answer column (copied into `answer`) and every other column for the reward functions."""
+    from rlvr.tasks.dataset import DatasetError, examples_from_rows
+
+    if isinstance(dataset, dict):  # a DatasetDict
+        raise DatasetError(f"{what}: a dict of several datasets is not supported; give one split, e.g. dataset['train']")
+    if hasattr(dataset, "num_rows") or isinstance(dataset, list):
+        rows = list(dataset)
+    elif hasattr(dataset, "__iter__"):  # an IterableDataset: as many rows as training can use
+        if cfg.max_steps < 1:
+            raise DatasetError(f"{what} is an IterableDataset, which has no length: set max_steps (as TRL requires)")
+        need = cfg.max_steps * cfg.prompts_per_step if what == "train_dataset" else cfg.eval_max_examples or None
+        rows = list(itertools.islice(dataset, need))
+    else:
+        raise DatasetError(f"{what} must be a datasets.Dataset, an IterableDataset or a list of rows, got {type(dataset).__name__}")
+    if not rows:
+        raise DatasetError(f"{what} has no rows")
+    return examples_from_rows(rows, cfg.prompt_column, cfg.answer_column, what)
+
+
+def rows(dataset, what: str) -> list:
+    """A datasets.Dataset or list of rows, as the rows SFT and DPO read (finetune/data.py)."""
+    if isinstance(dataset, dict):
+        raise ConfigError(f"{what}: a dict of several datasets is not supported; give one split, e.g. dataset['train']")
+    out = list(dataset)
+    if not out or not all(isinstance(r, dict) for r in out):
+        raise ConfigError(f"{what} must be a non-empty datasets.Dataset or list of rows (mappings of columns)")
+    return out
+
+
+def eval_examples(dataset, cfg: Config) -> list:
+    """SFT's / DPO's evaluation prompts with their reference answers, read the way training reads its rows."""
+    from rlvr.finetune.data import load_data
+
+    _, out, _ = load_data(cfg.data_settings, cfg.finetune_settings, cfg.seed, cfg.method, rows(dataset, "eval_dataset"))
+    return out
+
+
+def log_history(output_dir: Path) -> list[dict]:
+    path = output_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

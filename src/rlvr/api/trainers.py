@@ -1,0 +1,218 @@
+"""TRL's GRPOTrainer, SFTTrainer and DPOTrainer: one construction (GRPOTrainer's), each method
+adding what its TRL trainer takes besides (GRPO: reward functions, tools, rollout_func,
+environment_factory; DPO: no ref_model), then the run itself is rlvr's (run.py), with its run
+directory, checkpoints, metrics and report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlvr import methods
+from rlvr.api import inputs
+from rlvr.api.callbacks import Callbacks, TrainerControl, TrainerState, TrainOutput
+from rlvr.api.configs import DPOConfig, GRPOConfig, SFTConfig
+from rlvr.config import Config, ConfigError, build_config
+from rlvr.trl_settings import ignored_line
+
+__all__ = ["GRPOTrainer", "SFTTrainer", "DPOTrainer"]
+
+
+class GRPOTrainer:
+    config_class: type[GRPOConfig] = GRPOConfig
+    suffix = "GRPO"  # of the default output_dir: <model name>-GRPO
+
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
+                 quantization_config=None, peft_config=None, tools=None, rollout_func=None, environment_factory=None):
+        for name, value in (("reward_processing_classes", reward_processing_classes), ("quantization_config", quantization_config)):
+            if value is not None:
+                raise ConfigError(f"GRPOTrainer({name}=...) is not supported yet")
+        if any(o is not None for o in optimizers):
+            raise ConfigError("GRPOTrainer(optimizers=...) is not supported: rlvr builds AdamW from the optim, learning_rate "
+                              "and adam_* settings of GRPOConfig (and restores it exactly on resume)")
+        if train_dataset is None:
+            raise ConfigError("GRPOTrainer needs a train_dataset (a datasets.Dataset, an IterableDataset or a list of rows)")
+        settings = self._model_settings(model, args, peft_config)
+        funcs = self._reward_settings(settings, reward_funcs)
+        settings.update(inputs.multiturn_settings(tools, rollout_func, environment_factory))
+        self._data_settings(settings, eval_dataset)
+        if self.model is not None and settings.get("rollout_workers"):
+            raise ConfigError("rollout_workers need the model by name or path, not a loaded model object")
+        if settings.get("rollout_workers") and any(not isinstance(f, str) for f in funcs):
+            raise ConfigError("rollout_workers need reward functions by name or module:function path "
+                              "(the workers import them); functions given as objects run in this process only")
+        self._setup(settings, processing_class, train_dataset, eval_dataset, callbacks)
+
+    # --- the construction every method's trainer shares ----------------------------------------
+
+    def _model_settings(self, model, args: GRPOConfig | None, peft_config) -> dict:
+        """The settings of `args`, with the model (a name, a path or a loaded model) and its LoRA."""
+        settings = dict(args._settings) if args is not None else {}
+        settings.setdefault("output_dir", f"{inputs.model_name(model)}-{self.suffix}")
+        self.model = model if not isinstance(model, str) else None
+        settings["model"] = model if isinstance(model, str) else getattr(model, "name_or_path", None) or "<model object>"
+        if peft_config is not None:
+            settings.update(inputs.lora_settings(peft_config))
+        return settings
+
+    @staticmethod
+    def _data_settings(settings: dict, eval_dataset) -> None:
+        settings["dataset"] = "<train_dataset>"  # given as an object: the verifier is `accuracy`, as for any dataset
+        settings.setdefault("text_prompts", "raw")  # TRL: a plain-text prompt is the model's input as it is
+        if eval_dataset is None:  # as TRL: no evaluation without an eval_dataset
+            settings.update(eval_on_start=False, eval_on_end=False, eval_strategy="no")
+
+    def _setup(self, settings: dict, processing_class, train_dataset, eval_dataset, callbacks) -> None:
+        self.args = self.config_class(**settings)
+        self.cfg: Config = self.args._config
+        method = methods.get(self.args._method)
+        self._settings = {**method.settings({}), **method.settings(settings)}  # under rlvr's names
+        self._given = self._objects_given()
+        self.processing_class = processing_class
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self._read_data(train_dataset, eval_dataset)
+        self.state = TrainerState(max_steps=self.cfg.max_steps)
+        self.control = TrainerControl()
+        self.callbacks = Callbacks(list(callbacks or []), self)
+        self._objects = None
+
+    # --- what GRPO takes besides ---------------------------------------------------------------
+
+    @staticmethod
+    def _reward_settings(settings: dict, reward_funcs) -> list:
+        """reward_funcs (functions, callable objects, built-in names or module:function paths) as the
+        names the Config holds; the functions as given."""
+        from rlvr.rewards import register_reward
+
+        if reward_funcs is None:
+            raise ConfigError("GRPOTrainer needs reward_funcs: functions, callable objects, built-in names or module:function paths")
+        funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        names: list[str] = []
+        for f in funcs:
+            names.append(f if isinstance(f, str) else register_reward(f, taken=set(names)))
+        settings["reward_funcs"] = names
+        return funcs
+
+    def _objects_given(self) -> list:
+        return inputs.given_objects(self.cfg)
+
+    def _read_data(self, train_dataset, eval_dataset) -> None:
+        self.train_rows = None
+        self.train_examples = inputs.examples(train_dataset, self.cfg, "train_dataset")
+        self.test_examples = inputs.examples(eval_dataset, self.cfg, "eval_dataset") if eval_dataset is not None else []
+
+    def _eval_set(self, eval_dataset) -> list:
+        return inputs.examples(eval_dataset, self.cfg, "eval_dataset")
+
+    # --- TRL's methods ------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **_unused) -> TrainOutput:
+        """Train as configured (run.py); `resume_from_checkpoint` True continues from the newest
+        checkpoint of output_dir, a path from that checkpoint."""
+        from rlvr.run import train
+
+        inputs.put_back(self._given)
+        cfg = self.cfg
+        if resume_from_checkpoint:
+            at = {} if resume_from_checkpoint is True else {"resume_checkpoint": str(resume_from_checkpoint)}
+            cfg = build_config(self._settings, {"resume": True, **at})
+        if self.args._ignored:
+            print(ignored_line(self.args._ignored))
+        objects = inputs.RunObjects(self.model, self.processing_class, self.train_examples, self.test_examples, self.callbacks,
+                                    train_rows=self.train_rows)
+        summary = train(cfg, objects=objects)
+        self._objects, self.model, self.processing_class = objects, objects.model, objects.tokenizer
+        self.output_dir = Path(summary["output_dir"])
+        self.state.log_history = inputs.log_history(self.output_dir)
+        self.state.global_step = summary["steps"]
+        losses = [row["loss"] for row in self.state.log_history if "loss" in row]
+        return TrainOutput(summary["steps"], sum(losses) / len(losses) if losses else 0.0, summary)
+
+    def save_model(self, output_dir: str | None = None) -> None:
+        """The trained model (with LoRA: as lora_save says) and its tokenizer in `output_dir`
+        (default: the run's directory, where the run has already put it)."""
+        from rlvr.rundir import save_final_model
+
+        if self._objects is None:
+            raise RuntimeError("save_model() before train(): there is no trained model yet")
+        target = Path(output_dir or self.output_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        save_final_model(self.model, self.processing_class, target, self.cfg.lora_save)
+
+    def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Held-out accuracy (and pass@k etc., as configured) of the current model on the eval
+        dataset, with the same verifier as training: {"eval_accuracy": ..., ...}."""
+        from rlvr.evaluate import evaluate_model
+        from rlvr.models import load_model, pick_device
+
+        inputs.put_back(self._given)
+        examples = self._eval_set(eval_dataset) if eval_dataset is not None else self.test_examples
+        if not examples:
+            raise ValueError("evaluate() needs an eval_dataset (given to GRPOTrainer or to evaluate)")
+        model, tokenizer = self.model, self.processing_class
+        if model is None:  # not trained yet, given by name
+            model, tokenizer, _ = load_model(self.cfg.model, self.cfg.dtype, pick_device(self.cfg.use_cpu),
+                                             self.cfg.model_init_kwargs, self.cfg.trust_remote_code)
+            self.model, self.processing_class = model, self.processing_class or tokenizer
+        result = evaluate_model(model, self.processing_class or tokenizer, examples[: self.cfg.eval_max_examples or None],
+                                self.cfg, shot_pool=self.train_examples)
+        metrics = {f"{metric_key_prefix}_{k}": v for k, v in result.metrics().items()}
+        self.state.log_history.append({**metrics, "step": self.state.global_step})
+        self.callbacks.call("on_evaluate", metrics=metrics)
+        return metrics
+
+    def add_callback(self, callback) -> None:
+        self.callbacks.callbacks.append(callback() if isinstance(callback, type) else callback)
+
+
+class _FinetuneTrainer(GRPOTrainer):
+    """SFTTrainer's and DPOTrainer's: GRPOTrainer's construction with rows of data for the method
+    and no reward functions (a round of self_samples keeps what the task's verifier scores 1)."""
+
+    def __init__(self, model, args=None, train_dataset=None, eval_dataset=None, processing_class=None, callbacks=None,
+                 peft_config=None, **unsupported):
+        given = sorted(k for k, v in unsupported.items() if v is not None and k != "optimizers" or
+                       k == "optimizers" and any(o is not None for o in v))
+        if given:
+            raise ConfigError(f"{type(self).__name__}({', '.join(given)}=...) is not supported: rlvr builds the data, "
+                              "the collator, the loss and AdamW from the settings of its config")
+        if train_dataset is None:
+            raise ConfigError(f"{type(self).__name__} needs a train_dataset (a datasets.Dataset or a list of rows)")
+        settings = self._model_settings(model, args, peft_config)
+        self._data_settings(settings, eval_dataset)
+        self._setup(settings, processing_class, train_dataset, eval_dataset, callbacks)
+
+    def _objects_given(self) -> list:
+        return []  # no objects by name: the data is rows, the rewards the verifier
+
+    def _read_data(self, train_dataset, eval_dataset) -> None:
+        self.train_rows = inputs.rows(train_dataset, "train_dataset")
+        self.train_examples = None
+        self.test_examples = inputs.eval_examples(eval_dataset, self.cfg) if eval_dataset is not None else []
+
+    def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        if eval_dataset is not None:  # kept: a later train() evaluates on it too
+            self.test_examples = inputs.eval_examples(eval_dataset, self.cfg)
+        return super().evaluate(None, metric_key_prefix)
+
+
+class SFTTrainer(_FinetuneTrainer):
+    """TRL's SFTTrainer(model, args=SFTConfig(...), train_dataset=..., eval_dataset=..., processing_class=...,
+    peft_config=...): prompt/completion rows (or chat `messages`); with self_samples=true, rejection
+    sampling on the train prompts."""
+
+    config_class, suffix = SFTConfig, "SFT"
+
+
+class DPOTrainer(_FinetuneTrainer):
+    """TRL's DPOTrainer(model, ref_model=None, args=DPOConfig(...), train_dataset=...): prompt / chosen /
+    rejected rows; the reference is a frozen copy of the starting model (with LoRA: the adapter off)."""
+
+    config_class, suffix = DPOConfig, "DPO"
+
+    def __init__(self, model, ref_model=None, args=None, train_dataset=None, eval_dataset=None, processing_class=None,
+                 callbacks=None, peft_config=None, **unsupported):
+        if ref_model is not None:
+            raise ConfigError("DPOTrainer(ref_model=...) is not supported: the reference is a frozen copy of `model` as "
+                              "it starts (with peft_config: the model with its adapter off), which is TRL's default too")
+        super().__init__(model, args, train_dataset, eval_dataset, processing_class, callbacks, peft_config, **unsupported)

@@ -1,0 +1,275 @@
+"""The loop around a trainer's steps (trainer.RunCore.train_step), the same for every method:
+each step recorded (evaluation every eval_steps, alerts, the metrics row and the loggers, the
+callbacks of the Python API), checkpoints when due and when the run stops, the live report; and
+after the last step the final model, the evaluation after training and the summary.  run.py
+assembles the run it drives."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+from rlvr import distributed, interrupts, methods
+from rlvr.alerts import AlertEvent
+from rlvr.checkpoint import DiskFull, is_disk_full
+from rlvr.config import Config
+from rlvr.evaluate import EvalResult, evaluate, write_result
+from rlvr.models import latest_checkpoint
+from rlvr.monitor import format_log_line, make_progress
+from rlvr.rundir import save_final_model
+from rlvr.tasks import build_rewards, verifier_name
+from rlvr.trainer import RunCore, RunData
+
+
+class AlertStop(RuntimeError):
+    """A rule marked `stop` in on_alert started; the run was saved and stopped."""
+
+    def __init__(self, event: AlertEvent):
+        super().__init__(f"stopped by alert {event.rule} at step {event.step}: {event.message}")
+        self.event = event
+
+
+class Run:
+    """Drives a trainer's steps (trainer.RunCore.train_step) and records each: evaluation every
+    eval_steps, alerts, the metrics row and the loggers, the callbacks of the Python API; saves
+    checkpoints when due, and when the run stops; and, after the last step, the final model, the
+    evaluation after training and the summary."""
+
+    def __init__(self, cfg: Config, method: methods.Method, trainer: RunCore, data: RunData, model_path, console, say,
+                 loggers: list, callbacks=None):
+        self.cfg, self.method, self.trainer, self.data, self.model_path = cfg, method, trainer, data, model_path
+        self.console, self.say, self.loggers, self.callbacks = console, say, loggers, callbacks
+        self.world, self.output_dir = trainer.world, trainer.output_dir
+        self.verifier = verifier_name(cfg.data_settings)
+        self.scorer = build_rewards(cfg.reward_settings, cfg.data_settings, with_verifier=True)
+        self.report = LiveReport(self.output_dir, console)
+        self.events: list = []  # the alerts that started or cleared at the last step
+        self.stop_asked: list = []  # a callback's control.should_training_stop (api/), or max_train_seconds
+        self.progress = self.bar = None
+
+    def held_out(self, label: str | None = None, out=None) -> EvalResult:
+        out, trainer, test_examples = out or self.console, self.trainer, self.data.test_examples
+        if label:
+            out.print(f"held-out evaluation ({label}, {len(test_examples)} problems)...")
+        result = evaluate(trainer.rollout.sampler, trainer.tokenizer, test_examples, self.scorer, self.verifier, self.cfg,
+                          shot_pool=self.data.train_examples)
+        if label:
+            write_result(result, self.output_dir / f"eval_{label}.json", {"model": str(self.model_path), "step": trainer.step})
+        out.print(f"  {'' if label else f'step {trainer.step}: '}held-out accuracy {result.accuracy:.1%}  "
+                  f"mean length {result.mean_completion_length:.1f} tokens")
+        return result
+
+    def seconds(self) -> float:
+        """Training time over every run of this directory, evaluation before training left out."""
+        return self.seconds_before + time.perf_counter() - self.started
+
+    def train(self) -> None:
+        cfg, trainer = self.cfg, self.trainer
+        if cfg.eval_on_start and "eval_before" not in trainer.extra_state and self.world.is_main:
+            trainer.extra_state["eval_before"] = _brief(self.held_out("before"))
+        self.started, self.seconds_before = time.perf_counter(), trainer.extra_state.get("train_seconds", 0.0)
+        trainer.extra_state.pop("stopped_by", None)  # a resumed run may go on past an earlier budget
+        self.saved_step = trainer.step
+        trainer.log.on_error = trainer.alerts.on_error = _log_write_failed(cfg.on_save_error, self.say)
+        for logger in self.loggers:  # from the first step this run records (TensorBoard drops later ones written before)
+            logger.start(trainer.unrecorded["step"] if trainer.unrecorded else trainer.step + 1)
+        try:
+            with interrupts.handling(self.say), make_progress(self.console) as self.progress:
+                self.bar = self.progress.add_task("train", total=trainer.total_steps, completed=trainer.step,
+                                                  shown=f"{self.method.progress} -")
+                if self.callbacks is not None:
+                    self.callbacks.begin(trainer.step, trainer.total_steps)
+                trainer.finish_record(self.record)  # a step the stopped run counted but did not finish recording
+                while trainer.step < trainer.total_steps and not self.stop_asked:
+                    self._step()
+        except BaseException as e:
+            self._stopped(e)
+            raise
+        finally:
+            for logger in self.loggers:
+                logger.close()
+            trainer.close()  # the rollout workers, if any
+
+    def _step(self) -> None:
+        """One step, then what is due after it: the time budget, a checkpoint, the report, a stop by an alert."""
+        cfg, trainer = self.cfg, self.trainer
+        epochs = trainer.prompts.epochs_completed
+        trainer.train_step(on_step=self.record)
+        if cfg.max_train_seconds and self.seconds() >= cfg.max_train_seconds:
+            self.console.print(f"max_train_seconds={cfg.max_train_seconds:g} reached at step {trainer.step}")
+            trainer.extra_state["stopped_by"] = "max_train_seconds"
+            self.stop_asked.append(trainer.step)
+        if self.stop_asked or checkpoint_due(cfg, trainer.step, trainer.total_steps,
+                                             epoch_ended=trainer.prompts.epochs_completed > epochs):
+            self._checkpoint()
+        if cfg.report_steps and trainer.step % cfg.report_steps == 0 and self.world.is_main:
+            self.report.refresh()
+        fatal = [e for e in self.events if e.event == "start" and e.severity == "stop"]
+        if fatal:
+            raise AlertStop(fatal[0])
+
+    def record(self, metrics: dict) -> None:
+        """The step's evaluation, alerts and metrics row, with the step itself (trainer.StepRecord)."""
+        cfg, trainer, world, progress = self.cfg, self.trainer, self.world, self.progress
+        step, total = trainer.step, trainer.total_steps
+        if cfg.eval_strategy == "steps" and step % (cfg.eval_steps or cfg.logging_steps) == 0 and self.data.test_examples \
+                and world.is_main:
+            result = self.held_out(out=progress.console)
+            metrics.update({f"eval/{k}": v for k, v in result.metrics().items()})
+        if world.enabled:  # rank 0's metrics (with its evaluation), so every rank's alerts agree
+            main_metrics = dict(distributed.broadcast(metrics, world))  # rank 0 gets its own dict back
+            metrics.clear()
+            metrics.update(main_metrics)
+        self.events[:] = trainer.alerts.update(step, metrics, trainer.last_samples)
+        line = trainer.log.add(step, metrics, force=step == total) if world.is_main else None
+        shown = f"reward {metrics['reward']:.3f}" if "reward" in metrics else f"loss {metrics.get('loss', math.nan):.4f}"
+        progress.update(self.bar, completed=step, shown=shown)
+        if line:
+            progress.console.print(format_log_line(line, total))
+            for logger in self.loggers:
+                logger.log(line)
+        for event in self.events:
+            progress.console.print(f"[{'red' if event.event == 'start' else 'green'}]{event.format()}[/]")
+        if self.callbacks is not None and self.callbacks.step_end(step, metrics.get("epoch", 0.0), line):
+            self.stop_asked.append(step)
+
+    def save(self, collective: bool = True) -> Path | None:  # every rank calls it; rank 0 writes
+        self.trainer.extra_state["train_seconds"] = self.seconds()
+        return self.trainer.save(collective)
+
+    def _checkpoint(self) -> None:
+        """A checkpoint now; with on_save_error=continue, a full disk is said and training goes on."""
+        with interrupts.deferred(f"checkpoint-{self.trainer.step} is being written"):
+            try:
+                path = self.save()
+                self.saved_step = self.trainer.step
+                if self.callbacks is not None and path is not None:
+                    self.callbacks.saved(path)
+            except DiskFull as e:
+                if self.cfg.on_save_error == "stop":
+                    raise
+                self.say(f"{e}; training goes on without it (on_save_error=continue)")
+
+    def _stopped(self, e: BaseException) -> None:
+        """The run stops on `e`: the steps since the last checkpoint are saved, and how to continue said."""
+        step, output_dir = self.trainer.step, self.output_dir
+        if step > self.saved_step and not isinstance(e, DiskFull):
+            path = None
+            with interrupts.handling(self.say), interrupts.deferred(f"checkpoint-{step} is being written"):
+                try:
+                    path = self.save(collective=False)  # the other ranks may not be here: no collective
+                except (DiskFull, OSError) as failed:  # reported; the error that stopped the run is the one raised
+                    self.say(f"could not save checkpoint-{step}: {failed}; the last checkpoint stays")
+            how = "SIGTERM" if isinstance(e, interrupts.Terminated) else "stopped"
+            if path is not None:
+                self.console.print(f"[red]{how} at step {step}[/]; saved {path}. Continue with: rlvr train resume=true output_dir={output_dir}")
+        elif isinstance(e, AlertStop):
+            self.console.print(f"[red]stopped at step {step}[/]: checkpoint {latest_checkpoint(output_dir)}")
+        if self.world.is_main:
+            self.report.refresh()
+
+    def finish(self, objects=None) -> dict:
+        """The final model, the evaluation after training, summary.json and the report; pushed to the Hub if asked."""
+        cfg, trainer, console = self.cfg, self.trainer, self.console
+        train_seconds = self.seconds()
+        summary = {"output_dir": str(self.output_dir), "steps": trainer.step, "train_seconds": round(train_seconds, 1)}
+        if not self.world.is_main:
+            return summary
+        save_final_model(trainer.full_model, trainer.tokenizer, self.output_dir, cfg.lora_save)
+        if objects is not None:
+            objects.model, objects.tokenizer = trainer.full_model, trainer.tokenizer
+        after = _brief(self.held_out("after")) if cfg.eval_on_end else None
+        summary.update({
+            "device": self.world.device,
+            **({"stopped_by": trainer.extra_state["stopped_by"]} if "stopped_by" in trainer.extra_state else {}),
+            "eval_before": trainer.extra_state.get("eval_before"),
+            "eval_after": after,
+        })
+        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self.report.refresh()
+        print_summary(console, summary)
+        if self.callbacks is not None:
+            self.callbacks.end()
+        if cfg.push_to_hub:  # last, so the repository gets the evaluations, summary and report too
+            from rlvr.hub import push
+
+            console.print(f"pushing {self.output_dir} (without its checkpoints) to the Hugging Face Hub...")
+            summary["hub_url"] = push(cfg.run_settings, self.output_dir)  # HubPushError: the run stays whole on disk
+            console.print(f"pushed to {summary['hub_url']}")
+        return summary
+
+
+def _log_write_failed(on_save_error: str, say):
+    """What a failed write of metrics.jsonl, completions.jsonl or alerts.jsonl does (jsonl.append_rows):
+    a full disk stops the run with one line, or with on_save_error=continue is said once while the
+    rows wait in memory (and in checkpoints) for the next write; any other error is raised."""
+    said = []
+
+    def on_error(path: Path, error: OSError) -> None:
+        if not is_disk_full(error):
+            raise error
+        message = f"disk full: could not write {path.name} in {path.parent} ({shutil.disk_usage(path.parent).free / 1e6:.1f} MB free)"
+        if on_save_error == "stop":
+            raise DiskFull(f"{message}. Free some space, then continue with resume=true (on_save_error=continue trains on, "
+                           "keeping the rows until they can be written)") from None
+        if not said:
+            say(f"{message}; its rows are kept in memory and written once there is space (on_save_error=continue)")
+            said.append(path)
+
+    return on_error
+
+
+def checkpoint_due(cfg: Config, step: int, total: int, epoch_ended: bool) -> bool:
+    """Whether a checkpoint is saved after `step` (TRL's save_strategy).  steps: every save_steps;
+    epoch: after the step whose generation completed a pass over the train prompts (with
+    max_staleness=1 the next generation is sampled during the step, so one generation early);
+    both also after the last step, so that resume=true with a larger max_steps can continue.
+    no: never (the final model is still saved, and a stopped run still saves a checkpoint)."""
+    if cfg.save_strategy == "no":
+        return False
+    if step == total:
+        return True
+    return epoch_ended if cfg.save_strategy == "epoch" else step % cfg.save_steps == 0
+
+
+class LiveReport:
+    """report.html and its plots, redrawn during training.  A failure to draw is reported once
+    and never stops training: the report is a view of files that are already safe on disk."""
+
+    def __init__(self, output_dir: Path, console):
+        self.output_dir, self.console, self.failed = output_dir, console, False
+
+    def refresh(self) -> None:
+        try:
+            from rlvr.report import write_report
+
+            write_report(self.output_dir)
+        except Exception as e:  # noqa: BLE001 - see the class docstring
+            if not self.failed:
+                self.console.print(f"[yellow]could not draw the report ({e.__class__.__name__}: {e}); training goes on[/]")
+            self.failed = True
+
+
+def _brief(result: EvalResult) -> dict:
+    return {k: v for k, v in result.to_dict().items() if k != "samples"}
+
+
+def print_summary(console, summary: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="rlvr run summary", show_header=False)
+    before, after = summary.get("eval_before"), summary.get("eval_after")
+    if before or after:
+        n = (after or before)["n"]
+        b = f"{before['accuracy']:.1%}" if before else "-"
+        a = f"{after['accuracy']:.1%}" if after else "-"
+        delta = f"  ({(after['accuracy'] - before['accuracy']) * 100:+.1f} points)" if before and after else ""
+        table.add_row(f"held-out accuracy (n={n})", f"before {b}  ->  after {a}{delta}")
+    table.add_row("steps", str(summary["steps"]))
+    minutes, seconds = divmod(int(summary["train_seconds"]), 60)
+    table.add_row("training wall time", f"{minutes}m {seconds:02d}s")
+    table.add_row("output", summary["output_dir"])
+    console.print(table)
