@@ -14,9 +14,10 @@ import ast
 import collections
 from pathlib import Path
 
-# The modules that assemble a run from its settings: only they may take the whole Config.
-ASSEMBLY = ("rlvr.cli", "rlvr.run", "rlvr.trainer", "rlvr.settings", "rlvr.plan", "rlvr.methods", "rlvr.config", "rlvr.api",
-            "rlvr.trl")
+# The modules that assemble a run from its settings: only they may take the whole Config.  The two
+# trainers (GRPO's, SFT/DPO's) build their parts from it; loop.py is run.py's loop around the steps.
+ASSEMBLY = ("rlvr.cli", "rlvr.run", "rlvr.loop", "rlvr.trainer", "rlvr.finetune.trainer", "rlvr.settings", "rlvr.plan",
+            "rlvr.methods", "rlvr.config", "rlvr.api")
 
 
 def modules(src: Path) -> dict[str, Path]:

@@ -66,9 +66,14 @@ def _cfg(**settings):
     return build_config({"tools": ["calculator"], "max_completion_length": 200, **settings})
 
 
+def _sections(cfg):
+    """What MultiTurn is given: the rollout and data sections of the run's settings."""
+    return cfg.rollout_settings, cfg.data_settings
+
+
 def test_a_two_turn_trajectory_masks_the_tool_output_out_of_the_loss(tok):
     cfg = _cfg()
-    multi = MultiTurn(cfg, tok, lambda: ToolEnvironment(ToolBox(["calculator"])), ToolBox(["calculator"]).schemas)
+    multi = MultiTurn(*_sections(cfg), tok, lambda: ToolEnvironment(ToolBox(["calculator"])), ToolBox(["calculator"]).schemas)
     sampler = ScriptedSampler(tok, [CALL, "so \\boxed{42}"], eos_after={1})
     texts, groups = multi.generate(sampler, [Example("What is 6*7?")], ["What is 6*7?"], SamplingParams(n=2, max_tokens=200), None)
     r = groups[0][0]
@@ -100,7 +105,7 @@ def test_a_two_turn_trajectory_masks_the_tool_output_out_of_the_loss(tok):
 
 
 def test_a_turn_that_ends_at_eos_gets_no_second_end_marker(tok):
-    multi = MultiTurn(_cfg(), tok, lambda: ToolEnvironment(ToolBox(["calculator"])), None)
+    multi = MultiTurn(*_sections(_cfg()), tok, lambda: ToolEnvironment(ToolBox(["calculator"])), None)
     sampler = ScriptedSampler(tok, [CALL, "done"], eos_after={0, 1})
     _, groups = multi.generate(sampler, [Example("q")], ["q"], SamplingParams(n=1, max_tokens=200), None)
     r = groups[0][0]
@@ -109,7 +114,7 @@ def test_a_turn_that_ends_at_eos_gets_no_second_end_marker(tok):
 
 
 def test_the_budget_covers_turns_and_observations_together(tok):
-    multi = MultiTurn(_cfg(max_completion_length=len(CALL) + 10), tok, lambda: ToolEnvironment(ToolBox(["calculator"])), None)
+    multi = MultiTurn(*_sections(_cfg(max_completion_length=len(CALL) + 10)), tok, lambda: ToolEnvironment(ToolBox(["calculator"])), None)
     sampler = ScriptedSampler(tok, [CALL, "never sampled"])
     _, groups = multi.generate(sampler, [Example("q")], ["q"], SamplingParams(n=1, max_tokens=len(CALL) + 10), None)
     r = groups[0][0]
@@ -118,7 +123,7 @@ def test_the_budget_covers_turns_and_observations_together(tok):
 
 
 def test_max_turns_ends_a_rollout_that_keeps_calling(tok):
-    multi = MultiTurn(_cfg(max_turns=3, max_completion_length=1000), tok, lambda: ToolEnvironment(ToolBox(["calculator"])), None)
+    multi = MultiTurn(*_sections(_cfg(max_turns=3, max_completion_length=1000)), tok, lambda: ToolEnvironment(ToolBox(["calculator"])), None)
     sampler = ScriptedSampler(tok, [CALL] * 5)
     _, groups = multi.generate(sampler, [Example("q")], ["q"], SamplingParams(n=1, max_tokens=1000), None)
     assert groups[0][0].info["turns"] == 3 and len(sampler.calls) == 3 and groups[0][0].info["tool_calls"] == 3
@@ -138,7 +143,7 @@ def test_a_template_with_tool_support_shows_the_tools_and_one_without_a_tool_rol
         "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     box = ToolBox(["calculator"])
-    multi = MultiTurn(_cfg(), qwenish, lambda: ToolEnvironment(box), box.schemas)
+    multi = MultiTurn(*_sections(_cfg()), qwenish, lambda: ToolEnvironment(box), box.schemas)
     texts, groups = multi.generate(ScriptedSampler(qwenish, [CALL, "42"], eos_after={1}), [Example("q")], ["q"],
                                    SamplingParams(n=1, max_tokens=200), None)
     assert texts[0].startswith("<|im_start|>system\nTools: [{") and "To call one, write" not in texts[0]
@@ -148,7 +153,7 @@ def test_a_template_with_tool_support_shows_the_tools_and_one_without_a_tool_rol
 
 def test_raw_prompts_get_the_tool_answer_in_tags(tok):
     box = ToolBox(["calculator"])
-    multi = MultiTurn(_cfg(text_prompts="raw"), tok, lambda: ToolEnvironment(box), box.schemas)
+    multi = MultiTurn(*_sections(_cfg(text_prompts="raw")), tok, lambda: ToolEnvironment(box), box.schemas)
     texts, groups = multi.generate(ScriptedSampler(tok, [CALL, "42"]), [Example("Q: 6*7?")], ["Q: 6*7?"],
                                    SamplingParams(n=1, max_tokens=200), None)
     assert texts[0].endswith("Q: 6*7?") and "calculator" in texts[0]
@@ -328,7 +333,7 @@ class BrokenEnv(GuessEnv):
 def test_an_environment_talks_back_and_its_rewards_reach_the_reward_functions(tok):
     from rlvr.rewards import RewardSet
 
-    multi = MultiTurn(build_config({"environment": "test_multiturn:GuessEnv", "max_turns": 4}), tok, GuessEnv)
+    multi = MultiTurn(*_sections(build_config({"environment": "test_multiturn:GuessEnv", "max_turns": 4})), tok, GuessEnv)
     sampler = ScriptedSampler(tok, ["3", "9", "5"], eos_after={0, 1, 2})
     texts, groups = multi.generate(sampler, [Example("ignored", answer="5")], ["ignored"], SamplingParams(n=1, max_tokens=50), None)
     r = groups[0][0]
@@ -340,7 +345,7 @@ def test_an_environment_talks_back_and_its_rewards_reach_the_reward_functions(to
 
 
 def test_an_environment_that_raises_ends_its_rollout_and_is_counted(tok):
-    multi = MultiTurn(build_config({"environment": "test_multiturn:BrokenEnv"}), tok, BrokenEnv)
+    multi = MultiTurn(*_sections(build_config({"environment": "test_multiturn:BrokenEnv"})), tok, BrokenEnv)
     _, groups = multi.generate(ScriptedSampler(tok, ["3"]), [Example("x", answer="5")], ["x"], SamplingParams(n=2, max_tokens=9), None)
     assert all(r.info["env_error"] and r.info["env_reward"] is None for r in groups[0])
 
@@ -353,7 +358,7 @@ def test_an_environment_must_start_a_group_from_one_place(tok):
             Random.count += 1
             return f"start {Random.count}"
 
-    multi = MultiTurn(build_config({"environment": "test_multiturn:GuessEnv"}), tok, Random)
+    multi = MultiTurn(*_sections(build_config({"environment": "test_multiturn:GuessEnv"})), tok, Random)
     with pytest.raises(RolloutError, match="different first messages"):
         multi.generate(ScriptedSampler(tok, ["1"]), [Example("x", answer="5")], ["x"], SamplingParams(n=2, max_tokens=9), None)
 

@@ -155,17 +155,17 @@ def test_penalised_sampling_draws_from_the_penalised_distribution_and_reports_th
 
 def test_generation_kwargs_set_the_sampling_settings_by_their_transformers_and_vllm_names():
     from rlvr.config import build_config
-    from rlvr.rollout import training_params
+    from rlvr.rollout import sampling_params
 
     cfg = build_config({"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 64,
                         "temperature": 0.9, "top_k": 5, "min_p": 0.2, "stop_strings": ["</answer>"],
                         "generation_kwargs": {"temperature": 0.6, "top_k": -1, "top_p": 0.95, "repetition_penalty": 1.1,
                                               "stop": "\n\n", "max_new_tokens": 64, "do_sample": True}})
-    assert training_params(cfg) == SamplingParams(n=4, max_tokens=64, temperature=0.6, top_p=0.95, top_k=0, min_p=0.2,
+    assert sampling_params(cfg.rollout_settings) == SamplingParams(n=4, max_tokens=64, temperature=0.6, top_p=0.95, top_k=0, min_p=0.2,
                                                   repetition_penalty=1.1, stop_strings=("\n\n",))
     # min_p null is off; vLLM's spelling of the stop strings, and transformers' of "no top-k"
     cfg = build_config({"generation_kwargs": {"min_p": None, "stop_strings": ["a", "b"], "top_k": None}, "min_p": 0.1})
-    assert (training_params(cfg).min_p, training_params(cfg).stop_strings, training_params(cfg).top_k) == (0.0, ("a", "b"), 0)
+    assert (sampling_params(cfg.rollout_settings).min_p, sampling_params(cfg.rollout_settings).stop_strings, sampling_params(cfg.rollout_settings).top_k) == (0.0, ("a", "b"), 0)
 
 
 @pytest.mark.parametrize("kwargs,message", [

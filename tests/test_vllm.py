@@ -194,7 +194,7 @@ def check_multiturn(sampler, policy):
     model, tokenizer, _, _, _ = policy
     cfg = build_config({"environment": "test_vllm:_Echo", "max_turns": 3, "max_completion_length": 96})
     params = SamplingParams(n=2, max_tokens=96, temperature=0.8, stop_strings=(".",))
-    _, groups = MultiTurn(cfg, tokenizer, _Echo).generate(sampler, [Example(p) for p in PROMPTS], PROMPTS, params,
+    _, groups = MultiTurn(cfg.rollout_settings, cfg.data_settings, tokenizer, _Echo).generate(sampler, [Example(p) for p in PROMPTS], PROMPTS, params,
                                                           GroupGenerators([11, 12]))
     rollouts = [r for g in groups for r in g]
     assert max(r.info["turns"] for r in rollouts) > 1 and any(not all(r.mask) for r in rollouts)
@@ -327,7 +327,7 @@ def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
     import threading
 
     from rlvr.config import build_config
-    from rlvr.rollout import training_params
+    from rlvr.rollout import sampling_params
     from rlvr.rollout.vllm import VLLMEngine
     from rlvr.rollout.vllm_server import VLLMServer
 
@@ -337,7 +337,7 @@ def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
     expected = {"n": 2, "temperature": 0.6, "top_k": 5, "top_p": 1.0, "min_p": 0.1, "repetition_penalty": 1.3,
                 "stop": ["</answer>"], "max_tokens": 512, "stop_token_ids": [2], "logprobs": 0}
     colocate = vllm_sampler(build_config(settings), "some/model", tokenizer, [2])
-    groups = colocate.generate([[1, 5, 6], [1, 7]], training_params(build_config(settings)), torch.Generator().manual_seed(0))
+    groups = colocate.generate([[1, 5, 6], [1, 7]], sampling_params(build_config(settings).rollout_settings), torch.Generator().manual_seed(0))
     assert [len(g) for g in groups] == [2, 2] and groups[0][0].logprobs == [-0.5]
     assert [{k: r.kwargs[k] for k in expected} for r in colocate.llm.requests] == [expected, expected]
 
@@ -348,7 +348,7 @@ def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
                             "vllm_server_base_url": f"http://127.0.0.1:{server.server_address[1]}/"})
         client = vllm_sampler(cfg, "some/model", tokenizer, [2])
         assert [s.url for s in client.servers] == [f"http://127.0.0.1:{server.server_address[1]}"]
-        groups = client.generate([[1, 5, 6]], training_params(cfg), torch.Generator().manual_seed(0))
+        groups = client.generate([[1, 5, 6]], sampling_params(cfg.rollout_settings), torch.Generator().manual_seed(0))
     finally:
         server.shutdown()
         server.server_close()

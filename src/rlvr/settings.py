@@ -161,7 +161,7 @@ def check_settings(cfg: Config) -> Config:
         problems.append(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {cfg.loss_type!r}")
     if cfg.dpo_loss_type not in DPO_LOSS_TYPES:
         problems.append(f"loss_type for rlvr dpo must be one of {', '.join(DPO_LOSS_TYPES)}; got {cfg.dpo_loss_type!r}")
-    sampling, bad = generation_settings(cfg)  # the sampling settings, generation_kwargs applied over them
+    sampling, bad = generation_settings(cfg.rollout_settings)  # the sampling settings, generation_kwargs applied over them
     problems += bad + (sampling_problems(sampling) if cfg.generation_kwargs else [])
     problems += schedule_problems(cfg.lr_scheduler_type, cfg.lr_scheduler_kwargs, cfg.learning_rate)
     problems += [f"on_alert: unknown rule {rule!r}; rules: {', '.join(RULES)}" for rule in cfg.on_alert if rule not in RULES]

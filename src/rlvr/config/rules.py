@@ -4,6 +4,7 @@ rollout_func, loss types, alert rules, paths) are the launch check's (settings.c
 
 from __future__ import annotations
 
+from rlvr import methods
 from rlvr.errors import ConfigError
 
 
@@ -16,6 +17,8 @@ def validate(cfg) -> None:
 
 
 def cross_section_problems(cfg) -> list[str]:
+    method = methods.METHODS.get(cfg.method)  # an unknown method is the finetune section's problem
+    online = method is None or method.online  # samples generations each step (GRPO)
     rules = [
         (not (cfg.sync_ref_model and cfg.use_peft),
          "sync_ref_model=true is not supported with use_peft (as in TRL): the reference is the policy "
@@ -29,9 +32,9 @@ def cross_section_problems(cfg) -> list[str]:
         (not (cfg.multi_turn and cfg.rollout_workers > 0),
          "tools, environment and rollout_func run in the training processes: rollout_workers > 0 is "
          "not supported with them yet (use torchrun, or vLLM servers, to spread the sampling)"),
-        (not (cfg.multi_turn and cfg.method != "grpo"),
-         f"tools, environment and rollout_func are for rlvr train (GRPO), not rlvr {cfg.command}"),
-        (not (cfg.method != "grpo" and (cfg.fsdp or cfg.rollout_workers or cfg.max_staleness)),
+        (not (cfg.multi_turn and not online),
+         f"tools, environment and rollout_func are for rlvr train (GRPO), not rlvr {method and method.command_for(cfg.self_samples)}"),
+        (not (not online and (cfg.fsdp or cfg.rollout_workers or cfg.max_staleness)),
          f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train"),
     ]
     problems = [message for ok, message in rules if not ok]
@@ -41,7 +44,7 @@ def cross_section_problems(cfg) -> list[str]:
         if cfg.vllm_max_model_length < longest:
             problems.append(f"vllm_max_model_length={cfg.vllm_max_model_length} has no room for a longest prompt and a full "
                             f"completion ({sizes} = {longest} tokens); set it to at least {longest}, or null")
-    if cfg.method == "grpo":  # how generations feed optimizer steps; sft and dpo take whole examples
+    if online:  # how generations feed optimizer steps; sft and dpo take whole examples
         problems += generation_batch_problems(cfg)
     return problems
 

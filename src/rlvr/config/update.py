@@ -186,10 +186,14 @@ class FinetuneSettings(Section):
     @property
     def command(self) -> str:
         """The rlvr command that trains this method: train, sft, rft (sft with self_samples) or dpo."""
-        return {"grpo": "train", "dpo": "dpo"}.get(self.method, "rft" if self.self_samples else "sft")
+        from rlvr import methods
+
+        return methods.get(self.method).command_for(self.self_samples)
 
     def _rules(self) -> list[str]:
-        problems = choices(self, method=("grpo", "sft", "dpo"))
+        from rlvr import methods
+
+        problems = choices(self, method=tuple(methods.METHODS))
         if self.max_length is not None and self.max_length < 2:
             problems.append(f"max_length must be at least 2 (a prompt token and a completion token), or null; got {self.max_length}")
         if not self.dpo_beta > 0:
@@ -201,8 +205,9 @@ class FinetuneSettings(Section):
         for name in ("self_rounds", "self_round_prompts", "self_round_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1; got {getattr(self, name)}")
-        if self.method != "grpo":
-            if self.packing and self.method == "dpo":
+        method = methods.METHODS.get(self.method)
+        if method is not None and not method.online:
+            if self.packing and method.pairs:
                 problems.append("packing applies to rlvr sft only")
             if self.packing and self.max_length is None:
                 problems.append("packing=true fills rows of max_length tokens: set max_length (e.g. 1024)")

@@ -15,12 +15,15 @@ prompts through a sampler to scored completions with them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from rlvr.types import Rollout
 from rlvr.errors import RolloutError  # noqa: F401 - raised here, defined in the leaf errors.py
+
+if TYPE_CHECKING:
+    from rlvr.config import SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -41,15 +44,15 @@ GENERATION_KWARGS = {"temperature": "temperature", "top_p": "top_p", "top_k": "t
 LENGTH_KWARGS = ("max_new_tokens", "max_tokens")  # max_completion_length by other names: accepted only equal to it
 
 
-def generation_settings(cfg) -> tuple[dict, list[str]]:
+def generation_settings(section: SamplingSettings) -> tuple[dict, list[str]]:
     """(settings, problems): the training rollouts' sampling settings by rlvr name, with
-    cfg.generation_kwargs applied over the config's own, as TRL lets them override; and what is wrong
+    section.generation_kwargs applied over the section's own, as TRL lets them override; and what is wrong
     with generation_kwargs (a key rlvr does not support yet, a value of the wrong kind), that key
     then left out.  min_p None means off, as in the config."""
-    settings = {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k, "min_p": cfg.min_p,
-                "repetition_penalty": cfg.repetition_penalty, "stop_strings": tuple(cfg.stop_strings)}
+    settings = {"temperature": section.temperature, "top_p": section.top_p, "top_k": section.top_k, "min_p": section.min_p,
+                "repetition_penalty": section.repetition_penalty, "stop_strings": tuple(section.stop_strings)}
     problems = []
-    for key, value in cfg.generation_kwargs.items():
+    for key, value in section.generation_kwargs.items():
         name, where = GENERATION_KWARGS.get(key), f"generation_kwargs.{key}"
         if name == "stop_strings":
             value = [value] if isinstance(value, str) else value
@@ -69,7 +72,7 @@ def generation_settings(cfg) -> tuple[dict, list[str]]:
             else:
                 problems.append(f"{where} must be a number; got {value!r}")
         elif key in LENGTH_KWARGS:
-            if value != cfg.max_completion_length:
+            if value != section.max_completion_length:
                 problems.append(f"{where}={value!r}: set max_completion_length={value} instead (it also sets the "
                                 "length rewards' limit and vLLM's context)")
         elif key == "do_sample":
@@ -96,7 +99,7 @@ def sampling_params(settings, n: int | None = None, eval_temperature: float | No
 
     max_completion_length bounds each completion (with tools, all of its turns together)."""
     values, problems = generation_settings(settings)
-    if problems:  # config.validate reports these before a model loads
+    if problems:  # settings.check_settings reports these before a model loads
         from rlvr.errors import ConfigError
 
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
@@ -107,11 +110,6 @@ def sampling_params(settings, n: int | None = None, eval_temperature: float | No
                   "top_k": values["top_k"] if sampled else 0, "min_p": values["min_p"] if sampled else 0.0,
                   "stop_strings": values["stop_strings"]}
     return SamplingParams(n=settings.num_generations if n is None else n, max_tokens=settings.max_completion_length, **values)
-
-
-def training_params(cfg) -> SamplingParams:
-    """SamplingParams of the training rollouts: num_generations completions of each prompt."""
-    return sampling_params(cfg)
 
 
 def _is_number(value, whole: bool = False) -> bool:

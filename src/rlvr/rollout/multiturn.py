@@ -25,11 +25,15 @@ import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlvr.chat import render_prompt, to_messages, tokenize_prompts
 from rlvr.rollout import RolloutError
 from rlvr.rollout.sampling import GroupGenerators
 from rlvr.types import Rollout
+
+if TYPE_CHECKING:
+    from rlvr.config import DataSettings, RolloutSettings
 
 log = logging.getLogger(__name__)
 _HOLE = "\u2063rlvr-turn\u2063"  # stands for the model's text while the template is probed
@@ -72,11 +76,11 @@ class MultiTurn:
     `tool_schemas` are shown to the model (by the chat template where it knows tools, else in a
     system message that describes the tag format)."""
 
-    def __init__(self, cfg, tokenizer, make_env, tool_schemas: list[dict] | None = None):
-        self.cfg, self.tokenizer, self.make_env = cfg, tokenizer, make_env
-        self.max_turns, self.budget = cfg.max_turns, cfg.max_completion_length
-        self.raw = cfg.text_prompts == "raw" or not getattr(tokenizer, "chat_template", None)
-        self.template_kwargs = dict(cfg.chat_template_kwargs or {})
+    def __init__(self, rollout: RolloutSettings, data: DataSettings, tokenizer, make_env, tool_schemas: list[dict] | None = None):
+        self.data, self.tokenizer, self.make_env = data, tokenizer, make_env
+        self.max_turns, self.budget = rollout.max_turns, rollout.max_completion_length
+        self.raw = data.text_prompts == "raw" or not getattr(tokenizer, "chat_template", None)
+        self.template_kwargs = dict(data.chat_template_kwargs or {})
         self.tools_text = None
         if tool_schemas:
             if not self.raw and _template_shows_tools(tokenizer, tool_schemas, self.template_kwargs):
@@ -94,7 +98,7 @@ class MultiTurn:
         if self.raw:
             text = prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in to_messages(prompt)) + "\n\n"
             return f"{self.tools_text}\n\n{text}" if self.tools_text else text
-        messages = to_messages(prompt, self.cfg.system_prompt)
+        messages = to_messages(prompt, self.data.system_prompt)
         if self.tools_text:
             if messages and messages[0].get("role") == "system":
                 messages = [{**messages[0], "content": f"{messages[0]['content']}\n\n{self.tools_text}"}, *messages[1:]]
@@ -134,7 +138,7 @@ class MultiTurn:
         envs = [[self.make_env() for _ in range(params.n)] for _ in examples]
         starts = [self._start(ex, prompt, group) for ex, prompt, group in zip(examples, prompts, envs)]
         texts = [self.render(p) for p in starts]
-        prompt_ids = tokenize_prompts(self.tokenizer, texts, self.cfg.max_prompt_length)
+        prompt_ids = tokenize_prompts(self.tokenizer, texts, self.data.max_prompt_length)
         params = dataclasses.replace(params, stop_strings=tuple(params.stop_strings) + self.stop_strings)
         eos = set(getattr(sampler, "eos", ()))
         trajectories = [[_Trajectory(ids, env) for env in group] for ids, group in zip(prompt_ids, envs)]
@@ -232,15 +236,15 @@ def mix_seed(seed: int, member: int, turn: int) -> int:
     return (seed * 1_000_003 + member * 10_007 + turn * 101) % (2**62)
 
 
-def make_multiturn(cfg, tokenizer):
+def make_multiturn(rollout: RolloutSettings, data: DataSettings, tokenizer):
     """The run's MultiTurn, or None for single-turn rollouts."""
-    if not cfg.tools and not cfg.environment:
+    if not rollout.tools and not rollout.environment:
         return None
     from rlvr.environments import ToolEnvironment, load_environment
     from rlvr.tools import ToolBox
 
-    if cfg.environment:
-        factory = load_environment(cfg.environment)
-        return MultiTurn(cfg, tokenizer, factory)
-    toolbox = ToolBox(cfg.tools, cfg.tool_timeout, cfg.max_tool_output_chars)
-    return MultiTurn(cfg, tokenizer, lambda: ToolEnvironment(toolbox), toolbox.schemas)
+    if rollout.environment:
+        factory = load_environment(rollout.environment)
+        return MultiTurn(rollout, data, tokenizer, factory)
+    toolbox = ToolBox(rollout.tools, rollout.tool_timeout, rollout.max_tool_output_chars)
+    return MultiTurn(rollout, data, tokenizer, lambda: ToolEnvironment(toolbox), toolbox.schemas)

@@ -55,7 +55,7 @@ class RolloutPath:
         from rlvr.rollout.multiturn import make_multiturn
 
         rollout_func = load_rollout_func(settings.rollout_func) if settings.rollout_func else None
-        return cls(settings, tokenizer, sampler, rewards, make_multiturn(settings, tokenizer), rollout_func)
+        return cls(settings, tokenizer, sampler, rewards, make_multiturn(settings.rollout_settings, settings.data_settings, tokenizer), rollout_func)
 
     @property
     def single_turn(self) -> bool:
