@@ -190,9 +190,11 @@ def test_killed_workers_are_replaced_and_their_groups_retried_once(ray_cluster, 
 
 
 def test_missing_ray_is_a_config_error(monkeypatch):
+    from rlvr.settings import check_settings
+
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails, as when it is not installed
     with pytest.raises(ConfigError, match=r"pip install 'rlvr\[ray\]'"):
-        build_config({"rollout_workers": 2})
+        check_settings(build_config({"rollout_workers": 2}))  # packages are checked at launch
     from rlvr.rollout.workers import import_ray
 
     with pytest.raises(ImportError, match=r"pip install 'rlvr\[ray\]'"):

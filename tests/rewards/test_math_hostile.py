@@ -173,7 +173,10 @@ SYMBOLIC_EXPECTED = [1.0, 1.0, 0.0, 1.0, 0.0]
 
 
 def _grade_symbolic():
-    return list(accuracy([c for c, _ in SYMBOLIC], answer=[r for _, r in SYMBOLIC], timeout=1.0))
+    # A bound far above the grading time of the four decidable cases (milliseconds), so that a loaded
+    # machine cannot turn a correct answer into a timed-out zero; 10^(10^10) still runs into it in
+    # every context, which is what the test compares.
+    return list(accuracy([c for c, _ in SYMBOLIC], answer=[r for _, r in SYMBOLIC], timeout=5.0))
 
 
 def test_same_results_from_main_thread_worker_thread_and_subprocess():
@@ -181,13 +184,13 @@ def test_same_results_from_main_thread_worker_thread_and_subprocess():
     out = []
     t = threading.Thread(target=lambda: out.append(_grade_symbolic()))
     t.start()
-    t.join(timeout=60)
+    t.join(timeout=120)
     assert out == [SYMBOLIC_EXPECTED]
     code = (
         "import json, sys; sys.path[:0] = %r\n"
         "from test_math_hostile import _grade_symbolic\n"
         "print(json.dumps(_grade_symbolic()))\n"
     ) % ([str(__import__("pathlib").Path(__file__).parent)] + sys.path,)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     assert eval(result.stdout.strip().splitlines()[-1]) == SYMBOLIC_EXPECTED
