@@ -25,7 +25,7 @@ def cases_file(tmp_path):
 
 
 def test_json_report(cases_file, capsys):
-    assert cli.main(["check-reward", str(cases_file), "timeout=1", "--json"]) == 0
+    assert cli.main(["check-reward", str(cases_file), "timeout=10", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     # 7 cases, 5 agree (all but the FN on line 4 and the FP on line 5)
     assert out["n"] == 7 and out["agreement"] == pytest.approx(5 / 7)
@@ -44,7 +44,7 @@ def test_other_reward_and_its_arguments(cases_file, capsys):
 
 
 def test_min_agreement_sets_the_exit_code(cases_file, capsys):
-    assert cli.main(["check-reward", str(cases_file), "timeout=1", "--min-agreement", "0.9"]) == 1
+    assert cli.main(["check-reward", str(cases_file), "timeout=10", "--min-agreement", "0.9"]) == 1
     captured = capsys.readouterr()
     assert "agreement 71.4%" in captured.out and "disagreements (2):" in captured.out
     assert "below --min-agreement 90.0%" in captured.err
