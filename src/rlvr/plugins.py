@@ -26,7 +26,7 @@ def load_named(spec, what: str, given: dict, expected: str = "package.module:nam
 
 def register(obj, given: dict) -> str:
     """The name an object given to GRPOTrainer is known by in the Config: <its __name__>.  Another
-    object of that name takes it over; a trainer puts its own back when it trains (api.py _given_objects)."""
+    object of that name takes it over; a trainer puts its own back when it trains (api/inputs.py given_objects)."""
     name = f"<{getattr(obj, '__name__', type(obj).__name__)}>"
     given[name] = obj
     return name

@@ -104,7 +104,7 @@ def register_reward(fn, taken: set[str] = frozenset()) -> str:
     __name__, else its class's), with a suffix where a built-in or another of the same run's
     functions (`taken`) has it.  A later function given under the same name takes the name over (a
     notebook that redefines `my_reward` and makes a new trainer trains with the new one); a trainer
-    made before puts its own back when it trains (api.py _given_objects)."""
+    made before puts its own back when it trains (api/inputs.py given_objects)."""
     if isinstance(fn, type):
         fn = _instance(fn, fn.__name__)
     if not callable(fn):
