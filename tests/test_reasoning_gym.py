@@ -11,6 +11,7 @@ pytest.importorskip("reasoning_gym")
 from rlvr import cli  # noqa: E402
 from rlvr.config import ConfigError, build_config  # noqa: E402
 from rlvr.rewards import check_reward_args  # noqa: E402
+from rlvr.settings import check_settings  # noqa: E402
 from rlvr.rewards.reasoning_gym import answer_of, reasoning_gym_score  # noqa: E402
 from rlvr.tasks import build_rewards, load_splits, verifier_name  # noqa: E402
 from rlvr.tasks.reasoning_gym import INSTRUCTION, ReasoningGymTask  # noqa: E402
@@ -94,7 +95,7 @@ def test_the_task_grades_with_the_reasoning_gym_verifier():
 ])
 def test_bad_task_args_fail_at_config_check(task_args, message):
     with pytest.raises(ConfigError, match=f"task_args for 'reasoning_gym': {message}"):
-        build_config({"task": "reasoning_gym", "task_args": task_args})
+        check_settings(build_config({"task": "reasoning_gym", "task_args": task_args}))
 
 
 def test_without_the_package_the_error_says_what_to_install(monkeypatch, capsys):
@@ -104,7 +105,7 @@ def test_without_the_package_the_error_says_what_to_install(monkeypatch, capsys)
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import reasoning_gym now raises ImportError
     with pytest.raises(ConfigError, match=r"task=reasoning_gym needs the reasoning-gym package: pip install 'rlvr\[reasoning-gym\]'"):
-        build_config({"task": "reasoning_gym", "task_args": {"name": "leg_counting"}})
+        check_settings(build_config({"task": "reasoning_gym", "task_args": {"name": "leg_counting"}}))
 
     def boom(*a, **k):
         raise AssertionError("a model was loaded before the settings were checked")
