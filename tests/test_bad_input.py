@@ -68,6 +68,7 @@ def test_bad_input_is_one_clear_line(case, tiny_model_dir, tmp_path, capsys, mon
         assert not out.exists()
 
 
+@pytest.mark.processes
 def test_python_dash_m_rlvr_is_the_rlvr_command():
     """`python -m rlvr` where the venv's scripts are not on PATH: the same commands, errors and exit codes."""
     run = lambda *args: subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, timeout=120)  # noqa: E731

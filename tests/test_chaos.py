@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.trains, pytest.mark.processes]
 TRIALS = int(os.environ.get("RLVR_CHAOS_TRIALS", "1"))
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 REWARD = "import zlib\n\ndef text(completions, **kw):\n    return [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions]\n"

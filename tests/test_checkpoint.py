@@ -9,6 +9,8 @@ from safetensors.torch import load_file
 from rlvr.run import train
 from rlvr.trainer import Trainer
 
+pytestmark = pytest.mark.trains
+
 
 def _cfg(tiny_run_config, out, **kw):
     """The tiny run, with the state an exact resume must restore: two micro-batches a step, a

@@ -41,6 +41,7 @@ def score(programs: list[str], bound: float = 10.0, **columns):
 
 # --- honest programs ----------------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_correct_programs_score_one_in_every_shape():
     scores = score([
         "```python\ndef add(a, b):\n    return a + b\n```",  # the whole function
@@ -51,18 +52,21 @@ def test_correct_programs_score_one_in_every_shape():
     assert scores == [1.0, 1.0, 1.0, 1.0] and (scores.timeouts, scores.errors) == (0, 0)
 
 
+@pytest.mark.processes
 def test_chat_completions_are_read_too():
     scores = code_tests([[{"role": "assistant", "content": "```python\ndef add(a, b):\n    return a + b\n```"}]],
                         test=[CHECK], entry_point=["add"], prompt_code=[PROMPT])
     assert scores == [1.0]
 
 
+@pytest.mark.processes
 def test_partially_correct_programs_get_the_fraction_passed():
     scores = score(["    return a + b if a >= 0 else 99\n", "    return 0\n", "    return a * b + (a + b) * (a * b == 0)\n"])
     # a >= 0: tests 1, 3, 4 pass; 0 passes tests 2 and 4 (sums 0); a*b is right only where both are 0 (test 4)
     assert scores == [0.75, 0.5, 0.25]
 
 
+@pytest.mark.processes
 def test_all_or_nothing_mode():
     scores = score(["    return a + b\n", "    return a + b if a >= 0 else 99\n"], mode="all")
     assert scores == [1.0, 0.0]
@@ -70,23 +74,27 @@ def test_all_or_nothing_mode():
         code_tests(["x"], test=[CHECK], mode="most")
 
 
+@pytest.mark.processes
 def test_plain_asserts_with_setup_statements_in_order():
     test = "import math\nassert double(2) == 4\nx = double(5)\nassert x == 10\nassert True\nassert math.isclose(double(0.1), 0.2)\nassert double(-1) == -2"
     scores = code_tests(["def double(x):\n    return 2 * x", "def double(x):\n    return x + x if x > 1 else 0"], test=[test] * 2)
     assert scores == [1.0, 0.5]  # 4 tests (`assert True` is none); the second program fails 0.1 and -1
 
 
+@pytest.mark.processes
 def test_a_failing_setup_statement_fails_the_tests_after_it():
     test = "assert f(1) == 1\ny = f('boom')\nassert f(2) == 2"
     assert code_tests(["def f(x):\n    return x + 0"], test=[test]) == [0.5]
 
 
+@pytest.mark.processes
 def test_expected_exceptions_are_builtin_exceptions():
     test = "try:\n    f(-1)\n    raised = False\nexcept ValueError:\n    raised = True\nassert raised\nassert f(4) == 2"
     good = "def f(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x ** 0.5"
     assert code_tests([good, "def f(x):\n    return abs(x) ** 0.5"], test=[test] * 2) == [1.0, 0.5]
 
 
+@pytest.mark.processes
 def test_stdin_stdout_cases():
     programs = ["a, b = map(int, input().split())\nprint(a + b)", "a, b = map(int, input().split())\nprint(a + b if a else a * b)",
                 "import sys\nprint(sum(map(int, sys.stdin.read().split())), end='  \\n\\n')"]
@@ -94,12 +102,14 @@ def test_stdin_stdout_cases():
     assert scores == [1.0, pytest.approx(2 / 3), 1.0]  # trailing whitespace is ignored; 0 * 7 != 7
 
 
+@pytest.mark.processes
 def test_assert_tests_and_cases_together_and_rows_without_tests():
     program = "import sys\ndef add(a, b):\n    return a + b\nif __name__ == '__main__':\n    print(add(*map(int, input().split())))"
     scores = code_tests([program, program], test=[CHECK, None], entry_point=["add", None], test_cases=[TEST_CASES, None])
     assert scores == [1.0, None]
 
 
+@pytest.mark.processes
 def test_a_hang_in_one_test_keeps_the_earlier_passes_and_counts_a_timeout():
     scores = score(["    while a == 10:\n        pass\n    return a + b\n"], timeout=1.0)
     assert scores == [0.5] and scores.timeouts == 1  # tests 1 and 2 passed before the hang in test 3
@@ -108,6 +118,7 @@ def test_a_hang_in_one_test_keeps_the_earlier_passes_and_counts_a_timeout():
     assert scores == [pytest.approx(2 / 3)] and scores.timeouts == 1  # the cases after the hang still run
 
 
+@pytest.mark.processes
 def test_helpers_from_the_prompt_are_the_datasets_not_the_programs():
     prompt = "def double(x):\n    return 2 * x\n\n\ndef half(y):\n    \"\"\"x with double(x) == y\"\"\"\n"
     test = "def check(candidate):\n    assert double(candidate(8)) == 8\n    assert double(candidate(3)) == 3"
@@ -139,6 +150,7 @@ def test_prepare_tests():
 
 # --- forgery ---------------------------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_fake_verdicts_on_stdout_score_zero():
     fake = "import json\nfor n in range(3):\n    print('PASS')\n    print(json.dumps({'nonce': 'x' * 32, 'passed': [True] * 4, 'timed_out': False}))\n"
     scores = score([fake + "def add(a, b):\n    print('ALL TESTS PASSED')\n    return None\n", fake])
@@ -146,6 +158,7 @@ def test_fake_verdicts_on_stdout_score_zero():
     assert score([fake], test_cases=[TEST_CASES]) == [0.0]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("exit_code", ["import sys\nsys.exit(0)", "import os\nos._exit(0)", "raise SystemExit(0)",
                                        "raise KeyboardInterrupt", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"])
 def test_exiting_before_the_tests_scores_zero(exit_code):
@@ -153,6 +166,7 @@ def test_exiting_before_the_tests_scores_zero(exit_code):
     assert score([exit_code], test_cases=[TEST_CASES]) == [0.0]
 
 
+@pytest.mark.processes
 def test_exiting_inside_the_function_fails_the_tests():
     scores = score(["    if a < 0:\n        raise SystemExit(0)\n    if a == 10:\n        raise KeyboardInterrupt\n    return a + b\n",
                     "    if a == 10:\n        import os\n        os._exit(0)\n    return a + b\n"])
@@ -168,6 +182,7 @@ def check(candidate):
 """
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("exception", ["StopIteration", "StopAsyncIteration", "GeneratorExit"])
 def test_control_flow_exceptions_cannot_end_a_tests_generator(exception):
     """A StopIteration raised by the program would end the generator inside `all(...)` early, and
@@ -178,6 +193,7 @@ def test_control_flow_exceptions_cannot_end_a_tests_generator(exception):
     assert scores == [0.0, 1.0]
 
 
+@pytest.mark.processes
 def test_tests_that_test_nothing_score_none():
     """`assert True` is no test: a check made only of it gives no score, not a syntax error and 0."""
     program = "def add(a, b):\n    return a + b\n"
@@ -191,6 +207,7 @@ def test_tests_that_test_nothing_score_none():
     assert both == [1.0]
 
 
+@pytest.mark.processes
 def test_always_equal_objects_score_zero():
     scores = score([
         "class A:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\ndef add(a, b):\n    return A()\n",
@@ -203,6 +220,7 @@ def test_always_equal_objects_score_zero():
     assert code_tests([truthy, honest], test=["assert is_even(2)\nassert not is_even(3)"] * 2) == [0.0, 1.0]
 
 
+@pytest.mark.processes
 def test_patching_builtins_and_the_harness_scores_zero():
     attack = """
         import builtins, sys, gc, json
@@ -231,6 +249,7 @@ def test_patching_builtins_and_the_harness_scores_zero():
     assert score([textwrap.dedent(attack)]) == [0.0]
 
 
+@pytest.mark.processes
 def test_closing_or_writing_every_descriptor_scores_zero():
     attack = """
         import os, json
@@ -253,6 +272,7 @@ def test_closing_or_writing_every_descriptor_scores_zero():
     assert score([attack.replace("def add", "print(7)\ndef add")], test_cases=[TEST_CASES]) == [0.0]
 
 
+@pytest.mark.processes
 def test_the_judge_cannot_be_reached_through_proc():
     """The program runs as the judge's child with the same uid; the judge's memory and descriptors stay closed."""
     attack = """
@@ -276,6 +296,7 @@ def test_the_judge_cannot_be_reached_through_proc():
     assert json.loads(result.stdout)["passed"] == [True]  # add() saw that nothing could be opened
 
 
+@pytest.mark.processes
 def test_verdicts_forged_through_proc_score_zero():
     attack = """
         import json, os
@@ -292,11 +313,13 @@ def test_verdicts_forged_through_proc_score_zero():
     assert score([textwrap.dedent(attack)]) == [0.0]
 
 
+@pytest.mark.processes
 def test_signalling_the_judge_changes_nothing():
     harass = "import os, signal\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGALRM, signal.SIGPIPE):\n    os.kill(os.getppid(), s)\n"
     assert score([harass + "def add(a, b):\n    return a + b\n", harass + "def add(a, b):\n    return 0\n"]) == [1.0, 0.5]
 
 
+@pytest.mark.processes
 def test_killing_or_stopping_the_judge_scores_zero():
     scores = score(["import os\nos.kill(os.getppid(), 9)\ndef add(a, b):\n    return a + b\n"])
     assert scores == [0.0] and scores.errors == 1
@@ -305,6 +328,7 @@ def test_killing_or_stopping_the_judge_scores_zero():
     assert scores == [0.0] and scores.timeouts == 1
 
 
+@pytest.mark.processes
 def test_resource_attacks_score_zero_and_end_in_time():
     attacks = [
         "while True:\n    pass",  # infinite loop
@@ -325,6 +349,7 @@ def test_resource_attacks_score_zero_and_end_in_time():
     assert scores == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.processes
 def test_reading_for_the_answers_finds_nothing():
     snoop = """
         import os
@@ -347,6 +372,7 @@ def test_huge_completions_are_not_run():
     assert time.monotonic() - start < 2
 
 
+@pytest.mark.processes
 def test_refuses_to_run_without_a_sandbox(monkeypatch):
     from rlvr import sandbox
 

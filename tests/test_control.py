@@ -136,6 +136,7 @@ def test_kl_in_the_reward_lowers_each_reward_by_beta_times_its_kl(tiny, tmp_path
     assert gen.metrics["kl"] != 0
 
 
+@pytest.mark.trains
 def test_adaptive_beta_is_logged_and_rises_while_kl_exceeds_the_target(tiny, tmp_path, monkeypatch):
     examples = [Example("hard a", "1"), Example("hard b", "1")]
     trainer = trainer_with(tiny, tmp_path, monkeypatch, easy_or_mixed, examples, beta=0.1, kl_target=1e-9, kl_horizon=2,
@@ -170,6 +171,7 @@ def test_a_missing_logger_package_is_a_clear_error_before_loading(tiny_model_dir
         run_tiny(tiny_model_dir, tmp_path, report_to=["wandb"])
 
 
+@pytest.mark.trains
 def test_tensorboard_gets_every_logged_line(tiny_model_dir, tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -181,6 +183,7 @@ def test_tensorboard_gets_every_logged_line(tiny_model_dir, tmp_path):
     assert [e.value for e in events.Scalars("reward")] == pytest.approx([x["reward"] for x in lines])
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("name", ["wandb", "trackio"])
 def test_wandb_and_trackio_receive_the_logged_lines(tiny_model_dir, tmp_path, monkeypatch, name):
     calls = []
@@ -207,6 +210,8 @@ def test_wandb_and_trackio_receive_the_logged_lines(tiny_model_dir, tmp_path, mo
 # --- alerts in a run -----------------------------------------------------------------------
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_a_stop_alert_saves_and_exits_non_zero(tiny_model_dir, tmp_path, capsys):
     from rlvr.cli import main
 
@@ -225,6 +230,7 @@ def test_a_stop_alert_saves_and_exits_non_zero(tiny_model_dir, tmp_path, capsys)
     assert (out / "checkpoint-3").is_dir()  # nothing is lost: resume=true continues from here
 
 
+@pytest.mark.trains
 def test_evaluation_during_training_is_logged_with_the_step_metrics(tiny_model_dir, tmp_path):
     run_tiny(tiny_model_dir, tmp_path, eval_strategy="steps", eval_steps=2, logging_steps=1)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

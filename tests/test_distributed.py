@@ -72,6 +72,8 @@ def _metrics(path) -> list[dict]:
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
 def test_two_processes_train_to_the_weights_of_one(tiny_model_dir, tmp_path, loss_type):
     plugin = tmp_path / "reward.py"
@@ -107,6 +109,8 @@ class Echo:  # three turns: each answered with the last character the model wrot
 """
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_two_processes_with_multi_turn_rollouts_train_to_the_weights_of_one(tiny_model_dir, tmp_path, monkeypatch):
     """Each rollout's later turns are seeded from its group: the processes sample what one process does."""
     plugin = tmp_path / "reward.py"
@@ -123,6 +127,8 @@ def test_two_processes_with_multi_turn_rollouts_train_to_the_weights_of_one(tiny
     assert [m["turns/mean"] for m in m1] == [m["turns/mean"] for m in m2] and max(m["turns/mean"] for m in m1) > 1
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_a_rank_without_signal_takes_part_without_hanging(tiny_model_dir, tmp_path):
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)
@@ -136,6 +142,8 @@ def test_a_rank_without_signal_takes_part_without_hanging(tiny_model_dir, tmp_pa
 
 
 @pytest.mark.slow  # three launches: about a minute on two shared cores
+@pytest.mark.trains
+@pytest.mark.processes
 def test_fsdp_trains_to_the_weights_of_one_process_and_resumes_exactly(tiny_model_dir, tmp_path):
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)
@@ -157,6 +165,8 @@ def test_fsdp_trains_to_the_weights_of_one_process_and_resumes_exactly(tiny_mode
     assert max((resumed[k] - two[k]).abs().max().item() for k in two) == 0.0
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_fsdp_rank_without_signal_runs_empty_micro_batches(tiny_model_dir, tmp_path):
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)
@@ -254,6 +264,8 @@ def _adapter(path):
 
 
 @pytest.mark.slow  # three launches: about a minute on two shared cores
+@pytest.mark.trains
+@pytest.mark.processes
 def test_fsdp_with_lora_trains_the_adapter_of_one_process_and_resumes_exactly(tiny_model_dir, tmp_path):
     """fsdp=true with use_peft=true: the decoder layers of the peft model sharded with their adapters,
     only the adapter trained, the full copy (a peft model) sampling with it, the reference its adapter
@@ -318,6 +330,8 @@ def _stop_after_checkpoint_1(run_dir) -> None:
 
 
 @pytest.mark.slow  # three launches: about a minute on two idle cores
+@pytest.mark.trains
+@pytest.mark.processes
 def test_two_processes_sampling_ahead_train_to_the_weights_of_one_and_resume_exactly(tiny_model_dir, tmp_path):
     """max_staleness=1: each process samples its groups of the next generation in a thread and gathers
     them in the sampling process group while the update's collectives run in the default one."""
@@ -348,6 +362,8 @@ def test_two_processes_sampling_ahead_train_to_the_weights_of_one_and_resume_exa
 
 
 @pytest.mark.slow  # three launches: about a minute on two idle cores
+@pytest.mark.trains
+@pytest.mark.processes
 def test_fsdp_sampling_ahead_trains_to_the_weights_of_one_process_and_resumes_exactly(tiny_model_dir, tmp_path):
     """fsdp=true with max_staleness=1: the sampler's copy of the weights is refreshed from the full copy
     (gathered from the shards) once the step's update and the generation sampled ahead are done."""
@@ -401,6 +417,8 @@ sys.exit(main(["train", *sys.argv[1:]]))
 '''
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_an_update_that_fails_on_one_process_while_sampling_ahead_ends_the_run(tiny_model_dir, tmp_path):
     """The failing process does not wait for its thread (which waits for the others, which wait for it):
     it exits, and torchrun stops the others.  Waiting for the thread hung until the timeout."""

@@ -11,10 +11,11 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from rlvr import cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.trains]
 
 SMALL = ["per_device_train_batch_size=16", "max_completion_length=24", "eval_max_examples=8", "save_steps=1",
          "save_total_limit=2", "logging_steps=1"]
@@ -60,11 +61,22 @@ def test_resume_continues_from_the_latest_checkpoint(run_dir, capsys):
 
 
 def test_final_model_reloads_with_transformers(run_dir):
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.models import default_model_dir
 
     model = AutoModelForCausalLM.from_pretrained(run_dir)
     tokenizer = AutoTokenizer.from_pretrained(run_dir)
     assert model.config.num_hidden_layers == 30 and tokenizer.chat_template
+    # the final model is the last step's weights (checkpoint-3, after the resume), not the model it started from
+    reloaded = model.state_dict()
+    saved = load_file(str(run_dir / "checkpoint-3" / "model.safetensors"))
+    start = load_file(str(default_model_dir() / "model.safetensors"))
+    assert set(saved) <= set(reloaded) and len(saved) > 200
+    assert all(torch.equal(reloaded[name].to(saved[name].dtype), saved[name]) for name in saved)
+    changed = [name for name in saved if not torch.equal(saved[name], start[name])]
+    assert len(changed) > len(saved) // 2  # full fine-tuning moved most tensors
 
 
 def test_eval_of_the_run(run_dir, capsys):

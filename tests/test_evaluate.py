@@ -164,8 +164,15 @@ def test_cli_real_tiny_model_samples_with_shots(data, tiny_model_dir, capsys):
     assert cli.main(args) == 0
     result = json.loads(out.read_text())
     assert result["n"] == 2 and result["num_samples"] == 2 and result["num_shots"] == 1
-    assert set(result["at_k"]) == {"pass@1", "pass@2", "maj@2", "mean@2"}
-    assert 0.0 <= result["at_k"]["pass@2"] <= 1.0 and 0 < result["mean_completion_length"] <= 4
+    # every completion is written (2 problems x 2 samples), with the verifier's reward
+    assert [(reference_answer(s["answer"]), s["sample"]) for s in result["samples"]] == [("72", 0), ("72", 1), ("7", 0), ("7", 1)]
+    rewards = [s["rewards"]["accuracy"] for s in result["samples"]]
+    # A completion of at most 4 characters (one token per character) cannot state an answer: the shortest
+    # forms, "\\boxed{7}" and "the answer is 7", are longer. So every completion fails and each number is 0,
+    # which the rewards the file records agree with.
+    assert all(len(s["completion"]) <= 4 for s in result["samples"]) and rewards == [0.0] * 4
+    assert result["at_k"] == {"pass@1": 0.0, "pass@2": 0.0, "maj@2": 0.0, "mean@2": 0.0} and result["accuracy"] == 0.0
+    assert 0 < result["mean_completion_length"] <= 4
 
 
 @pytest.mark.parametrize(

@@ -302,6 +302,7 @@ def test_gradient_checkpointing_with_lora_gives_the_adapter_its_gradients(tiny):
         assert g.abs().max() > 0 and torch.allclose(checkpointed[name], g, rtol=1e-5, atol=1e-8), name
 
 
+@pytest.mark.trains
 def test_a_run_with_gradient_checkpointing_trains_to_the_same_weights(tiny_run_config, tmp_path, monkeypatch):
     """gradient_checkpointing=true through train() (run.py turns it on, the fast path honours it):
     the recomputed layers give bit-identical log-probs, so the same run to the same weights."""

@@ -111,6 +111,7 @@ def test_keep_correct_keeps_exactly_the_distinct_samples_scored_one():
 
 # --- learning --------------------------------------------------------------------------------
 
+@pytest.mark.trains
 def test_sft_teaches_the_demonstrated_answer(tiny_model_dir, tmp_path, sft_data):
     out = tmp_path / "sft"
     summary = train(_config(tiny_model_dir, out, "sft", dataset=sft_data, max_steps=30, eval_on_start=True, eval_on_end=True, max_completion_length=16,
@@ -122,6 +123,7 @@ def test_sft_teaches_the_demonstrated_answer(tiny_model_dir, tmp_path, sft_data)
     assert rows[0]["num_tokens"] == 4 * 11  # 4 completions of "\boxed{42}" + end-of-turn
 
 
+@pytest.mark.trains
 def test_dpo_learns_to_prefer_the_chosen_completion(tiny_model_dir, tmp_path, pair_data):
     out = tmp_path / "dpo"
     train(_config(tiny_model_dir, out, "dpo", dataset=pair_data, max_steps=12, beta=0.5, save_strategy="no"))
@@ -173,6 +175,7 @@ def test_rft_keeps_exactly_the_verifier_correct_samples(tiny_model_dir, tmp_path
     trainer.close()
 
 
+@pytest.mark.trains
 def test_rft_raises_the_verifier_correct_rate_round_after_round(tiny_model_dir, tmp_path, digit_verifier):
     out = tmp_path / "rft"
     train(_rft_config(tiny_model_dir, out, max_steps=32, self_round_prompts=8, self_round_steps=4, save_strategy="no"))
@@ -199,6 +202,7 @@ def _interrupt_at_step(monkeypatch, n):
     return original
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("kind", ["sft", "sft-packed", "dpo", "rft"])
 def test_a_stopped_run_resumes_exactly(kind, tiny_model_dir, tmp_path, monkeypatch, sft_data, pair_data, digit_verifier):
     from rlvr.monitor import MetricsLog
@@ -256,6 +260,7 @@ def test_a_pair_file_without_rejected_names_the_column(tiny_model_dir, tmp_path)
 
 # --- TRL's documented quick starts, with the import changed ----------------------------------
 
+@pytest.mark.trains
 def test_trl_sft_quick_start_runs_on_chat_messages(tiny_model_dir, tmp_path, monkeypatch):
     """TRL's SFTTrainer quick start (trl-lib/Capybara: a `messages` column), on in-memory rows."""
     from rlvr import SFTConfig, SFTTrainer  # was: from trl import SFTConfig, SFTTrainer
@@ -271,6 +276,7 @@ def test_trl_sft_quick_start_runs_on_chat_messages(tiny_model_dir, tmp_path, mon
         SFTTrainer(model=str(tiny_model_dir), train_dataset=dataset, formatting_func=lambda row: row)
 
 
+@pytest.mark.trains
 def test_trl_dpo_quick_start_runs_on_implicit_prompt_pairs(tiny, tmp_path):
     """TRL's DPOTrainer quick start: a loaded model and tokenizer, DPOConfig(output_dir=...), and
     trl-lib/ultrafeedback_binarized's shape (chosen / rejected conversations, no prompt column)."""
@@ -288,6 +294,7 @@ def test_trl_dpo_quick_start_runs_on_implicit_prompt_pairs(tiny, tmp_path):
     assert trainer.model is model  # trained in place, as in TRL
 
 
+@pytest.mark.trains
 def test_dpo_with_lora_uses_the_model_with_its_adapter_off_as_reference(tiny_model_dir, tmp_path, pair_data):
     out = tmp_path / "dpo-lora"
     train(_config(tiny_model_dir, out, "dpo", dataset=pair_data, max_steps=6, use_peft=True, lora_r=4, lora_alpha=8,
@@ -305,6 +312,7 @@ def test_an_empty_demonstration_is_named_by_file_and_line(tiny_model_dir, tmp_pa
         train(_config(tiny_model_dir, tmp_path / "s", "sft", dataset=bad))
 
 
+@pytest.mark.trains
 def test_rlvr_train_refuses_to_continue_an_sft_run(tiny_model_dir, tmp_path, sft_data, capsys):
     from rlvr import cli
 
@@ -314,6 +322,7 @@ def test_rlvr_train_refuses_to_continue_an_sft_run(tiny_model_dir, tmp_path, sft
     assert "use rlvr sft" in capsys.readouterr().err
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("command", ["sft", "dpo", "rft"])
 def test_every_method_resumes_with_the_runs_own_settings(command, tiny_model_dir, tmp_path, sft_data, pair_data,
                                                           digit_verifier, capsys):

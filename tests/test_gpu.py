@@ -77,6 +77,8 @@ def test_bf16_autocast_on_the_gpu_stays_close_to_fp32(tiny, tmp_path):
     assert torch.allclose(a[mask], b[mask], atol=0.1)
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_a_run_trains_on_the_gpu_and_learns(tiny_model_dir, tmp_path):
     plugin = tmp_path / "seven.py"
     plugin.write_text("def starts_with_seven(completions, **kw):\n    return [float(c.startswith('7')) for c in completions]\n")

@@ -77,6 +77,7 @@ class FakeHub:
         monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
 
 
+@pytest.mark.trains
 def test_the_final_model_and_its_record_are_pushed_without_checkpoints_or_token(tiny_run_config, tmp_path, no_token, monkeypatch):
     hub = FakeHub(monkeypatch)
     out = tmp_path / "grpo-arith"
@@ -91,6 +92,7 @@ def test_the_final_model_and_its_record_are_pushed_without_checkpoints_or_token(
     assert all(TOKEN not in (out / f).read_text(errors="replace") for f in sent)  # config.yaml has hub_token: null
 
 
+@pytest.mark.trains
 def test_hub_model_id_names_the_repository(tiny_run_config, tmp_path, monkeypatch):
     hub = FakeHub(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
@@ -98,6 +100,7 @@ def test_hub_model_id_names_the_repository(tiny_run_config, tmp_path, monkeypatc
     assert hub.calls[0][1] == "team/grpo-v1"
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("fail", ["create_repo", "upload_folder"])
 def test_a_failed_push_says_where_the_model_is_and_how_to_push_it_later(tiny_run_config, tmp_path, monkeypatch, fail, capsys):
     FakeHub(monkeypatch, fail=fail)

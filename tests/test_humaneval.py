@@ -63,6 +63,7 @@ def test_check_args_fails_closed_without_a_sandbox(monkeypatch):
 
 
 @needs_sandbox
+@pytest.mark.processes
 def test_every_canonical_solution_scores_one():
     problems = load_problems()
     examples = HumanEvalTask.splits({"num_test": 1}, seed=0)
@@ -82,6 +83,7 @@ def test_every_canonical_solution_scores_one():
 
 
 @needs_sandbox
+@pytest.mark.processes
 def test_empty_bodies_score_low():
     _, examples = HumanEvalTask.splits({"num_test": 32}, seed=0)
     scores = code_tests(["    pass\n"] * 16 + ["```python\n```"] * 16, **_columns(examples))

@@ -124,6 +124,7 @@ def _arm(phase, monkeypatch, text_rewards, signals, optimizers):
 EXPECTED_CHECKPOINT = {"rollout": 2, "reward": 2, "backward": 3, "optimizer": 3, "logging": 3, "save": 4}
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_at_any_phase_resumes_exactly(phase, sig, tiny_run_config, tmp_path, monkeypatch, text_rewards, straight):
@@ -148,6 +149,7 @@ def test_a_signal_at_any_phase_resumes_exactly(phase, sig, tiny_run_config, tmp_
     assert _rows(out) == rows
 
 
+@pytest.mark.trains
 def test_a_second_signal_during_the_save_is_refused(tiny_run_config, tmp_path, monkeypatch, text_rewards, capsys):
     out = tmp_path / "run"
     _arm("save", monkeypatch, text_rewards, [signal.SIGINT, signal.SIGINT, signal.SIGTERM], [])

@@ -2,8 +2,12 @@
 
 import json
 
+import pytest
+
 from rlvr.config import build_config
 from rlvr.run import train
+
+pytestmark = [pytest.mark.trains, pytest.mark.processes]
 
 REWARD = """
 def starts_with_seven(completions, **kwargs):

@@ -171,6 +171,8 @@ def starts_with_seven(completions, **kwargs):
 """
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_lora_run_learns_a_verifiable_reward(tmp_path):
     # The tiny model's embeddings (tied to the output layer) are scaled up x10: at their random
     # init (std 0.02) and after the final RMSNorm, no change of the layers an adapter sits on can
@@ -210,6 +212,7 @@ def _metrics(path):
     return [{k: v for k, v in r.items() if not k.startswith("timing/") and k not in ("step_time", "tokens_per_second")} for r in rows]
 
 
+@pytest.mark.trains
 def test_interrupted_lora_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypatch, informative_rewards):
     kw = {"num_iterations": 2, "max_steps": 4, "save_steps": 2}
     straight = tmp_path / "straight"
@@ -241,6 +244,7 @@ def test_interrupted_lora_run_resumes_exactly(tiny_model_dir, tmp_path, monkeypa
     assert _metrics(straight) == _metrics(resumed)
 
 
+@pytest.mark.trains
 def test_final_adapter_and_merged_saves_give_the_same_model(tiny_model_dir, tmp_path, informative_rewards):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

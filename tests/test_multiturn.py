@@ -88,20 +88,28 @@ def test_a_two_turn_trajectory_masks_the_tool_output_out_of_the_loss(tok):
     assert sampler.calls[1][0] == r.prompt_ids + first + between
     assert "calculator" in texts[0] and "<tool_call>" in texts[0]  # the template ignores tools: a system message shows them
 
-    batch = Batch.from_rollouts(groups[0], torch.tensor([1.0, -1.0]), torch.ones(2, dtype=torch.bool), tok.pad_token_id, False, 2)
+    batch = Batch.from_rollouts(groups[0], torch.tensor([1.0, -0.5]), torch.ones(2, dtype=torch.bool), tok.pad_token_id, False, 2)
     assert batch.num_tokens == 2 * (len(first) + len(second))
     assert batch.completion_mask.all()  # the model still reads the tool's tokens
-    # Only the policy's tokens count: changing the log-probs at the tool's tokens changes neither loss nor gradient.
+    # Only the policy's tokens count: the tool's tokens get old log-probs 3 nats away (a ratio far outside
+    # the clip range), which would move the loss if they were counted; they change neither loss nor gradient.
     n = len(first) + len(between) + len(second)
-    logp = torch.full((2, n), -0.7, requires_grad=True)
-    norm = LossNorm(2, batch.num_tokens, 200, 1)
-    loss, _ = policy_loss(logp, logp.detach() + 0.1, batch.advantages, batch.loss_mask, norm, loss_type="grpo")
-    loss.backward()
     hole = slice(len(first), len(first) + len(between))
+    logp = torch.full((2, n), -0.7, requires_grad=True)
+    old = torch.full((2, n), -0.7)
+    old[0] += 0.1  # row 0: ratio exp(-0.1) = 0.905, inside [0.8, 1.2]
+    old[1] -= 0.2  # row 1: ratio exp(0.2) = 1.221, above 1.2
+    old[:, hole] += 3.0
+    norm = LossNorm(2, batch.num_tokens, 200, 1)
+    loss, _ = policy_loss(logp, old, batch.advantages, batch.loss_mask, norm, loss_type="grpo")
+    loss.backward()
     assert torch.all(logp.grad[:, hole] == 0) and torch.all(logp.grad[:, : len(first)] != 0)
-    # GRPO by hand: ratio exp(-0.1) inside the clip range, loss = -mean over rows of A x ratio
-    ratio = torch.exp(torch.tensor(-0.1))
-    assert loss.item() == pytest.approx(-(1.0 * ratio - 1.0 * ratio).item() / 2, abs=1e-6)
+    # GRPO by hand, each row the mean of its policy tokens' -min(A r, A clip(r)), then the mean of the rows:
+    # row 0 (A = 1, r = 0.904837) gives -0.904837; row 1 (A = -0.5) keeps the unclipped, larger
+    # 0.5 x 1.221403 = 0.610701 (the clip is pessimistic); (-0.904837 + 0.610701) / 2 = -0.147068.
+    assert loss.item() == pytest.approx(-0.147068, abs=1e-5)
+    # the gradient at a row-0 policy token: d(-A r)/d logp / tokens = -0.904837 / (len(first) + len(second)) / 2 rows
+    assert logp.grad[0, 0].item() == pytest.approx(-0.904837 / (len(first) + len(second)) / 2, rel=1e-4)
 
 
 def test_a_turn_that_ends_at_eos_gets_no_second_end_marker(tok):
@@ -190,6 +198,7 @@ def floods(n: int) -> str:
     return "y" * n
 
 
+@pytest.mark.processes
 def test_a_tool_that_hangs_crashes_or_floods_returns_a_message_and_the_run_goes_on():
     box = ToolBox([hangs, crashes, floods], timeout=0.5, max_output_chars=100)
     t0 = time.perf_counter()
@@ -224,6 +233,7 @@ def _call(name: str, **arguments):
     return parse_tool_calls("<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>")[0]
 
 
+@pytest.mark.processes
 def test_a_tool_that_holds_the_gil_is_stopped_at_tool_timeout_and_leaks_nothing():
     box = ToolBox([backtracks, spins], timeout=0.5)
     assert box.run(_call("backtracks", text="a")) == ("Error: backtracks ran past 0.5 s and was stopped waiting for", False)
@@ -260,6 +270,7 @@ def test_the_python_tool_is_refused_before_the_model_loads_where_no_sandbox_work
     ToolBox(["python"], allow_unisolated=True)  # the caller's own risk, as run_python's
 
 
+@pytest.mark.processes
 def test_the_python_tool_runs_in_the_sandbox_with_limits():
     box = ToolBox(["python"], timeout=2, max_output_chars=400)
     run = lambda code: box.run(parse_tool_calls("<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}})  # noqa: E731
@@ -402,6 +413,7 @@ def _run_config(model_dir, out, **settings):
         "log_completions": True, **settings})
 
 
+@pytest.mark.trains
 def test_training_with_tools_runs_and_logs_turns(model_dir, tmp_path):
     from rlvr.run import train
 
@@ -412,6 +424,7 @@ def test_training_with_tools_runs_and_logs_turns(model_dir, tmp_path):
     assert evaluated["n"] == 4
 
 
+@pytest.mark.trains
 def test_training_with_an_environment_on_several_turns(model_dir, tmp_path, monkeypatch):
     from rlvr.run import train
 
@@ -450,6 +463,8 @@ def saw_source(completions, source=None, **kwargs):
     return [1.0 if s == "mine" else 0.0 for s in source]
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_rollout_func_samples_and_its_fields_reach_the_rewards(model_dir, tmp_path):
     from rlvr.run import train
 
@@ -463,6 +478,7 @@ def bad_rollouts(prompts, trainer):
     return {"prompt_ids": [[1]] * len(prompts), "completion_ids": [[2]] * len(prompts)}
 
 
+@pytest.mark.trains
 def test_a_rollout_func_without_logprobs_is_a_clear_error(model_dir, tmp_path):
     from rlvr.run import train
 
@@ -470,6 +486,8 @@ def test_a_rollout_func_without_logprobs_is_a_clear_error(model_dir, tmp_path):
         train(_run_config(model_dir, tmp_path / "run", rollout_func="test_multiturn:bad_rollouts"))
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_grpo_trainer_takes_tools_as_functions_as_trl_does(model_dir, tmp_path):
     """TRL's GRPOTrainer(tools=[fn]) with the import changed; the trainer samples one step ahead
     (max_staleness=1), so the tools run in the sampling thread."""

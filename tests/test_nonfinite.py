@@ -36,6 +36,7 @@ def _check_stopped(out, capsys, what):
     return [int(p.name.split("-")[1]) for p in kept]
 
 
+@pytest.mark.trains
 def test_a_non_finite_gradient_stops_the_run_before_the_update(tiny_model_dir, tmp_path, capsys):
     """A huge learning rate: the weights blow up (finite) after step 1, step 2's gradient is nan."""
     out = tmp_path / "run"
@@ -44,6 +45,7 @@ def test_a_non_finite_gradient_stops_the_run_before_the_update(tiny_model_dir, t
     assert steps[-1] >= 1
 
 
+@pytest.mark.trains
 def test_weights_made_non_finite_by_an_update_are_never_saved(tiny_model_dir, tmp_path, capsys, monkeypatch):
     original, calls = torch.optim.AdamW.step, {"n": 0}
 

@@ -22,6 +22,7 @@ def noisy_rewards(monkeypatch):
     monkeypatch.setitem(rewards.REWARDS, "boxed_format", lambda completions, **kw: torch.rand(len(completions), generator=gen).tolist())
 
 
+@pytest.mark.trains
 def test_the_next_batch_comes_from_the_weights_before_the_update(tiny, tmp_path, noisy_rewards):
     model, tokenizer = tiny
     cfg = build_config({"model": "default", "reward_funcs": ["boxed_format"], "num_generations": 4,
@@ -52,6 +53,8 @@ def test_the_next_batch_comes_from_the_weights_before_the_update(tiny, tmp_path,
     trainer.close()
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_an_off_policy_run_learns(tiny_model_dir, tmp_path):
     plugin = tmp_path / "seven.py"
     plugin.write_text("def starts_with_seven(completions, **kw):\n    return [float(c.startswith('7')) for c in completions]\n")
@@ -114,6 +117,8 @@ def alarm_length(completions, **kwargs):
 '''
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_reward_functions_that_use_signals_score_the_same_sampled_ahead(tiny_model_dir, tmp_path):
     """With max_staleness=1 the next batch is sampled in a thread; its rewards are still computed on
     the main thread, so signal-based timeouts work as on-policy.  The learning rate is so small that

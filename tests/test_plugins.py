@@ -2,9 +2,12 @@
 may hold several trainers (a notebook's second experiment) given different objects of one name:
 each trains with the ones it was given, logged and saved under that one name."""
 
+import pytest
 import yaml
 
 from rlvr import GRPOConfig, GRPOTrainer
+
+pytestmark = [pytest.mark.trains, pytest.mark.processes]
 
 
 def _reward(value: float):

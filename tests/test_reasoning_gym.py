@@ -115,6 +115,7 @@ def test_without_the_package_the_error_says_what_to_install(monkeypatch, capsys)
     assert "pip install 'rlvr[reasoning-gym]'" in capsys.readouterr().err
 
 
+@pytest.mark.trains
 def test_train_and_eval_end_to_end_on_the_tiny_model(tiny_run_config, tiny_model_dir, tmp_path):
     from rlvr.run import train
 

@@ -82,6 +82,7 @@ def _text_reward(completions, **kwargs):
     return [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions]
 
 
+@pytest.mark.trains
 def test_a_run_resumed_after_a_sync_is_the_run_without_the_interruption(tiny_run_config, tmp_path, monkeypatch):
     """A sync after every step (alpha 0.5, beta 0.5): the KL of steps 3 and 4 is measured against a
     reference moved at steps 1 and 2, which the resumed run reads from checkpoint-2."""

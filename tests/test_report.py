@@ -148,6 +148,7 @@ def test_cli_says_what_is_wrong_with_the_run_dir(tmp_path, capsys, make):
     assert err.startswith("rlvr report: error: ") and ("not a directory" if make == "missing" else "no metrics.jsonl") in err
 
 
+@pytest.mark.processes
 def test_matplotlib_is_imported_only_when_drawing():
     code = "import sys, rlvr, rlvr.cli, rlvr.report; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -161,6 +162,8 @@ def starts_with_seven(completions, **kwargs):
 """
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_report_of_a_real_run_loads_in_chromium(tiny_model_dir, tmp_path):
     from rlvr.run import train
 

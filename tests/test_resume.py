@@ -75,6 +75,7 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.trains
 @pytest.mark.parametrize("kind", list(CORRUPTIONS))
 def test_a_broken_checkpoint_is_skipped_for_the_one_before(kind, tiny_run_config, tmp_path, straight, capsys):
     out = tmp_path / "run"
@@ -90,6 +91,7 @@ def test_a_broken_checkpoint_is_skipped_for_the_one_before(kind, tiny_run_config
     _same_run(out, straight)  # steps 3 and 4 replayed from checkpoint-2: the same run
 
 
+@pytest.mark.trains
 def test_rows_logged_after_the_last_checkpoint_are_written_once(tiny_run_config, tmp_path, straight, capsys):
     """What kill -9 leaves: rows of steps 3-4 logged, checkpoint-4 never written, a torn last line."""
     out = tmp_path / "run"
@@ -107,6 +109,7 @@ def test_rows_logged_after_the_last_checkpoint_are_written_once(tiny_run_config,
     _same_run(out, straight)
 
 
+@pytest.mark.trains
 def test_resume_from_checkpoint_takes_a_path(tiny_model_dir, tiny_run_config, tmp_path, straight):
     out = tmp_path / "run"
     train(tiny_run_config(out))
@@ -118,6 +121,7 @@ def test_resume_from_checkpoint_takes_a_path(tiny_model_dir, tiny_run_config, tm
     assert cli.main(["train", f"model={tiny_model_dir}", f"resume_from_checkpoint={out / 'checkpoint-2'}"]) == 2
 
 
+@pytest.mark.trains
 def test_a_run_killed_before_its_first_checkpoint_starts_over(tiny_run_config, tmp_path, straight, capsys):
     """kill -9 before the first save leaves rows and a config but no checkpoint: a fresh start is
     refused (the directory holds a run), and resume=true starts it over, with nothing to delete."""
@@ -136,6 +140,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over(tiny_run_config, t
     _same_run(out, straight)
 
 
+@pytest.mark.trains
 def test_a_ctrl_c_before_anything_is_written_keeps_the_directory_for_resume(tiny_run_config, tmp_path, straight,
                                                                           monkeypatch, capsys):
     """Ctrl-C while the model loads: the directory stays (an error there would remove it), so the
@@ -180,6 +185,7 @@ def _disk_full_on_save(monkeypatch, at: int):
     monkeypatch.setattr(checkpoint.torch, "save", save)
 
 
+@pytest.mark.trains
 def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tiny_model_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     _disk_full_on_save(monkeypatch, at=2)  # checkpoint-4
@@ -190,6 +196,7 @@ def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tiny_model_di
     assert verify(out / "checkpoint-2") is None and not (out / "checkpoint-4").exists() and not list(out.glob(".checkpoint-*"))
 
 
+@pytest.mark.trains
 def test_on_save_error_continue_trains_on_without_that_checkpoint(tiny_run_config, tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     _disk_full_on_save(monkeypatch, at=1)  # checkpoint-2
@@ -198,6 +205,7 @@ def test_on_save_error_continue_trains_on_without_that_checkpoint(tiny_run_confi
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"] and (out / "config.json").is_file()
 
 
+@pytest.mark.trains
 def test_the_final_model_is_moved_in_with_its_config_last(tiny_run_config, tmp_path, monkeypatch):
     import rlvr.rundir as run
 
@@ -211,6 +219,8 @@ def test_the_final_model_is_moved_in_with_its_config_last(tiny_run_config, tmp_p
     assert not (out / ".final.tmp").exists()
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_one_run_per_directory(tiny_model_dir, tiny_run_config, tmp_path, capsys):
     """A second writer is refused with the first one's PID; a lock left by a dead process is taken over."""
     import os
@@ -237,6 +247,7 @@ def test_one_run_per_directory(tiny_model_dir, tiny_run_config, tmp_path, capsys
     assert (out / LOCK).read_text() == ""  # released at the end
 
 
+@pytest.mark.trains
 def test_resume_refuses_settings_that_change_the_run_unless_told(tiny_model_dir, tiny_run_config, tmp_path, capsys):
     out = tmp_path / "run"
     train(tiny_run_config(out, max_steps=2))
@@ -286,6 +297,7 @@ def _checkpoint_steps(out) -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
 
 
+@pytest.mark.trains
 def test_save_strategy_epoch_saves_after_each_pass_over_the_prompts(tiny_run_config, tmp_path):
     """5 train prompts, 2 a step: passes complete at steps 3 (6 taken) and 5 (10), then the last step."""
     out = tmp_path / "run"
@@ -294,6 +306,7 @@ def test_save_strategy_epoch_saves_after_each_pass_over_the_prompts(tiny_run_con
     assert _checkpoint_steps(out) == [3, 5, 6]
 
 
+@pytest.mark.trains
 def test_save_strategy_no_keeps_no_checkpoint_but_the_final_model(tiny_run_config, tmp_path, capsys):
     from rlvr.checkpoint import CheckpointError
 
@@ -306,6 +319,7 @@ def test_save_strategy_no_keeps_no_checkpoint_but_the_final_model(tiny_run_confi
     assert [r["step"] for r in _rows(out)] == [1, 2, 3, 4]  # its logs are kept
 
 
+@pytest.mark.trains
 def test_save_strategy_no_still_saves_a_stopped_run_which_resumes_exactly(tiny_run_config, tmp_path, monkeypatch, straight):
     import os
     import signal
@@ -358,6 +372,7 @@ def _disk_full_in_safetensors(monkeypatch, at: int):
     monkeypatch.setattr(modeling, "safe_save_file", save)
 
 
+@pytest.mark.trains
 def test_a_full_disk_in_model_safetensors_is_one_line_and_honours_on_save_error(tiny_model_dir, tiny_run_config, tmp_path,
                                                                                 monkeypatch, capsys):
     out = tmp_path / "run"
@@ -374,6 +389,7 @@ def test_a_full_disk_in_model_safetensors_is_one_line_and_honours_on_save_error(
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"] and (out / "config.json").is_file()
 
 
+@pytest.mark.trains
 def test_a_full_disk_in_the_logs_stops_in_one_line_or_keeps_the_rows(tiny_model_dir, tiny_run_config, tmp_path, monkeypatch,
                                                                       capsys):
     """metrics.jsonl cannot be written at steps 2 and 3: on_save_error=stop ends the run in one

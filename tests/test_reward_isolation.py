@@ -48,6 +48,7 @@ def _running(pid: int, wait: float = 5.0) -> bool:
         time.sleep(0.05)
 
 
+@pytest.mark.processes
 def test_a_reward_stuck_in_c_code_is_stopped_at_reward_timeout(tmp_path, caplog):
     rewards = _rewards(tmp_path, """
         import re
@@ -61,6 +62,7 @@ def test_a_reward_stuck_in_c_code_is_stopped_at_reward_timeout(tmp_path, caplog)
     assert "reward function 'f' ran past reward_timeout=1 s" in caplog.text
 
 
+@pytest.mark.processes
 def test_a_bare_except_does_not_keep_a_reward_past_its_timeout(tmp_path):
     rewards = _rewards(tmp_path, """
         import time
@@ -76,6 +78,7 @@ def test_a_bare_except_does_not_keep_a_reward_past_its_timeout(tmp_path):
     assert scores.counters["f"]["timeouts"] == 2 and scores.per_func["f"] == [None, None]  # stopped, not returned
 
 
+@pytest.mark.processes
 def test_what_a_reward_started_is_killed_with_it(tmp_path):
     pid_file = tmp_path / "sleep.pid"
     rewards = _rewards(tmp_path, f"""
@@ -90,6 +93,7 @@ def test_what_a_reward_started_is_killed_with_it(tmp_path):
     assert not _running(int(pid_file.read_text()))
 
 
+@pytest.mark.processes
 def test_sys_exit_and_keyboard_interrupt_in_a_reward_are_errors_naming_it(tmp_path):
     with pytest.raises(RewardError, match=r"^reward function 'f' called sys\.exit\(3\)$"):
         _score(_rewards(tmp_path, "import sys\ndef f(completions, **kwargs):\n    sys.exit(3)\n"))
@@ -97,18 +101,21 @@ def test_sys_exit_and_keyboard_interrupt_in_a_reward_are_errors_naming_it(tmp_pa
         _score(_rewards(tmp_path, "def g(completions, **kwargs):\n    raise KeyboardInterrupt\n", name="g"))
 
 
+@pytest.mark.processes
 def test_an_exception_keeps_its_message_and_the_functions_traceback(tmp_path):
     with pytest.raises(RewardError, match=r"^reward function 'f' raised KeyError: 'answer'$") as raised:
         _score(_rewards(tmp_path, "def f(completions, **kwargs):\n    return {}['answer']\n"))
     assert 'f.py", line 2, in f' in str(raised.value.__cause__)  # chained: the user's own line
 
 
+@pytest.mark.processes
 def test_a_cuda_error_in_the_worker_says_to_run_inline(tmp_path):
     body = "def f(completions, **kwargs):\n    raise RuntimeError('Cannot re-initialize CUDA in forked subprocess')\n"
     with pytest.raises(RewardError, match="set reward_isolation=inline"):
         _score(_rewards(tmp_path, body))
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("body, how", [
     ("import os\ndef f(completions, **kwargs):\n    os._exit(7)\n", "exited with code 7"),
     ("import os, signal\ndef f(completions, **kwargs):\n    os.kill(os.getpid(), signal.SIGKILL)\n",  # as the OOM killer
@@ -119,6 +126,7 @@ def test_a_worker_that_dies_is_an_error_not_a_hang(tmp_path, body, how):
         _score(_rewards(tmp_path, body))  # no reward_timeout: only the worker's end can stop the wait
 
 
+@pytest.mark.processes
 def test_a_closure_over_local_state_runs_in_the_worker(tmp_path):
     lock, offset, seen = threading.Lock(), 0.5, []  # neither the lock nor the closure can be pickled
 
@@ -133,6 +141,7 @@ def test_a_closure_over_local_state_runs_in_the_worker(tmp_path):
     assert _score(RewardSet([name], isolation="inline")).per_func[name] == [12.5, 12.5] and seen == [2]
 
 
+@pytest.mark.processes
 def test_the_worker_is_reused_and_replaced_after_a_kill(tmp_path):
     pids, slow = tmp_path / "pids", tmp_path / "slow"
 
@@ -156,6 +165,7 @@ def test_the_worker_is_reused_and_replaced_after_a_kill(tmp_path):
     assert not _running(fresh)
 
 
+@pytest.mark.processes
 def test_ctrl_c_is_the_trainers_not_the_workers(tmp_path):
     rewards = _rewards(tmp_path, """
         import os, signal
@@ -174,6 +184,7 @@ def test_inline_runs_in_the_trainers_process_with_the_signal_deadline(tmp_path):
     assert _score(rewards).counters["f"]["timeouts"] == 2
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("end", ["exit", "kill -9"])
 def test_the_worker_ends_with_the_trainer(tmp_path, end):
     """A script scores once (its reward leaves a `sleep` running), then exits or is killed: the worker
@@ -212,6 +223,7 @@ def test_reward_isolation_is_a_setting_checked_before_the_model_loads():
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.processes
 def test_a_reward_using_cuda_after_the_trainer_did_is_told_to_run_inline(tmp_path):
     import torch
 

@@ -20,6 +20,7 @@ def test_weighted_total_and_per_function_scores():
     assert scores.total == pytest.approx([1.2, 0.2, 0.0])
 
 
+@pytest.mark.processes
 def test_none_is_left_out_of_the_mean_and_counts_zero_in_the_total(tmp_path):
     plugin = tmp_path / "my_rewards.py"
     plugin.write_text(
@@ -33,6 +34,7 @@ def test_none_is_left_out_of_the_mean_and_counts_zero_in_the_total(tmp_path):
     assert scores.total == [3.0, 0.0]
 
 
+@pytest.mark.processes
 def test_columns_and_chat_completions_reach_user_functions(tmp_path):
     """The function runs in a worker process (reward_isolation=process): it writes what it saw to a file."""
     plugin = tmp_path / "cols.py"
@@ -57,6 +59,7 @@ def test_dotted_module_path():
     assert resolve_reward("rlvr.rewards.math:accuracy") is REWARDS["accuracy"]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "body,message",
     [
@@ -88,6 +91,7 @@ def _batch_of(values_source: str, tmp_path, name="f", **kwargs):
     return rs.score_groups([Example("p", "1")], [[rollout("a"), rollout("\\boxed{1}"), rollout("c")]])
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "source, expected",
     [
@@ -105,6 +109,7 @@ def test_numpy_and_torch_scores_are_taken(source, expected, tmp_path):
     assert scores.total == [(e or 0.0) + 0.5 * b for e, b in zip(expected, boxed)]
 
 
+@pytest.mark.processes
 def test_a_function_with_no_score_for_anything_is_not_applicable(tmp_path):
     plugin = tmp_path / "none.py"
     plugin.write_text("def none(completions, **kwargs):\n    return [None] * len(completions)\n")
@@ -113,6 +118,7 @@ def test_a_function_with_no_score_for_anything_is_not_applicable(tmp_path):
     assert scores.mean("none") != scores.mean("none")  # NaN: no score to average
 
 
+@pytest.mark.processes
 def test_a_slow_reward_function_is_stopped_at_reward_timeout(tmp_path, caplog):
     import time
 

@@ -73,6 +73,7 @@ def calculator_model(monkeypatch):
     monkeypatch.setattr(rlvr.rollout.engine, "make_sampler", lambda model, tokenizer, *a, **k: CallsTheCalculator(tokenizer))
 
 
+@pytest.mark.trains
 def test_sample_of_a_run_trained_with_tools_calls_them(tools_run, calculator_model, capsys):
     """Before the one path, `rlvr sample` sampled one turn without the run's tools: the completion
     was the call itself, never answered, and scored 0."""
@@ -83,6 +84,7 @@ def test_sample_of_a_run_trained_with_tools_calls_them(tools_run, calculator_mod
     assert out.count("[assistant] \\boxed{42}") == 2 and out.count("reward 1 ") == 2
 
 
+@pytest.mark.trains
 def test_eval_of_a_run_trained_with_tools_calls_them(tools_run, calculator_model, tmp_path):
     out = tmp_path / "eval.json"
     assert cli.main(["eval", f"model={tools_run}", f"eval_output={out}"]) == 0

@@ -106,12 +106,14 @@ def method(request, monkeypatch):
 
 # --- it works ---------------------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_runs_a_program_with_stdin_and_captures_its_output():
     result = run("import sys\nname = input()\nprint('hello', name)\nprint('oops', file=sys.stderr)\nsys.exit(3)", stdin="bob\n")
     assert (result.returncode, result.stdout, result.stderr, result.timed_out) == (3, "hello bob\n", "oops\n", False)
     assert result.duration < 2
 
 
+@pytest.mark.processes
 def test_large_stdin_and_output_do_not_deadlock():
     data = "x" * (5 << 20)
     result = run("import sys\ndata = sys.stdin.read()\nprint(len(data))\nsys.stdout.write('y' * 500_000)",
@@ -119,6 +121,7 @@ def test_large_stdin_and_output_do_not_deadlock():
     assert result.stdout.startswith(f"{len(data)}\n") and len(result.stdout) == len(f"{len(data)}\n") + 500_000
 
 
+@pytest.mark.processes
 def test_runs_in_parallel():
     start = time.monotonic()
     results = run_many(["import time; time.sleep(0.5); print(7)"] * 8, limits=FAST, max_workers=8)
@@ -126,6 +129,7 @@ def test_runs_in_parallel():
     assert time.monotonic() - start < 3  # not 8 x 0.5 s one after the other
 
 
+@pytest.mark.processes
 def test_no_privileges(method):
     result = run("""
         import os
@@ -138,6 +142,7 @@ def test_no_privileges(method):
     assert len(eval(lines[1])) <= 3  # only the namespace's init and us
 
 
+@pytest.mark.processes
 def test_environment_does_not_leak(monkeypatch):
     monkeypatch.setenv("RLVR_TEST_SECRET", "hunter2")
     result = run("import os; print(sorted(os.environ))")
@@ -146,6 +151,7 @@ def test_environment_does_not_leak(monkeypatch):
 
 # --- time ---------------------------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_programs_are_stopped_at_the_wall_clock_timeout():
     programs = [
         "while True:\n    pass",  # an infinite loop
@@ -160,6 +166,7 @@ def test_programs_are_stopped_at_the_wall_clock_timeout():
     assert results[1].stdout == "start\n"
 
 
+@pytest.mark.processes
 def test_cpu_time_limit():
     result = run("while True:\n    pass", limits=SandboxLimits(timeout=20, cpu_time=1), bound=4)
     assert not result.timed_out and result.returncode != 0  # killed by SIGXCPU / SIGKILL after ~1 s of CPU
@@ -167,6 +174,7 @@ def test_cpu_time_limit():
 
 # --- processes ---------------------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_fork_bomb_hits_the_process_limit(method):
     result = run("""
         import os, time
@@ -184,6 +192,7 @@ def test_fork_bomb_hits_the_process_limit(method):
     assert forked < 16 and errno == 11  # EAGAIN; the sleeping children die with the sandbox
 
 
+@pytest.mark.processes
 def test_exponential_fork_bomb_is_contained():
     result = run("""
         import os
@@ -196,6 +205,7 @@ def test_exponential_fork_bomb_is_contained():
     assert result.timed_out
 
 
+@pytest.mark.processes
 def test_thread_bomb_hits_the_process_limit():
     result = run("""
         import threading, time
@@ -210,6 +220,7 @@ def test_thread_bomb_hits_the_process_limit():
     assert int(result.stdout) < 16
 
 
+@pytest.mark.processes
 def test_fork_bomb_does_not_starve_a_parallel_sandbox():
     bomb = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)"
     polite = "import os, time\ntime.sleep(0.5)\npids = [os.fork() or os._exit(0) for _ in range(8)]\nprint(len(pids))"
@@ -217,6 +228,7 @@ def test_fork_bomb_does_not_starve_a_parallel_sandbox():
     assert results[1].stdout == "8\n"  # each sandbox counts its own processes
 
 
+@pytest.mark.processes
 def test_setsid_double_fork_escape_dies_with_the_sandbox(method, tmp_path):
     marker = f"rlvr-escape-{os.getpid()}-{time.monotonic_ns()}"
     loop = f"import os, time\nwhile True:\n    for d in ({str(tmp_path)!r}, '/tmp'):\n        try:\n            open(d + '/escaped', 'a').write('x')\n        except OSError:\n            pass\n    time.sleep(0.1)"
@@ -253,6 +265,7 @@ def test_setsid_double_fork_escape_dies_with_the_sandbox(method, tmp_path):
     assert list(tmp_path.iterdir()) == []  # it never wrote into the host directory, not even after the run
 
 
+@pytest.mark.processes
 def test_killing_the_parent_or_everything_harms_only_the_sandbox():
     result = run("import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError:\n    pass\nprint('still here')")
     assert result.stdout == "still here\n"  # the namespace's init is not ours to kill, or ignores it
@@ -260,6 +273,7 @@ def test_killing_the_parent_or_everything_harms_only_the_sandbox():
     assert result.stdout == "alive\n"  # every process it may signal is in the sandbox
 
 
+@pytest.mark.processes
 def test_fatal_signals_end_only_the_program():
     result = run("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
     assert result.returncode == 128 + 11 and not result.timed_out
@@ -267,6 +281,7 @@ def test_fatal_signals_end_only_the_program():
 
 # --- memory, files, output -------------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_memory_bomb_hits_the_address_space_limit():
     result = run("""
         blocks = []
@@ -281,6 +296,7 @@ def test_memory_bomb_hits_the_address_space_limit():
     assert "MemoryError" in result.stderr
 
 
+@pytest.mark.processes
 def test_huge_file_is_cut_at_the_file_size_limit():
     result = run("""
         import signal
@@ -299,6 +315,7 @@ def test_huge_file_is_cut_at_the_file_size_limit():
     assert "File too large" in result.stderr  # Python ignores SIGXFSZ: the write fails
 
 
+@pytest.mark.processes
 def test_disk_is_capped():
     result = run("""
         written = 0
@@ -314,11 +331,13 @@ def test_disk_is_capped():
     assert written <= 32 and errno == 28  # ENOSPC
 
 
+@pytest.mark.processes
 def test_huge_stdout_is_truncated_and_stopped():
     result = run("while True:\n    print('x' * 1000)", limits=SandboxLimits(timeout=20, output=1 << 20), bound=5)
     assert result.truncated and not result.timed_out and len(result.stdout) == 1 << 20
 
 
+@pytest.mark.processes
 def test_too_many_open_files():
     result = run("""
         files = []
@@ -332,11 +351,13 @@ def test_too_many_open_files():
     assert opened < 64 and errno == 24  # EMFILE
 
 
+@pytest.mark.processes
 def test_non_utf8_output():
     result = run("import sys\nsys.stdout.buffer.write(b'ok \\xff\\xfe\\x80 done')")
     assert result.stdout == "ok \ufffd\ufffd\ufffd done"
 
 
+@pytest.mark.processes
 def test_ctypes_crash_and_recursion_bomb_end_only_the_program():
     result = run("import ctypes\nctypes.string_at(0)")
     assert result.returncode == 128 + 11  # SIGSEGV
@@ -348,6 +369,7 @@ def test_ctypes_crash_and_recursion_bomb_end_only_the_program():
 
 # --- the host's files and network ------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_host_files_are_invisible(method, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("the password")
@@ -365,6 +387,7 @@ def test_host_files_are_invisible(method, tmp_path):
     assert set(eval(lines[-1])) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "root", "sandbox", "sbin", "tmp", "usr", "opt"}
 
 
+@pytest.mark.processes
 def test_cannot_write_or_delete_outside_tmp(method):
     python_dir = os.path.dirname(sandbox._interpreter())
     before = sorted(os.listdir(python_dir))
@@ -403,6 +426,7 @@ def _host_addresses() -> list[str]:
     return addresses
 
 
+@pytest.mark.processes
 def test_host_network_is_unreachable(method):
     connections = []
     server = socket.socket()
@@ -444,6 +468,7 @@ def test_host_network_is_unreachable(method):
     assert connections == []
 
 
+@pytest.mark.processes
 def test_listening_inside_is_invisible_to_the_host():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -475,6 +500,7 @@ def test_refuses_to_run_without_isolation(monkeypatch):
         run_many(["print(1)"])
 
 
+@pytest.mark.processes
 def test_unisolated_mode_is_an_explicit_opt_in_that_warns_once(monkeypatch, caplog):
     monkeypatch.setitem(sandbox._detected, "method", None)
     monkeypatch.setitem(sandbox._detected, "warned", False)
@@ -485,6 +511,7 @@ def test_unisolated_mode_is_an_explicit_opt_in_that_warns_once(monkeypatch, capl
     assert len([r for r in caplog.records if "WITHOUT a sandbox" in r.message]) == 1
 
 
+@pytest.mark.processes
 def test_detection_tries_the_next_method(monkeypatch):
     real_which = sandbox.shutil.which
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None if name == "bwrap" else real_which(name))
@@ -495,6 +522,7 @@ def test_detection_tries_the_next_method(monkeypatch):
     assert sandbox._detect() == (None, ["bwrap: not installed", "unshare: not installed"])
 
 
+@pytest.mark.processes
 def test_the_kernel_keyrings_are_out_of_reach(method):
     """A new uid keeps the session keyring: without the filter the program read (and could revoke)
     a key the trainer holds.  Now every keyring call is refused."""
@@ -517,6 +545,7 @@ def test_the_kernel_keyrings_are_out_of_reach(method):
         libc.syscall(250, 3, key, 0, 0, 0)  # KEYCTL_REVOKE our test key
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("route", ["memfd", "shm", "msg"])
 def test_memory_outside_the_address_space_limit_is_refused(method, route):
     """1 GB through memfd_create or SysV shared memory would belong to no process, so RLIMIT_AS
@@ -531,6 +560,7 @@ def test_memory_outside_the_address_space_limit_is_refused(method, route):
     assert "Operation not permitted" in result.stderr or result.stdout.strip() == "1", result  # EPERM
 
 
+@pytest.mark.processes
 def test_no_zombie_is_left_when_the_trainer_is_a_subreaper():
     """As PID 1 of a container (or a subreaper), orphans are ours to reap: sandboxes stopped at their
     time or output limit must leave no zombie init behind."""

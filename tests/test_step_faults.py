@@ -24,7 +24,7 @@ from rlvr.alerts import AlertMonitor
 from rlvr.run import train
 from rlvr.trainer import Trainer
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.trains]
 LOGS = ("metrics.jsonl", "completions.jsonl", "alerts.jsonl")
 FAULT_STEP = 5
 

@@ -127,8 +127,16 @@ def test_dataset_errors_name_the_problem(tmp_path):
 
 
 def test_unreachable_hub_dataset_is_a_clear_error(monkeypatch):
+    import datasets.config
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    # the libraries read these variables once, at import: an earlier test may have imported them already,
+    # and then the lookup would go to the network and wait for its timeouts
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(DatasetError, match="could not load dataset 'someone/not-here'"):
         _splits(_cfg(dataset="someone/not-here"))
 

@@ -68,6 +68,7 @@ def _cfg(tiny_run_config, out, **kw):
     return tiny_run_config(out, **{"max_steps": 6, "save_steps": 2, **kw})
 
 
+@pytest.mark.trains
 def test_resuming_from_an_older_checkpoint_starts_a_new_timeline(tiny_run_config, tmp_path, monkeypatch, capsys):
     """A finished 6-step run is taken back to checkpoint-2 with a lower learning rate; that run is
     stopped after step 4, then continued with resume=true.  It must continue its own step 4 (not
@@ -99,6 +100,7 @@ def test_resuming_from_an_older_checkpoint_starts_a_new_timeline(tiny_run_config
     assert _rows(aside / "metrics.jsonl") == old_rows[2:]  # the abandoned rows, set aside, not lost
 
 
+@pytest.mark.trains
 def test_resume_true_after_a_stop_sets_nothing_aside(tiny_run_config, tmp_path, monkeypatch):
     out = tmp_path / "run"
     with _stopped_after(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
@@ -109,6 +111,7 @@ def test_resume_true_after_a_stop_sets_nothing_aside(tiny_run_config, tmp_path, 
 
 # --- every load verifies ------------------------------------------------------------------------
 
+@pytest.mark.trains
 def test_a_checkpoint_without_a_manifest_is_trusted_only_when_told(tiny_run_config, tmp_path, capsys):
     out = tmp_path / "run"
     train(_cfg(tiny_run_config, out, max_steps=4))
@@ -125,6 +128,7 @@ def test_a_checkpoint_without_a_manifest_is_trusted_only_when_told(tiny_run_conf
     assert "skipping checkpoint-4: no manifest.json" in said and "resumed from " + str(out / "checkpoint-2") in said
 
 
+@pytest.mark.trains
 def test_a_shard_the_manifest_does_not_list_is_refused(tiny_run_config, tmp_path):
     out = tmp_path / "run"
     train(_cfg(tiny_run_config, out, max_steps=2))
@@ -140,6 +144,7 @@ def _flip_a_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.trains
 def test_model_a_run_verifies_its_checkpoint_for_eval_sample_and_train(tiny_model_dir, tiny_run_config, tmp_path, capsys):
     """A run without its final model: `model=<run>` takes the newest checkpoint that verifies,
     naming the one it skips; with none left it refuses in one line (a flipped byte used to load)."""
@@ -161,6 +166,7 @@ def test_model_a_run_verifies_its_checkpoint_for_eval_sample_and_train(tiny_mode
     assert "checkpoint-2: model.safetensors does not match its SHA-256" in capsys.readouterr().err
 
 
+@pytest.mark.trains
 def test_resume_override_onto_another_model_is_one_line(tiny_model_dir, tmp_path, capsys):
     """The tiny model's checkpoint resumed with resume_override=true and a model of other shapes."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -185,6 +191,7 @@ def test_resume_override_onto_another_model_is_one_line(tiny_model_dir, tmp_path
 
 # --- the run's lock ----------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_a_child_forked_by_the_run_does_not_keep_its_lock(tmp_path):
     """A reward function's forked child outlives the trainer, which was killed: resume must not be
     refused as 'in use' while that child lives."""

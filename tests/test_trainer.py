@@ -81,9 +81,16 @@ def test_generate_leaves_zero_std_groups_out(tiny, tmp_path, monkeypatch):
 def test_second_iteration_uses_old_logprobs(tiny, tmp_path):
     trainer = make_trainer(tiny, tmp_path, num_iterations=2, learning_rate=5e-2, per_device_train_batch_size=4)
     batch = make_batch(trainer)
+    with torch.no_grad():
+        before = trainer.logprobs.in_chunks(trainer.model, batch)  # the sampling policy's log-probs
     trainer.updater.prepare(batch)
-    assert batch.old_logprobs is not None and batch.ref_logprobs is None  # beta = 0 loads no reference
+    assert batch.ref_logprobs is None  # beta = 0 loads no reference
+    assert torch.allclose(batch.old_logprobs, before, atol=1e-6)  # the old log-probs are the pre-update policy's
     first = trainer.update(batch)
+    with torch.no_grad():
+        moved = trainer.logprobs.in_chunks(trainer.model, batch)
+    assert (moved - before).abs().max() > 1e-3  # the step changed the policy ...
+    assert torch.allclose(batch.old_logprobs, before, atol=1e-6)  # ... and the old log-probs stayed those of the old policy
     second = trainer.update(batch)
     # on the first pass the policy is the old policy (ratio 1, nothing clipped); after a large
     # step the ratio has moved away from 1 and the clipped loss differs from plain PG
@@ -207,6 +214,7 @@ def test_a_batch_moves_whole_to_the_models_device(tiny, tmp_path):
     assert moved.old_logprobs is None and moved.group_ids is None
 
 
+@pytest.mark.trains
 def test_steps_per_generation_splits_one_generation_over_optimizer_steps(tiny, tmp_path, monkeypatch):
     """TRL's steps_per_generation = 2 x gradient_accumulation_steps: one generation of 8 completions
     feeds two optimizer steps of 4, the second against the old log-probs of the first's weights."""

@@ -49,6 +49,7 @@ def test_an_sft_step_from_the_parts_alone_learns_the_target():
     assert all(b > a for a, b in zip(seen, seen[1:])), seen
 
 
+@pytest.mark.processes
 def test_the_reusable_parts_do_not_import_the_trainer():
     code = ("import sys, rlvr.update, rlvr.logprobs, rlvr.reference; "
             "print(sorted(m for m in ('rlvr.trainer', 'rlvr.rollout.generation', 'rlvr.run') if m in sys.modules))")

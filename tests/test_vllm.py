@@ -204,26 +204,32 @@ def check_multiturn(sampler, policy):
 
 
 @needs_vllm
+@pytest.mark.trains
 def test_colocate_samples_multi_turn_rollouts(colocate, policy):
     check_multiturn(colocate, policy)
 
 
 @needs_vllm
+@pytest.mark.trains
+@pytest.mark.processes
 def test_server_samples_multi_turn_rollouts(server, policy):
     check_multiturn(server, policy)
 
 
 @needs_vllm
+@pytest.mark.trains
 def test_colocate_samples_with_the_trainers_logprobs(colocate, policy):
     check_sampling(colocate, policy)
 
 
 @needs_vllm
+@pytest.mark.trains
 def test_colocate_weight_push_changes_what_vllm_samples(colocate, policy):
     check_weight_push(colocate, policy)
 
 
 @needs_vllm
+@pytest.mark.trains
 def test_colocate_applies_the_repetition_penalty_as_the_trainers_sampler_does(colocate, policy):
     """Greedy with a repetition penalty over the prompt and completion: vLLM's tokens are rlvr's own."""
     from rlvr.rollout.engine import make_sampler
@@ -236,11 +242,15 @@ def test_colocate_applies_the_repetition_penalty_as_the_trainers_sampler_does(co
 
 
 @needs_vllm
+@pytest.mark.trains
+@pytest.mark.processes
 def test_server_samples_with_the_trainers_logprobs(server, policy):
     check_sampling(server, policy)
 
 
 @needs_vllm
+@pytest.mark.trains
+@pytest.mark.processes
 def test_server_weight_push_changes_what_vllm_samples(server, policy):
     health = lambda: server.servers[0].call("GET", "/health")  # noqa: E731
     before = health()["weight_updates"]
@@ -358,6 +368,8 @@ def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
 
 @needs_vllm
 @pytest.mark.slow
+@pytest.mark.trains
+@pytest.mark.processes
 @pytest.mark.parametrize("max_staleness", [0, 1])
 def test_rlvr_train_with_vllm_colocate(tmp_path, max_staleness):
     """Two steps from the command line: vLLM samples, the update sees its log-probs (per-token truncated

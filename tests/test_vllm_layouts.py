@@ -25,7 +25,7 @@ needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
     reason="vLLM is not installed here; run in the vLLM environment: make vllm && .venv-vllm/bin/python -m pytest tests/test_vllm_layouts.py",
 )
-pytestmark = [needs_vllm, pytest.mark.slow]
+pytestmark = [needs_vllm, pytest.mark.slow, pytest.mark.trains, pytest.mark.processes]
 KV_GB = 0.25
 REWARD = f"{Path(__file__).parents[1] / 'benchmarks' / 'speed.py'}:bench_reward"  # every group has signal
 SETTINGS = ["use_vllm=true", "max_steps=3", "num_generations=4", "per_device_train_batch_size=8", "gradient_accumulation_steps=2",

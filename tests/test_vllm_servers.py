@@ -44,7 +44,7 @@ class Running:
         self.engine = engine
         self.server = VLLMServer(engine, "127.0.0.1", port, relay_timeout=5.0)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
     def stop(self):
         self.server.shutdown()
@@ -303,7 +303,7 @@ def test_a_server_that_cannot_join_the_group_makes_the_weights_go_over_http(serv
     servers[1].stop()
     odd = VLLMServer(RecordingEngine(), "127.0.0.1", 0, relay_timeout=5.0)
     odd.RequestHandlerClass = NoJoinHandler
-    threading.Thread(target=odd.serve_forever, daemon=True).start()
+    threading.Thread(target=odd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     url = f"http://127.0.0.1:{odd.server_address[1]}"
     try:
         pool = VLLMServers([servers[0].url, url], TOKENIZER, [2], timeout=2, transfer="collective")

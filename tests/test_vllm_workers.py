@@ -23,7 +23,7 @@ needs_vllm = pytest.mark.skipif(
     reason="vLLM or Ray is not installed here; run in the vLLM environment: "
            "make vllm && .venv-vllm/bin/python -m pytest tests/test_vllm_workers.py",
 )
-pytestmark = [needs_vllm, pytest.mark.slow]
+pytestmark = [needs_vllm, pytest.mark.slow, pytest.mark.trains, pytest.mark.processes]
 
 QUESTIONS = [("What is 3 + 5?", "8"), ("What is 7 - 9?", "-2"), ("What is 6 * 7?", "42"),
              ("What is 12 / 4?", "3"), ("What is 2 to the power 5?", "32"), ("What is 10 + 15?", "25")]

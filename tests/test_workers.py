@@ -114,6 +114,8 @@ def reference(tiny_model_dir, reward_file, tmp_path_factory):
     return run(make_trainer(tiny_model_dir, reward_file, tmp_path_factory.mktemp("local"), workers=0))
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 @pytest.mark.parametrize("workers", [1, 2])
 def test_workers_sample_and_score_what_the_in_process_path_does(ray_cluster, tiny_model_dir, reward_file, tmp_path, reference, workers):
     trainer = make_trainer(tiny_model_dir, reward_file, tmp_path, workers)
@@ -141,6 +143,8 @@ def lora_reference(tiny_model_dir, reward_file, tmp_path_factory):
     return run(make_trainer(tiny_model_dir, reward_file, tmp_path_factory.mktemp("local-lora"), workers=0, lora=True))
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_lora_workers_sample_and_score_what_the_in_process_path_does(ray_cluster, tiny_model_dir, reward_file, tmp_path,
                                                                      lora_reference, reference):
     """use_peft with 2 workers: each holds a peft model built once from the trainer's state and is
@@ -167,6 +171,8 @@ def test_lora_workers_sample_and_score_what_the_in_process_path_does(ray_cluster
     assert got["metrics"]["workers/replacements"] == 0 and got["metrics"]["workers/weight_sync_seconds"] > 0
 
 
+@pytest.mark.trains
+@pytest.mark.processes
 def test_killed_workers_are_replaced_and_their_groups_retried_once(ray_cluster, tiny_model_dir, reward_file, tmp_path, reference):
     _, flag = reward_file
     trainer = make_trainer(tiny_model_dir, reward_file, tmp_path, workers=2)

@@ -39,6 +39,7 @@ def test_the_last_number_counts_only_when_it_stands_whole():
     assert _mismatches(FINAL_NUMBER, final_number=True) == []
 
 
+@pytest.mark.processes
 def test_check_reward_agrees_on_the_whole_suite(tmp_path, capsys):
     path = tmp_path / "cases.jsonl"
     path.write_text("".join(json.dumps({"completion": c, "answer": r, "label": label, "class": name}) + "\n"
@@ -59,6 +60,7 @@ SUFFIXES = [
 ]
 
 
+@pytest.mark.processes
 def test_text_after_the_answer_changes_no_verdict():
     """Appending words (no new answer) after the answer: wrong stays wrong, right stays right."""
     base = [(r, c, label) for name, r, c, label in all_cases() if name not in ("hostile", "stated") and len(c) < 1000]

@@ -8,6 +8,8 @@ import pytest
 
 from rlvr.rewards.pool import ERROR, TIMEOUT, WorkerPool
 
+pytestmark = pytest.mark.processes
+
 
 def nap(seconds):
     time.sleep(seconds)
