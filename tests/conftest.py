@@ -30,7 +30,21 @@ def pytest_configure(config):
     """Everything the tests and the libraries under them write to a temporary directory (pytest's
     tmp_path, torchrun's logs, Ray's sessions, the inductor cache, vLLM's files) goes to one
     directory, removed when the session ends: CI's /tmp is left as it was found. Set
-    RLVR_KEEP_TMP=1 to keep it for a look at a failure."""
+    RLVR_KEEP_TMP=1 to keep it for a look at a failure.
+
+    `make test` runs the suite in two pytest-xdist workers (`-n 2`), one per core, each with one torch
+    thread: the tiny models gain nothing from a second thread (the training tests took 74 s with two
+    threads and 74 s with one), so two tests side by side halve the time. A worker, started by the
+    main process after this hook ran there, writes to a folder of its own in that directory (tests look
+    for what they left behind there); Ray's sessions stay at the top, its socket paths must be short."""
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"  # and the processes the tests start
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        own = os.path.join(os.environ["TMPDIR"], worker)
+        os.makedirs(own, exist_ok=True)
+        os.environ["TMPDIR"] = tempfile.tempdir = own
+        return
     root = tempfile.mkdtemp(prefix="rlvr-tests-")
     os.environ.update(TMPDIR=root, RAY_TMPDIR=root, TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"))
     tempfile.tempdir = root

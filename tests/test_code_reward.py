@@ -368,8 +368,8 @@ def test_reading_for_the_answers_finds_nothing():
 
 def test_huge_completions_are_not_run():
     start = time.monotonic()
-    assert score(["    return a + b\n" + "#" * (10 << 20)]) == [0.0]
-    assert time.monotonic() - start < 2
+    assert score(["    return a + b\n" + "#" * (10 << 20)]) == [0.0]  # run, it would pass and score 1
+    assert time.monotonic() - start < 10
 
 
 @pytest.mark.processes

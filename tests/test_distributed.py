@@ -141,28 +141,21 @@ def test_a_rank_without_signal_takes_part_without_hanging(tiny_model_dir, tmp_pa
     assert max((end[k] - start[k]).abs().max().item() for k in end) > 1e-3
 
 
-@pytest.mark.slow  # three launches: about a minute on two shared cores
+@pytest.mark.slow  # two launches
 @pytest.mark.trains
 @pytest.mark.processes
-def test_fsdp_trains_to_the_weights_of_one_process_and_resumes_exactly(tiny_model_dir, tmp_path):
+def test_fsdp_trains_to_the_weights_of_one_process(tiny_model_dir, tmp_path):
+    """Resuming a sharded run (the full weights and the optimizer state gathered from both ranks, then
+    scattered again) is checked by the FSDP tests with sampling ahead and with LoRA below."""
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)
     _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo"), processes=1, generic=True)
-    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo") + ["fsdp=true", "save_steps=2"], processes=2)
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo") + ["fsdp=true"], processes=2)
     start, one, two = _weights(tiny_model_dir), _weights(tmp_path / "one"), _weights(tmp_path / "fsdp")
     assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-3
     gap = max((one[k] - two[k]).abs().max().item() for k in one)
     assert gap < 1e-5, gap  # measured: about 1e-7
     assert [m["grad_norm"] for m in _metrics(tmp_path / "one")] == pytest.approx([m["grad_norm"] for m in _metrics(tmp_path / "fsdp")], rel=1e-5)
-    # The checkpoint holds the full weights and the optimizer state gathered from both ranks.
-    (tmp_path / "fsdp" / "model.safetensors").unlink()
-    for stale in ("checkpoint-3", "metrics.jsonl"):
-        path = tmp_path / "fsdp" / stale
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo") + ["fsdp=true", "save_steps=2", "resume=true"]
-    _run(args, processes=2)
-    resumed = _weights(tmp_path / "fsdp")
-    assert max((resumed[k] - two[k]).abs().max().item() for k in two) == 0.0
 
 
 @pytest.mark.trains

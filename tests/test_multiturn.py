@@ -203,7 +203,7 @@ def test_a_tool_that_hangs_crashes_or_floods_returns_a_message_and_the_run_goes_
     box = ToolBox([hangs, crashes, floods], timeout=0.5, max_output_chars=100)
     t0 = time.perf_counter()
     out, ok = box.run(parse_tool_calls('<tool_call>{"name": "hangs", "arguments": {"seconds": 30}}</tool_call>')[0])
-    assert not ok and "ran past 0.5 s" in out and time.perf_counter() - t0 < 5
+    assert not ok and "ran past 0.5 s" in out and time.perf_counter() - t0 < 20  # not the 30 s
     out, ok = box.run(parse_tool_calls('<tool_call>{"name": "crashes", "arguments": {"x": 3}}</tool_call>')[0])
     assert (out, ok) == ("Error: ValueError: bad x 3", False)
     out, ok = box.run(parse_tool_calls('<tool_call>{"name": "floods", "arguments": {"n": 10000000}}</tool_call>')[0])

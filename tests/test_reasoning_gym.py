@@ -72,7 +72,7 @@ def test_a_scorer_that_raises_or_hangs_scores_zero_and_is_counted(monkeypatch):
     monkeypatch.setattr(dataset, "score_answer", slow)
     start = time.perf_counter()
     scores = reasoning_gym_score(["<answer>4</answer>"], timeout=0.2, **_columns(test))
-    assert scores == [0.0] and scores.timeouts == 1 and time.perf_counter() - start < 2
+    assert scores == [0.0] and scores.timeouts == 1 and time.perf_counter() - start < 8  # not the 10 s sleep
     assert check_reward_args("reasoning_gym", {"timeout": 0})[0] == "reward_args.reasoning_gym: timeout must be a positive number of seconds, got 0"
 
 

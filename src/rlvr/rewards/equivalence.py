@@ -24,8 +24,6 @@ from __future__ import annotations
 import logging
 import re
 
-from math_verify import parse, verify
-
 from rlvr.rewards.quantities import Quantity, numbers_equal, quantity, unit_name
 
 MAX_SYMBOLIC_CHARS = 1_000  # longer answers are not given to math_verify
@@ -266,7 +264,11 @@ def _split_unit(answer: str) -> tuple[str, str | None]:
 
 
 def symbolic_equal(pred: str, ref: str) -> bool:
-    """math_verify's verdict, with its own SIGALRM timeouts off: callers bound it with the worker pool."""
+    """math_verify's verdict, with its own SIGALRM timeouts off: callers bound it with the worker pool.
+    Imported here: math_verify brings sympy and an ANTLR parser (0.4 s), which a run whose rewards never
+    compare symbolically (and every process of a launch) need not load; the grading pool preloads it."""
+    from math_verify import parse, verify
+
     gold = parse(_as_latex(ref), parsing_timeout=None)
     target = parse(_as_latex(pred), parsing_timeout=None)
     if not _whole(gold, ref) or not _whole(target, pred):

@@ -188,6 +188,6 @@ def shared_pool() -> WorkerPool:
     global _shared, _shared_pid
     with _shared_lock:
         if _shared is None or _shared_pid != os.getpid():
-            _shared, _shared_pid = WorkerPool(preload=("rlvr.rewards.equivalence",)), os.getpid()
+            _shared, _shared_pid = WorkerPool(preload=("rlvr.rewards.equivalence", "math_verify")), os.getpid()
             atexit.register(_shared.close)
         return _shared
