@@ -294,7 +294,7 @@ def run_rlvr(args, cfg, recorder_for) -> None:
     import tempfile
 
     from rlvr.api import RunObjects
-    from rlvr.evaluate import evaluate_model
+    from rlvr.loop import evaluate_model
     from rlvr.models import load_model
     from rlvr.run import train
 
@@ -330,7 +330,7 @@ def run_trl(args, cfg, recorder_for) -> None:
 
     import rlvr.rollout.engine
     from rlvr.chat import to_messages
-    from rlvr.evaluate import evaluate_model
+    from rlvr.loop import evaluate_model
     from rlvr.models import resolve_model_path
     from rlvr.rewards.math import numeric_accuracy
     from rlvr.tasks import load_splits

@@ -37,11 +37,11 @@ def test_template_variables_reach_the_template(thinking_tokenizer):
 
 
 def test_training_rollouts_are_sampled_from_prompts_rendered_with_them(thinking_tokenizer, tiny_run_config, tmp_path):
-    from rlvr.rollout.stage import RolloutStage
+    from rlvr.trainer import rollout_stage
 
     model, tokenizer = thinking_tokenizer
     cfg = tiny_run_config(tmp_path, chat_template_kwargs={"enable_thinking": False})
-    stage = RolloutStage(cfg, model, model, tokenizer)
+    stage = rollout_stage(cfg, model, model, tokenizer)
     sampled = stage.sample([Example("what is 1+1?", "2"), Example("what is 2+3?", "5")], torch.Generator().manual_seed(0),
                            TrainerState(0, 4))
     prompts = [tokenizer.decode(r.prompt_ids) for group in sampled.groups for r in group]
@@ -60,7 +60,7 @@ class RecordingSampler:
 
 
 def test_evaluation_renders_prompts_with_them(thinking_tokenizer, tiny_run_config, tmp_path):
-    from rlvr.evaluate import evaluate
+    from rlvr.loop import evaluate_run as evaluate
 
     _, tokenizer = thinking_tokenizer
     cfg = tiny_run_config(tmp_path, chat_template_kwargs={"enable_thinking": False})

@@ -226,6 +226,7 @@ def test_a_stop_alert_saves_and_exits_non_zero(tiny_model_dir, tmp_path, capsys)
     err = capsys.readouterr().err
     assert "stopped by alert reward_std_low at step 3" in err
     alerts = [json.loads(x) for x in (out / "alerts.jsonl").read_text().splitlines()]
+    alerts = [a for a in alerts if a["rule"] != "throughput_low"]  # timed: a loaded machine may add it
     assert alerts[0]["rule"] == "reward_std_low" and alerts[0]["severity"] == "stop" and alerts[0]["step"] == 3
     assert (out / "checkpoint-3").is_dir()  # nothing is lost: resume=true continues from here
 

@@ -11,7 +11,7 @@ import pytest
 
 from rlvr import cli
 from rlvr.config import ConfigError, build_config
-from rlvr.evaluate import evaluate
+from rlvr.loop import evaluate_run as evaluate
 from rlvr.rewards import RewardSet
 from rlvr.rewards.math import reference_answer
 from rlvr.tasks import load_splits

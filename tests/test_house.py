@@ -33,15 +33,11 @@ def test_errors_and_settings_sit_at_the_bottom():
                 f"{module} imports {below}: the settings must not import the parts"
 
 
-# Parts that still take the whole Config, each for a reason the issue that removes it must settle:
-# the rollout stage and evaluation build the rollout path, whose rollout_func is given the whole
-# Config as `trainer.args` (TRL's contract); evaluation also reads the eval, rollout and data sections.
-STILL_TAKE_CONFIG = {"rlvr.rollout.stage.__init__", "rlvr.evaluate.evaluate", "rlvr.evaluate.evaluate_model"}
 
 
 def test_only_the_modules_that_assemble_a_run_take_the_whole_config():
     parts = {f"{module}.{function}" for module, function in MEASURED["takes_cfg"] if not house.is_assembly(module)}
-    assert parts == STILL_TAKE_CONFIG, "a part takes its settings section (cfg.rollout_settings, ...), not the whole Config"
+    assert parts == set(), "a part takes its settings section (cfg.rollout_settings, ...), not the whole Config"
 
 
 def test_no_function_is_longer_than_a_screen_and_a_half():

@@ -120,7 +120,7 @@ def test_evaluation_samples_with_the_runs_rollout_func():
     """Before the one path, evaluation sampled around a run's rollout_func."""
     from conftest import make_tokenizer
 
-    from rlvr.evaluate import evaluate
+    from rlvr.loop import evaluate_run as evaluate
 
     tok = make_tokenizer()
     examples = [Example("what is 3 + 4?", "7", {"answer": "7"})]

@@ -51,10 +51,10 @@ def ray_cluster():
 
 def start_stage(cfg, model, tokenizer, label: str):
     """The trainer's rollout stage with its Ray workers (each starting vLLM), timed."""
-    from rlvr.rollout.stage import RolloutStage
+    from rlvr.trainer import rollout_stage
 
     t0 = time.perf_counter()
-    stage = RolloutStage(cfg, model, model, tokenizer)
+    stage = rollout_stage(cfg, model, model, tokenizer)
     print(f"\n{label}: {cfg.rollout_workers} worker(s) with vLLM started in {time.perf_counter() - t0:.1f} s")
     return stage
 

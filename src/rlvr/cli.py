@@ -172,7 +172,8 @@ def cmd_train(args: list[str], command: str = "train") -> int:
 
 def cmd_eval(args: list[str]) -> int:
     """Each CONFIG_FILE is one task (the key=value settings apply to all); one JSON, one table."""
-    from rlvr.evaluate import evaluate_model, write_results
+    from rlvr.evaluate import write_results
+    from rlvr.loop import evaluate_model
     from rlvr.models import is_run_dir, load_model, pick_device
     from rlvr.monitor import make_console
     from rlvr.tasks import load_splits, verifier_name

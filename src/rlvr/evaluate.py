@@ -1,7 +1,7 @@
 """Held-out evaluation with the same verifiers as training.
 
-Each problem gets k = cfg.eval_num_samples completions (greedy when k = 1 and
-eval_temperature = 0, the default), optionally after cfg.eval_num_shots worked
+Each problem gets k = eval_num_samples completions (greedy when k = 1 and
+eval_temperature = 0, the default), optionally after eval_num_shots worked
 examples from the train split (tasks/fewshot.py).  Reported:
 
 - accuracy: the mean verifier reward over all completions (rows where it is not
@@ -35,7 +35,8 @@ from rlvr.rewards import RewardSet
 from rlvr.rewards.answers import DEFAULT_SOURCES
 from rlvr.rewards.math import accuracy, answer_key, extract_answer, numeric_accuracy, plain_last_box, signed_accuracy
 from rlvr.rollout import sampling_params
-from rlvr.rollout.path import RolloutPath, in_process_sampler
+from rlvr.config import EvalSettings, RolloutSettings
+from rlvr.rollout.path import RolloutPath
 from rlvr.tasks.fewshot import pick_shots, with_shots
 from rlvr.types import Example
 
@@ -64,38 +65,27 @@ class EvalResult:
         return asdict(self)
 
 
-def evaluate_model(model, tokenizer, examples: list[Example], cfg, shot_pool: list[Example] | None = None) -> EvalResult:
-    """evaluate() of a loaded model outside a run (`rlvr eval`, GRPOTrainer.evaluate): its own
-    in-process sampler, the configured rewards with the verifier, the config's seed."""
-    import torch
+def evaluate(path: RolloutPath, examples: list[Example], verifier: str, settings: EvalSettings, rollout: RolloutSettings,
+             seed: int, generator=None, on_batch=None, shot_pool: list[Example] | None = None) -> EvalResult:
+    """Sample settings.eval_num_samples completions per example and score them with the verifier.
 
-    from rlvr.tasks import build_rewards, verifier_name
-
-    sampler = in_process_sampler(model, tokenizer, cfg.bf16, cfg.cuda_graphs, max_batch_size=cfg.eval_batch_size)
-    return evaluate(sampler, tokenizer, examples, build_rewards(cfg.reward_settings, cfg.data_settings, with_verifier=True),
-                    verifier_name(cfg.data_settings), cfg,
-                    generator=torch.Generator().manual_seed(cfg.seed), shot_pool=shot_pool)
-
-
-def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, verifier: str, cfg, generator=None,
-             on_batch=None, shot_pool: list[Example] | None = None) -> EvalResult:
-    """Sample cfg.eval_num_samples completions per example and score them with the verifier.
-
-    sampler: the run's sampler, taken along the run's path (rollout/path.py) with its tools,
-    environment or rollout_func.  shot_pool: the train split, from which
-    cfg.eval_num_shots worked examples are drawn (required when eval_num_shots > 0)."""
+    path: the run's sampler along the run's path (rollout/path.py), with its tools, environment or
+    rollout_func, and the rewards with the verifier among them (loop.evaluate_run builds it from a
+    run's settings); rollout: the training rollouts' sampling settings, which evaluation keeps but for
+    the temperature; seed: the draw of the few-shot examples.  shot_pool: the train split, from which
+    settings.eval_num_shots worked examples are drawn (required when eval_num_shots > 0)."""
     if not examples:
         raise ValueError("nothing to evaluate: the test split is empty")
-    if cfg.eval_num_shots and shot_pool is None:
-        raise ValueError(f"eval_num_shots={cfg.eval_num_shots} needs the train split to draw examples from (shot_pool)")
-    shots = pick_shots(shot_pool or [], cfg.eval_num_shots, cfg.seed)
-    k = cfg.eval_num_samples
-    params = sampling_params(cfg.rollout_settings, n=k, eval_temperature=cfg.eval_temperature)
-    path = RolloutPath.of(cfg, tokenizer, sampler, rewards)
+    if settings.eval_num_shots and shot_pool is None:
+        raise ValueError(f"eval_num_shots={settings.eval_num_shots} needs the train split to draw examples from (shot_pool)")
+    shots = pick_shots(shot_pool or [], settings.eval_num_shots, seed)
+    k = settings.eval_num_samples
+    params = sampling_params(rollout, n=k, eval_temperature=settings.eval_temperature)
+    rewards = path.rewards
     per_func: dict[str, list] = {name: [] for name in rewards.names}
     completions, lengths, truncated, samples = [], [], 0, []
-    for lo in range(0, len(examples), cfg.eval_batch_size):
-        chunk = examples[lo : lo + cfg.eval_batch_size]
+    for lo in range(0, len(examples), settings.eval_batch_size):
+        chunk = examples[lo : lo + settings.eval_batch_size]
         texts, groups = path.generate(chunk, params, generator, [with_shots(ex.prompt, shots) for ex in chunk])
         scores = path.score(chunk, groups, texts)
         for name in rewards.names:
@@ -110,7 +100,7 @@ def evaluate(sampler, tokenizer, examples: list[Example], rewards: RewardSet, ve
                                 **({"sample": s} if k > 1 else {}), **({"turns": r.messages} if r.messages else {}),
                                 "rewards": {name: scores.per_func[name][j] for name in rewards.names}})
         if on_batch:
-            on_batch(min(lo + cfg.eval_batch_size, len(examples)), len(examples))
+            on_batch(min(lo + settings.eval_batch_size, len(examples)), len(examples))
     vote = _vote_key(rewards, verifier)
     keys = [vote(text) for text in completions] if vote and k > 1 else None
     means = {name: _mean(vals) for name, vals in per_func.items()}

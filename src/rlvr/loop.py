@@ -15,14 +15,35 @@ from pathlib import Path
 from rlvr import distributed, interrupts, methods
 from rlvr.alerts import AlertEvent
 from rlvr.checkpoint import DiskFull, is_disk_full
-from rlvr.config import Config
+from rlvr.config import Config, EvalSettings
 from rlvr.evaluate import EvalResult, evaluate, write_result
 from rlvr.models import latest_checkpoint
 from rlvr.monitor import format_log_line, make_progress
+from rlvr.rollout.path import RolloutPath, in_process_sampler
 from rlvr.rundir import save_final_model
 from rlvr.tasks import build_rewards, verifier_name
 from rlvr.trainer import RunCore, RunData
 
+
+
+def evaluate_run(sampler, tokenizer, examples: list, rewards, verifier: str, cfg: Config, generator=None, on_batch=None,
+                 shot_pool: list | None = None) -> EvalResult:
+    """evaluate() with a run's settings: its path (tools, environment or rollout_func) around
+    `sampler`, `rewards` (with the verifier), its evaluation and sampling settings and its seed."""
+    path = RolloutPath.of(cfg, tokenizer, sampler, rewards)
+    return evaluate(path, examples, verifier, cfg.section(EvalSettings), cfg.rollout_settings, cfg.seed, generator,
+                    on_batch, shot_pool)
+
+
+def evaluate_model(model, tokenizer, examples: list, cfg: Config, shot_pool: list | None = None) -> EvalResult:
+    """evaluate_run of a loaded model outside a run (`rlvr eval`, GRPOTrainer.evaluate): its own
+    in-process sampler, the configured rewards with the verifier, the config's seed."""
+    import torch
+
+    sampler = in_process_sampler(model, tokenizer, cfg.bf16, cfg.cuda_graphs, max_batch_size=cfg.eval_batch_size)
+    rewards = build_rewards(cfg.reward_settings, cfg.data_settings, with_verifier=True)
+    return evaluate_run(sampler, tokenizer, examples, rewards, verifier_name(cfg.data_settings), cfg,
+                        generator=torch.Generator().manual_seed(cfg.seed), shot_pool=shot_pool)
 
 class AlertStop(RuntimeError):
     """A rule marked `stop` in on_alert started; the run was saved and stopped."""
@@ -54,8 +75,8 @@ class Run:
         out, trainer, test_examples = out or self.console, self.trainer, self.data.test_examples
         if label:
             out.print(f"held-out evaluation ({label}, {len(test_examples)} problems)...")
-        result = evaluate(trainer.rollout.sampler, trainer.tokenizer, test_examples, self.scorer, self.verifier, self.cfg,
-                          shot_pool=self.data.train_examples)
+        result = evaluate_run(trainer.rollout.sampler, trainer.tokenizer, test_examples, self.scorer, self.verifier, self.cfg,
+                              shot_pool=self.data.train_examples)
         if label:
             write_result(result, self.output_dir / f"eval_{label}.json", {"model": str(self.model_path), "step": trainer.step})
         out.print(f"  {'' if label else f'step {trainer.step}: '}held-out accuracy {result.accuracy:.1%}  "

@@ -11,6 +11,7 @@ save_steps mean what they mean there.  The settings are read here, once, and eac
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -24,17 +25,55 @@ from rlvr.checkpoint import GeneratorState, load_checkpoint, restore_trainer_sta
 from rlvr.config import Config
 from rlvr.llama import on_fast_path
 from rlvr.logprobs import LogProbs
+from rlvr.models import WeightCopy, eos_token_ids
 from rlvr.monitor import MetricsLog
 from rlvr.optim import apply_optimizer_settings, autocast_dtype, build_optimizer, loss_scaler
 from rlvr.reference import KLReference, KLSettings
+from rlvr.rollout import sampling_params
+from rlvr.rollout.engine import make_sampler
 from rlvr.rollout.generation import Generations, GenerationSettings
 from rlvr.rollout.home import HomeThread
+from rlvr.rollout.path import RolloutPath
 from rlvr.rollout.stage import RolloutStage
-from rlvr.tasks import PromptStream
+from rlvr.tasks import PromptStream, build_rewards
 from rlvr.types import Batch, Example, Generation, TrainerState
 from rlvr.update import PolicyUpdate, UpdateSettings
 
-__all__ = ["RunCore", "RunData", "StepRecord", "Trainer", "steps_for", "total_steps_for"]
+__all__ = ["RunCore", "RunData", "StepRecord", "Trainer", "rollout_stage", "steps_for", "total_steps_for"]
+
+
+def rollout_stage(cfg: Config, model, sampler_model, tokenizer, world: distributed.World = distributed.SINGLE,
+                  home: HomeThread | None = None) -> RolloutStage:
+    """Stages 1 and 2 with the sampler the settings pick: vLLM (in this process or a server), sent
+    the weights after every update; else the in-process engine on `sampler_model` (the trained model,
+    or with fsdp its unsharded copy), from a copy of its own when sampling ahead (max_staleness);
+    plus Ray rollout workers that sample and score when rollout_workers > 0 (vLLM then runs in each)."""
+    eos = eos_token_ids(model, tokenizer)
+    source, subscribers, workers = sampler_model, [], None
+    if cfg.use_vllm and cfg.rollout_workers == 0:
+        from rlvr.models import resolve_model_path
+        from rlvr.rollout.vllm import make_vllm_sampler
+
+        sampler = make_vllm_sampler(cfg.rollout_settings, cfg.model_settings, resolve_model_path(cfg.model), tokenizer,
+                                    eos, world, max_prompt_length=cfg.max_prompt_length, bf16=cfg.bf16, seed=cfg.seed)
+        sampler.update_weights(source)
+        subscribers.append(sampler)
+    else:
+        if cfg.max_staleness:  # it samples while the policy trains: from a copy, refreshed after each update
+            sampler_model = copy.deepcopy(sampler_model).eval()
+            subscribers.append(WeightCopy(sampler_model))
+        sampler = make_sampler(sampler_model, tokenizer, eos, bf16=cfg.bf16, cuda_graphs=cfg.cuda_graphs)
+    if cfg.rollout_workers > 0:
+        from rlvr.rollout.workers import RolloutWorkers
+
+        workers = RolloutWorkers(model, tokenizer, eos, cfg.rollout_settings, cfg.model_settings, cfg.data_settings,
+                                 cfg.reward_settings, bf16=cfg.bf16, seed=cfg.seed)
+        subscribers.append(workers)
+    # prompts -> scored completions: with tools or an environment, rollouts of several turns
+    path = RolloutPath.of(cfg, tokenizer, sampler, build_rewards(cfg.reward_settings, cfg.data_settings))
+    off_policy = cfg.use_vllm or cfg.rollout_workers > 0 or cfg.max_staleness > 0
+    return RolloutStage(path, sampling_params(cfg.rollout_settings), world, home, source=source,
+                        subscribers=subscribers, workers=workers, off_policy=bool(off_policy))
 
 
 class StepRecord:
@@ -215,7 +254,7 @@ class Trainer(RunCore):
         self.ref_model = ref_model
         # Reward functions run on the thread of the training loop, also for a batch sampled ahead (rollout/home.py).
         self.home = HomeThread()
-        self.rollout = RolloutStage(cfg, model, self.full_model, tokenizer, world, self.home)  # 1. rollout, 2. reward
+        self.rollout = rollout_stage(cfg, model, self.full_model, tokenizer, world, self.home)  # 1. rollout, 2. reward
         self.weight_subscribers.append(self.rollout)
         # With LoRA the reference is the policy with its adapter off: with fsdp, the full copy's, whose
         # forward is no collective (the ranks' batches differ in size), as for the old log-probs.

@@ -142,7 +142,7 @@ class GRPOTrainer:
     def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Held-out accuracy (and pass@k etc., as configured) of the current model on the eval
         dataset, with the same verifier as training: {"eval_accuracy": ..., ...}."""
-        from rlvr.evaluate import evaluate_model
+        from rlvr.loop import evaluate_model
         from rlvr.models import load_model, pick_device
 
         inputs.put_back(self._given)

@@ -30,9 +30,8 @@ from rlvr.finetune.data import Demonstration, Encoder, Pair, keep_correct, make_
 from rlvr.finetune.losses import dpo_loss, sequence_logps, sft_loss
 from rlvr.models import eos_token_ids
 from rlvr.reference import KLReference, KLSettings
-from rlvr.rollout.stage import RolloutStage
 from rlvr.tasks import PromptStream, build_rewards, verifier_name
-from rlvr.trainer import RunCore, RunData, steps_for
+from rlvr.trainer import RunCore, RunData, rollout_stage, steps_for
 from rlvr.types import Example, TrainerState
 from rlvr.update import backward, optimizer_step, skip_step
 
@@ -50,7 +49,7 @@ class FinetuneTrainer(RunCore):
         if world.enabled:
             raise ValueError(f"rlvr {cfg.method} runs in one process; launch it without torchrun")
         super().__init__(cfg, model, tokenizer, output_dir, world)
-        self.rollout = RolloutStage(cfg, model, model, tokenizer, world)  # evaluation; self_samples' rounds
+        self.rollout = rollout_stage(cfg, model, model, tokenizer, world)  # evaluation; self_samples' rounds
         self.rollout.rewards = build_rewards(cfg.reward_settings, cfg.data_settings, with_verifier=True)  # a round keeps what the task's verifier scores 1
         self.weight_subscribers.append(self.rollout)
         eos = eos_token_ids(model, tokenizer)

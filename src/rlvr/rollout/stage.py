@@ -1,30 +1,27 @@
 """Stages 1 and 2 of a step: G completions for each prompt, scored, along the path that
 evaluation and `rlvr sample` take too (rollout/path.py).
 
-The configuration picks who samples: the in-process engine on the trained model, vLLM (in this
-process or a server) that is sent the weights after every update, or Ray rollout workers that
-also score.  Under torchrun each process samples and scores its own share of the groups, and
+Who samples (the in-process engine on the trained model, vLLM in this process or a server that is
+sent the weights after every update, or Ray rollout workers that also score) is picked from the
+settings where a run is assembled (trainer.rollout_stage); the stage is given the path and the
+engines to keep up to date.  Under torchrun each process samples and scores its own share of the groups, and
 every process gets all of them back (distributed.py), so what follows is the same as with one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from dataclasses import dataclass
 
 import torch
 
 from rlvr import distributed
-from rlvr.models import WeightCopy, eos_token_ids
 from rlvr.rewards import RewardSet, Scores
-from rlvr.rollout import sampling_params
-from rlvr.rollout.engine import make_sampler
+from rlvr.rollout import SamplingParams
 from rlvr.rollout.home import HomeThread
 from rlvr.rollout.path import RolloutPath
 from rlvr.rollout.sampling import GroupGenerators
-from rlvr.tasks import build_rewards
 from rlvr.types import Example, Rollout, TrainerState
 
 
@@ -40,43 +37,20 @@ class Sampled:
 
 
 class RolloutStage:
-    def __init__(self, cfg, model, sampler_model, tokenizer, world: distributed.World = distributed.SINGLE,
-                 home: HomeThread | None = None):
-        """`model` is the policy as trained; `sampler_model` the copy the in-process engine samples
-        from (the same model, except with fsdp).  `home`: where reward functions run when a batch
-        is sampled from another thread (rollout/home.py); without it, in the sampling thread."""
-        self.cfg, self.tokenizer, self.world, self.home = cfg, tokenizer, world, home
-        rewards = build_rewards(cfg.reward_settings, cfg.data_settings)
-        eos = eos_token_ids(model, tokenizer)
-        self.subscribers: list = []  # the engines outside this model, sent the weights after each update
-        self.source = sampler_model  # whole weights to send them (with fsdp the unsharded copy, refreshed first)
-        if cfg.use_vllm and cfg.rollout_workers == 0:  # with rollout workers, vLLM runs in each of them
-            from rlvr.models import resolve_model_path
-            from rlvr.rollout.vllm import make_vllm_sampler
-
-            self.sampler = make_vllm_sampler(cfg.rollout_settings, cfg.model_settings, resolve_model_path(cfg.model), tokenizer,
-                                             eos, world, max_prompt_length=cfg.max_prompt_length, bf16=cfg.bf16, seed=cfg.seed)
-            self.sampler.update_weights(self.source)
-            self.subscribers.append(self.sampler)
-        else:
-            if cfg.max_staleness:  # it samples while the policy trains: from a copy, refreshed after each update
-                sampler_model = copy.deepcopy(sampler_model).eval()
-                self.subscribers.append(WeightCopy(sampler_model))
-            self.sampler = make_sampler(sampler_model, tokenizer, eos, bf16=cfg.bf16, cuda_graphs=cfg.cuda_graphs)
-        self.workers = None  # Ray actors that sample and score (rollout/workers.py), when rollout_workers > 0
-        if cfg.rollout_workers > 0:
-            from rlvr.rollout.workers import RolloutWorkers
-
-            self.workers = RolloutWorkers(model, tokenizer, eos, cfg.rollout_settings, cfg.model_settings, cfg.data_settings,
-                                          cfg.reward_settings, bf16=cfg.bf16, seed=cfg.seed)
-            self.subscribers.append(self.workers)
-        # Completions from another engine, or from the weights before the last update, get the
-        # importance correction (losses.py).
-        self.off_policy = cfg.use_vllm or cfg.rollout_workers > 0 or cfg.max_staleness > 0
+    def __init__(self, path: RolloutPath, params: SamplingParams, world: distributed.World = distributed.SINGLE,
+                 home: HomeThread | None = None, *, source=None, subscribers=(), workers=None, off_policy: bool = False):
+        """`path`: prompts -> scored completions with the run's sampler (trainer.rollout_stage picks it
+        from the settings); `params`: the training rollouts' SamplingParams.  `source`: the model whose
+        whole weights `subscribers` (the engines outside the trained model: vLLM, a sampling copy, the
+        Ray workers) are sent after each update (with fsdp the unsharded copy, refreshed first).
+        `workers`: Ray actors that sample and score (rollout/workers.py), when rollout_workers > 0.
+        `off_policy`: the completions come from another engine or from the weights before the last
+        update, and get the importance correction (losses.py).  `home`: where reward functions run
+        when a batch is sampled from another thread (rollout/home.py); without it, in the sampling thread."""
+        self.path, self.params, self.world, self.home = path, params, world, home
+        self.sampler, self.tokenizer = path.sampler, path.tokenizer
+        self.source, self.subscribers, self.workers, self.off_policy = source, list(subscribers), workers, off_policy
         self._stream = None  # see side_stream
-        self.params = sampling_params(cfg.rollout_settings)
-        # prompts -> scored completions: with tools or an environment, rollouts of several turns
-        self.path = RolloutPath.of(cfg, tokenizer, self.sampler, rewards)
 
     @property
     def pad_id(self) -> int:
