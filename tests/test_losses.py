@@ -93,16 +93,17 @@ def test_clip_ratio_counts_by_hand():
     assert loss.item() == pytest.approx(1.22 / 9, abs=1e-6)
 
 
-def test_sequence_level_clip_ratio_counts_every_token_of_a_clipped_completion():
-    # One ratio per completion, w = exp(mean_t log r_t), shared by its masked tokens; clip range [0.8, 1.2]:
-    #   row 0, A = +1: tokens 1.5, 1.5, 1.5 -> w = 1.5 > 1.2: its 3 tokens are high
-    #   row 1, A = -1: tokens 0.5, 0.5 (third masked, ratio 9 ignored) -> w = 0.5 < 0.8: 2 tokens low
+def test_sequence_level_clip_ratio_counts_clipped_completions():
+    # One ratio per completion, w = exp(mean_t log r_t); clip range [0.8, 1.2]. As TRL, a completion is
+    # clipped or not as a whole, and the counts are of completions (the caller divides by their number):
+    #   row 0, A = +1: tokens 1.5, 1.5, 1.5 -> w = 1.5 > 1.2: high
+    #   row 1, A = -1: tokens 0.5, 0.5 (third masked, ratio 9 ignored) -> w = 0.5 < 0.8: low
     #   row 2, A = -1: tokens 2.0, 0.5, 1.0 -> w = (2 * 0.5 * 1) ** (1/3) = 1: inside, though 2.0 and 0.5 are not
-    # 8 tokens; low 2, high 3, region 5.
+    # low 1, high 1, region 2.
     ratios = torch.tensor([[1.5, 1.5, 1.5], [0.5, 0.5, 9.0], [2.0, 0.5, 1.0]])
     mask = [[1, 1, 1], [1, 1, 0], [1, 1, 1]]
     _, m = loss_of(torch.log(ratios), torch.zeros(3, 3), [1.0, -1.0, -1.0], mask, "grpo", importance_sampling_level="sequence")
-    assert (m["clip_ratio/low"].item(), m["clip_ratio/high"].item(), m["clip_ratio/region"].item()) == (2, 3, 5)
+    assert (m["clip_ratio/low"].item(), m["clip_ratio/high"].item(), m["clip_ratio/region"].item()) == (1, 1, 2)
 
 
 def test_clipped_tokens_get_no_gradient():
@@ -273,6 +274,29 @@ def test_kl_term_in_the_loss():
     # A = 0 leaves only beta * k3 = 0.1 * 0.193147 per token
     assert loss.item() == pytest.approx(0.1 * 0.1931472, abs=1e-6)
     assert m["kl"].item() == pytest.approx(2 * 0.1931472, abs=1e-6)  # a sum over the 2 tokens
+
+
+def test_bias_corrected_kl_gradient_by_hand():
+    # One token on-policy: logp = a = -1, old = a (ratio 1 in value), ref = -1.5, so r = ref - a = -0.5.
+    # k3 = e^r - r - 1 = 0.606531 + 0.5 - 1 = 0.106531, and d k3 / da = 1 - e^r = 0.393469.
+    # Bias-corrected, the term is k3 * exp(a - old): d/da = 0.393469 + k3 * 1 = 0.5 (= -r exactly).
+    # With A = 0, beta = 1 and dapo over one token, the loss is the term itself.
+    for corrected, grad in ((False, 0.3934693), (True, 0.5)):
+        a = torch.tensor([[-1.0]], requires_grad=True)
+        loss, m = loss_of(a, a.detach(), [0.0], [[1]], "dapo", beta=1.0, ref_logprobs=torch.tensor([[-1.5]]),
+                          bias_correction_kl=corrected)
+        loss.backward()
+        assert loss.item() == pytest.approx(0.1065307, abs=1e-6)  # the same value: the ratio is 1
+        assert a.grad.item() == pytest.approx(grad, abs=1e-6)
+        assert m["kl"].item() == pytest.approx(0.1065307, abs=1e-6)
+
+
+def test_bias_corrected_kl_weights_each_token_by_its_ratio():
+    # Off-policy: logp - old = ln 2 for the token, so the KL term doubles: 2 * k3(r = ln 0.25 - ln 0.5).
+    logp = torch.full((1, 1), LN(0.5))
+    loss, _ = loss_of(logp, torch.full((1, 1), LN(0.25)), [0.0], [[1]], "dapo", beta=1.0,
+                      ref_logprobs=torch.full((1, 1), LN(0.25)), bias_correction_kl=True)
+    assert loss.item() == pytest.approx(2 * 0.1931472, abs=1e-6)
 
 
 def test_beta_without_reference_is_an_error():

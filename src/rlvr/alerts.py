@@ -195,7 +195,7 @@ def reward_std_low(h: History, settings: AlertSettings) -> Finding | None:
         return None
     return Finding(
         _mean(vals),
-        f"reward std {_mean(vals):.3f} < {settings.alert_reward_std_low} over the last {len(vals)} steps: groups barely differ",
+        f"reward std {_mean(vals):.3f} < {settings.alert_reward_std_low} over the last {len(vals)} steps: the rewards of the batch barely differ",
         "raise temperature or num_generations so completions of a prompt differ more",
     )
 

@@ -58,6 +58,12 @@ class LogProbs:
         with self.autocast(model):
             return padded_logprobs(model, batch, self.temperature)
 
+    def with_router_loss(self, model, batch):
+        """(logp, entropy, aux) of a Mixture-of-Experts model: its own forward, which also returns
+        the routers' load-balancing loss (`aux`, a scalar with gradient)."""
+        with self.autocast(model):
+            return padded_logprobs(model, batch, self.temperature, router_loss=True)
+
     @torch.no_grad()
     def in_chunks(self, model, batch) -> torch.Tensor:
         """Log-probs [B, T] on the CPU, micro_batch_size rows at a time (old and reference log-probs)."""
@@ -75,15 +81,18 @@ class LogProbs:
         return torch.autocast(device_type=next(model.parameters()).device.type, dtype=self.autocast_dtype)
 
 
-def padded_logprobs(model, batch, temperature: float):
-    """(logp, entropy) [B, T] by the model's own forward over left-padded prompt + right-padded completion."""
+def padded_logprobs(model, batch, temperature: float, router_loss: bool = False):
+    """(logp, entropy) [B, T] by the model's own forward over left-padded prompt + right-padded completion;
+    with router_loss, a Mixture-of-Experts model's load-balancing loss as a third value."""
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
     mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     width = batch.completion_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=width + 1).logits
-    logits = logits[:, :-1] / temperature  # position t predicts token t + 1
-    return selective_logprobs(logits, batch.completion_ids)
+    extra = {"output_router_logits": True} if router_loss else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=width + 1, **extra)
+    logits = out.logits[:, :-1] / temperature  # position t predicts token t + 1
+    logp, entropy = selective_logprobs(logits, batch.completion_ids)
+    return (logp, entropy, out.aux_loss) if router_loss else (logp, entropy)
 
 
 def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8):

@@ -5,9 +5,14 @@ Per completion token t of completion i (PPO, https://arxiv.org/abs/1707.06347):
     w_it  = exp(logp_it - old_logp_it)                     token-level ratio
             exp(mean_t(logp_it - old_logp_it))             sequence-level (GSPO, https://arxiv.org/abs/2507.18071)
     l_it  = -min(min(w_it, delta) * A_i, clip(w_it, 1 - eps, 1 + eps_high) * A_i) * e_it * v_it
-          + beta * KL_it                                   k1, k2 or k3 estimator (kl.py; default k3)
+          + beta * KL_it * c_it                            k1, k2 or k3 estimator (kl.py; default k3)
 
     KL_it = exp(ref_it - logp_it) - (ref_it - logp_it) - 1  (k3, http://joschu.net/blog/kl-approx.html)
+    c_it  = w_it (with its gradient) when `bias_correction_kl`, else 1
+
+The KL is estimated from tokens sampled by the old policy, not by the current one; weighting the
+estimate by the ratio w corrects for that (TRL's `use_bias_correction_kl`, its default).  Even on
+the first pass, where w = 1, the weight changes the gradient: d(KL * w) = dKL + KL * dlogp.
 
 `eps_high` > `eps` is DAPO's clip-higher (https://arxiv.org/abs/2503.14476).  `delta` (off
 when None) is INTELLECT-2's two-sided clipping (https://arxiv.org/abs/2505.07291): it caps the
@@ -133,6 +138,7 @@ def policy_loss(
     beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     kl_estimator: str = "k3",
+    bias_correction_kl: bool = False,
     importance_weights: torch.Tensor | None = None,
     entropy_mask: torch.Tensor | None = None,
 ):
@@ -140,10 +146,12 @@ def policy_loss(
 
     logprobs, old_logprobs, ref_logprobs, mask: [B, T]; advantages: [B]; importance_weights
     (`sampler_importance_weights`): [B, T] or [B, 1]; entropy_mask (`high_entropy_mask`): [B, T],
-    False for the tokens whose policy term is left out (their KL term stays).
+    False for the tokens whose policy term is left out (their KL term stays).  bias_correction_kl:
+    the KL term is weighted by the policy ratio (token or sequence level, as the policy term's).
     Returns (loss, metrics) where metrics maps names to 0-dim tensors of *sums over
     masked tokens* ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region", "kl")
-    that the caller divides by the token count.
+    that the caller divides by the token count; with sequence-level ratios the clip counts
+    are over completions (each clipped or not as a whole), divided by the completion count.
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {loss_type!r}")
@@ -169,15 +177,17 @@ def policy_loss(
         if ref_logprobs is None:
             raise ValueError("beta > 0 needs ref_logprobs")
         kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)
+        if bias_correction_kl:
+            kl = kl * ratio
         per_token = per_token + beta * kl
         metrics["kl"] = torch.where(mask, kl, 0.0).sum().detach()
     per_token = torch.where(mask, per_token, torch.zeros_like(per_token))
     loss = LOSS_TYPES[loss_type](per_token, mask, norm)
 
-    with torch.no_grad():
-        r = ratio.expand_as(mask)
-        low = (r < 1 - epsilon) & (adv < 0) & mask
-        high = (r > 1 + eps_high) & (adv > 0) & mask
+    with torch.no_grad():  # per token, or per completion with sequence-level ratios (as TRL counts them)
+        counted = mask if ratio.shape == mask.shape else torch.ones_like(ratio, dtype=torch.bool)
+        low = (ratio < 1 - epsilon) & (adv < 0) & counted
+        high = (ratio > 1 + eps_high) & (adv > 0) & counted
         metrics["clip_ratio/low"] = low.sum().float()
         metrics["clip_ratio/high"] = high.sum().float()
         metrics["clip_ratio/region"] = (low | high).sum().float()

@@ -161,7 +161,8 @@ def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
     lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float)
     metrics = {
         "reward": rewards.mean().item(),
-        "reward_std": group_reward_std(rewards, group_size).mean().item(),
+        "reward_std": rewards.std().item() if len(rewards) > 1 else math.nan,  # TRL's: over the whole batch (n - 1)
+        "reward_std/within_group": group_reward_std(rewards, group_size).mean().item(),  # what the advantages see
         "frac_reward_zero_std": sum(not g.has_signal for g in groups) / len(groups),
         "completions/mean_length": lengths.mean().item(),
         "completions/min_length": lengths.min().item(),

@@ -265,7 +265,7 @@ class Trainer(RunCore):
         self.batches = Generations(generation, self.rollout, self.prompts, self.generator,
                                    self.kl, world, self.home)  # 1-3: sampling rounds, advantages, sampling ahead
         self.updater = PolicyUpdate(UpdateSettings.from_sections(cfg.update_settings, cfg.rollout_settings, cfg.steps_per_optimizer_step,
-                                                                  self.rollout.off_policy), model, self.optimizer,
+                                                                  self.rollout.off_policy, self.full_model.config), model, self.optimizer,
                                     self.scheduler, self.logprobs, self.kl, self.rollout.pad_id, world,
                                     sampler_model=self.full_model, between_micro_batches=self.home.serve,
                                     scaler=self.scaler)  # 4

@@ -46,19 +46,36 @@ class UpdateSettings:
     sampler_clip_max: float | None  # vllm_importance_sampling_clip_max
     delta: float | None  # two-sided clipping: the unclipped ratio's cap
     top_entropy_quantile: float  # train on the tokens of this top fraction of entropy (1: all)
+    router_aux_loss_coef: float = 0.0  # a Mixture-of-Experts model's load-balancing loss weight (0: not computed)
 
     @classmethod
     def from_sections(cls, update: config.UpdateSettings, rollout: config.RolloutSettings, steps_per_optimizer_step: int,
-                      off_policy: bool) -> UpdateSettings:
+                      off_policy: bool, model_config=None) -> UpdateSettings:
         """steps_per_optimizer_step: optimizer steps one generation feeds (Config.steps_per_optimizer_step);
-        off_policy: the samples come from another engine or older weights (rollout/stage.py)."""
+        off_policy: the samples come from another engine or older weights (rollout/stage.py);
+        model_config: the trained model's transformers config (for its router loss)."""
         corrects = rollout.vllm_importance_sampling_correction and off_policy
         return cls(update.loss_type, update.epsilon, update.epsilon_high, update.importance_sampling_level,
                    update.per_device_train_batch_size, rollout.max_completion_length, update.max_grad_norm,
                    update.num_iterations * steps_per_optimizer_step, rollout.vllm_importance_sampling_mode if corrects else None,
                    update.fsdp, sampler_clip_min=rollout.vllm_importance_sampling_clip_min,
                    sampler_clip_max=rollout.vllm_importance_sampling_clip_max, delta=update.delta,
-                   top_entropy_quantile=update.top_entropy_quantile)
+                   top_entropy_quantile=update.top_entropy_quantile,
+                   router_aux_loss_coef=router_coefficient(update.router_aux_loss_coef, model_config))
+
+
+def router_coefficient(setting: float | None, model_config) -> float:
+    """The weight of the load-balancing loss: `router_aux_loss_coef` when set, else the model's own
+    (0.0 for a model without routers).  A model is a Mixture of Experts when its config can ask for
+    router logits (`output_router_logits`), as in transformers' MoE models and TRL."""
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    moe = text is not None and hasattr(text, "output_router_logits")
+    if setting is None:
+        return float(getattr(text, "router_aux_loss_coef", 0.0) or 0.0) if moe else 0.0
+    if setting and not moe:
+        raise config.ConfigError(f"router_aux_loss_coef={setting} weights a Mixture-of-Experts model's router loss, but "
+                                 f"{type(text).__name__} has no routers; leave it unset (null) or 0")
+    return float(setting)
 
 
 def optimizer_step(model, optimizer, scheduler, max_grad_norm: float, loss: float, step: int,
@@ -180,10 +197,13 @@ class PolicyUpdate:
         tokens = max(num_tokens, 1)
         metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm, "learning_rate": lr,
                    "update_tokens": sums["update_tokens"], "update_flops": sums["update_flops"]}
+        counted = tokens if s.importance_sampling_level == "token" else rows  # sequence ratios clip whole completions
         for k in ("low", "high", "region"):
-            metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / tokens
+            metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / counted
         if "kl" in sums:
             metrics["kl"] = sums["kl"] / tokens
+        if sums.get("aux_loss/count"):
+            metrics["aux_loss"] = sums["aux_loss"] / sums["aux_loss/count"]
         if sums.get("sampling/importance_sampling_ratio/count"):
             key = "sampling/importance_sampling_ratio"
             metrics[key + "/min"], metrics[key + "/max"] = sums[key + "/min"], sums[key + "/max"]
@@ -212,7 +232,10 @@ class PolicyUpdate:
             tokens, flops = work(self.model, micro, self.logprobs.fast)
             sums["update_tokens"] += tokens
             sums["update_flops"] += flops
-            logprobs, entropy = self.logprobs(self.model, micro)
+            if s.router_aux_loss_coef:
+                logprobs, entropy, aux = self.logprobs.with_router_loss(self.model, micro)
+            else:
+                (logprobs, entropy), aux = self.logprobs(self.model, micro), None
             old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             weights = None
             if s.sampler_correction is not None and micro.sampler_logprobs is not None:
@@ -223,9 +246,13 @@ class PolicyUpdate:
                 logprobs, old, micro.advantages, micro.loss_mask, norm,
                 loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high, delta=s.delta,
                 importance_sampling_level=s.importance_sampling_level, ref_logprobs=micro.ref_logprobs,
-                beta=self.kl.loss_beta, kl_estimator=self.kl.settings.kl_estimator, importance_weights=weights,
+                beta=self.kl.loss_beta, kl_estimator=self.kl.settings.kl_estimator,
+                bias_correction_kl=self.kl.settings.use_bias_correction_kl, importance_weights=weights,
                 entropy_mask=self._entropy_mask(entropy, micro.loss_mask),
             )
+            if aux is not None:  # weighted per micro-batch, as TRL weighs it per accumulation step
+                loss = loss + s.router_aux_loss_coef * aux / norm.num_micro_batches
+                m["aux_loss"], m["aux_loss/count"] = aux.detach(), torch.tensor(1.0)
             backward(loss, self.scaler)
             self.between_micro_batches()
             sums["loss"] += loss.item()

@@ -66,6 +66,7 @@ class LossSettings(Section):
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     num_iterations: int = 1  # updates per generated batch
     mask_truncated_completions: bool = False  # completions cut at max length get no loss
+    router_aux_loss_coef: float | None = None  # Mixture-of-Experts models: weight of the routers' load-balancing loss in the loss; null: the model's own (its config's router_aux_loss_coef), 0 = off
 
     @property
     def epsilon_high_value(self) -> float:
@@ -91,6 +92,7 @@ class KLSettings(Section):
     beta: float = 0.0  # KL coefficient; 0 loads no reference model
     kl_estimator: str = "k3"  # k1 | k2 | k3 (Schulman's estimators of KL(policy || reference))
     kl_penalty: str = "loss"  # loss: beta * KL added to the loss | reward: beta * KL subtracted from each reward
+    use_bias_correction_kl: bool = True  # kl_penalty=loss: each token's KL weighted by its policy ratio, which corrects for sampling from the old policy (TRL's default)
     kl_target: float | None = None  # adaptive KL: move beta toward this KL each step; null = fixed beta
     sync_ref_model: bool = False  # TR-DPO: move the reference toward the policy every ref_model_sync_steps
     ref_model_mixup_alpha: float = 0.6  # sync: reference = alpha x policy + (1 - alpha) x reference
