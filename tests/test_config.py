@@ -45,7 +45,8 @@ def no_training(monkeypatch):
         (["importance_sampling_level=batch"], "importance_sampling_level must be one of token, sequence"),
         (["lr_scheduler_type=step"], "lr_scheduler_type must be one of constant, linear, cosine"),
         (["reward_funcs=[accuracy,format]", "reward_weights=[1.0]"], "reward_weights has 1 values but reward_funcs has 2"),
-        (["reward_weights=[1.0]"], "reward_weights needs reward_funcs"),
+        (["reward_weights=[1.0,0.5]"], "reward_weights has 2 values but without reward_funcs the one reward is the task's "
+                                       "verifier (numeric_accuracy); name the functions in reward_funcs"),
         (["reward_funcs=[acuracy]"], "unknown reward function 'acuracy'; built-in: accuracy"),
         (["reward_funcs=[no_such_pkg.mod:fn]"], "cannot import 'no_such_pkg.mod'"),
         (["reward_funcs=[/nope/r.py:fn]"], "reward function file not found: /nope/r.py"),

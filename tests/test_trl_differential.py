@@ -28,7 +28,8 @@ MAX_COMPLETION = 7
 
 def fixed_rollouts(prompts, trainer):
     """The same completions for TRL and rlvr: each prompt's k-th occurrence in a call always gets the
-    same 2 to MAX_COMPLETION characters (no end-of-sequence token), drawn from a seed of (prompt, k)."""
+    same 2 to MAX_COMPLETION tokens, drawn from a seed of (prompt, k); every other one ends with the
+    end-of-sequence token, the rest were cut off (mask_truncated_completions tells them apart)."""
     tokenizer = trainer.processing_class
     seen: Counter = Counter()
     out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
@@ -38,6 +39,8 @@ def fixed_rollouts(prompts, trainer):
         rng = random.Random(f"{prompt}|{k}")
         text = "".join(rng.choice(LETTERS) for _ in range(rng.randint(2, MAX_COMPLETION)))
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if k % 2:
+            ids = ids[: MAX_COMPLETION - 1] + [tokenizer.eos_token_id]
         out["prompt_ids"].append(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         out["completion_ids"].append(ids)
         out["logprobs"].append([0.0] * len(ids))
@@ -113,11 +116,16 @@ def run_rlvr(model_dir, out, settings: dict, monkeypatch, reward_funcs=(digits_r
     grads, logps = [], {}
     call = logprobs_module.LogProbs.__call__
 
-    def spy(self, model, batch):
-        result = call(self, model, batch)
-        if torch.is_grad_enabled():
-            _keyed(logps, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, result[0])
-        return result
+    with_router_loss = logprobs_module.LogProbs.with_router_loss
+
+    def spying(forward):
+        def spy(self, model, batch):
+            result = forward(self, model, batch)
+            if torch.is_grad_enabled():
+                _keyed(logps, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, result[0])
+            return result
+
+        return spy
 
     step = update.optimizer_step
 
@@ -134,7 +142,8 @@ def run_rlvr(model_dir, out, settings: dict, monkeypatch, reward_funcs=(digits_r
         finally:
             del optimizer.step
 
-    monkeypatch.setattr(logprobs_module.LogProbs, "__call__", spy)
+    monkeypatch.setattr(logprobs_module.LogProbs, "__call__", spying(call))
+    monkeypatch.setattr(logprobs_module.LogProbs, "with_router_loss", spying(with_router_loss))
     monkeypatch.setattr(update, "optimizer_step", grabbing_step)
     args = rlvr.GRPOConfig(**_common(out, settings))
     trainer = rlvr.GRPOTrainer(model=str(model_dir), reward_funcs=list(reward_funcs), args=args, train_dataset=_rows(),
@@ -182,12 +191,80 @@ CASES = {
     "iterations": {"num_iterations": 2, "max_steps": 2, "beta": 0.04},
     "sequence-iterations": {"num_iterations": 2, "max_steps": 2, "importance_sampling_level": "sequence",
                             "loss_type": "grpo"},
+    "accumulation-dapo": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+    "accumulation-grpo": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "loss_type": "grpo",
+                          "beta": 0.04},
+    "clip-higher-delta": {"epsilon_high": 0.28, "delta": 1.5, "num_iterations": 2, "max_steps": 2},
+    "temperature": {"temperature": 0.7, "beta": 0.04},
+    "entropy-mask": {"top_entropy_quantile": 0.5},
+    "mask-truncated": {"mask_truncated_completions": True},
+    "steps-per-generation": {"steps_per_generation": 2, "per_device_train_batch_size": 4, "max_steps": 2,
+                             "loss_type": "grpo"},
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_one_step_agrees_with_trl(case, tiny_model_dir, tmp_path, monkeypatch):
     settings = CASES[case]
+    if settings.get("steps_per_generation", 1) > 1:
+        # TRL shuffles a generation's completions before cutting it into steps, rlvr cuts it in order
+        # (docs/trl.md: groups stay together); with TRL's shuffle left out the steps are the same.
+        import trl.trainer.grpo_trainer as trl_grpo
+
+        monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
     theirs = run_trl(tiny_model_dir, tmp_path / "trl", settings)
     ours = run_rlvr(tiny_model_dir, tmp_path / "rlvr", settings, monkeypatch)
     compare(theirs, ours)
+
+
+def test_weighted_reward_functions_agree_with_trl(tiny_model_dir, tmp_path, monkeypatch):
+    # TRL's only way to weight functions given to the trainer: GRPOConfig(reward_weights=[...]).
+    settings = {"reward_weights": [1.0, -0.5], "beta": 0.04}
+    funcs = (digits_reward, length_reward)
+    theirs = run_trl(tiny_model_dir, tmp_path / "trl", settings, reward_funcs=funcs)
+    ours = run_rlvr(tiny_model_dir, tmp_path / "rlvr", settings, monkeypatch, reward_funcs=funcs)
+    compare(theirs, ours)
+    for name in ("digits_reward", "length_reward"):
+        assert ours[2][0][f"rewards/{name}/mean"] == pytest.approx(theirs[2][0][f"rewards/{name}/mean"], abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_dir(tmp_path_factory):
+    """A tiny Mixture-of-Experts model (Qwen3-MoE: 4 experts, 2 per token) with its own router loss weight."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from conftest import make_tokenizer
+
+    tokenizer = make_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
+                            num_experts_per_tok=2, router_aux_loss_coef=0.05, max_position_embeddings=256,
+                            tie_word_embeddings=True, pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    path = tmp_path_factory.mktemp("tiny-moe")
+    Qwen3MoeForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("coef", [None, 0.3, 0.0])
+def test_router_load_balancing_loss_agrees_with_trl(coef, tiny_moe_dir, tmp_path, monkeypatch):
+    # None: the model's own weight (0.05 here), as TRL reads it from the config; 0.0: off.
+    settings = {"router_aux_loss_coef": coef}
+    theirs = run_trl(tiny_moe_dir, tmp_path / "trl", settings)
+    ours = run_rlvr(tiny_moe_dir, tmp_path / "rlvr", settings, monkeypatch)
+    compare(theirs, ours)
+    assert ("aux_loss" in ours[2][0]) == (coef != 0.0)
+    if coef != 0.0:
+        assert ours[2][0]["aux_loss"] == pytest.approx(theirs[2][0]["aux_loss"], rel=1e-4)
+
+
+def test_router_loss_weight_on_a_model_without_routers_is_refused(tiny_model_dir, tmp_path):
+    import rlvr
+    from rlvr.config import ConfigError
+
+    args = rlvr.GRPOConfig(**_common(tmp_path / "rlvr", {"router_aux_loss_coef": 0.1}))
+    trainer = rlvr.GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[digits_reward], args=args, train_dataset=_rows(),
+                               rollout_func=fixed_rollouts)
+    with pytest.raises(ConfigError, match="router_aux_loss_coef=0.1 .* LlamaConfig has no routers"):
+        trainer.train()

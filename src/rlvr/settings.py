@@ -145,11 +145,13 @@ def check_runnable(cfg: Config, world: World) -> None:
         require_vllm()
 
 
-def check_settings(cfg: Config) -> Config:
+def check_settings(cfg: Config, rewards_later: bool = False) -> Config:
     """The rules that need a registry or load user code, every problem listed in one ConfigError:
     loss types, sampling settings with generation_kwargs, schedules, reward names and their knobs,
     alert rules, the task, tools, environment and rollout_func, local paths, Ray.  Run by
-    check_runnable and by GRPOConfig(...) at construction, before any model loads."""
+    check_runnable and by GRPOConfig(...) at construction, before any model loads.
+    rewards_later: the reward functions come later (GRPOConfig, whose trainer is given them), so
+    reward_weights without reward_funcs are checked then."""
     from rlvr.alerts import RULES
     from rlvr.finetune.losses import DPO_LOSS_TYPES
     from rlvr.losses import LOSS_TYPES
@@ -165,7 +167,7 @@ def check_settings(cfg: Config) -> Config:
     problems += bad + (sampling_problems(sampling) if cfg.generation_kwargs else [])
     problems += schedule_problems(cfg.lr_scheduler_type, cfg.lr_scheduler_kwargs, cfg.learning_rate)
     problems += [f"on_alert: unknown rule {rule!r}; rules: {', '.join(RULES)}" for rule in cfg.on_alert if rule not in RULES]
-    problems += _reward_problems(cfg) + _multiturn_problems(cfg) + _path_problems(cfg)
+    problems += _reward_problems(cfg, rewards_later) + _multiturn_problems(cfg) + _path_problems(cfg)
     if cfg.rollout_workers > 0:
         import importlib.util
 
@@ -177,12 +179,20 @@ def check_settings(cfg: Config) -> Config:
     return cfg
 
 
-def _reward_problems(cfg: Config) -> list[str]:
-    """Reward names that resolve, built-in rewards' knobs (rewards.check_reward_args), the task."""
+def _reward_problems(cfg: Config, rewards_later: bool = False) -> list[str]:
+    """Reward names that resolve, one weight per function (without reward_funcs, the task's verifier
+    is the one function), built-in rewards' knobs (rewards.check_reward_args), the task."""
     from rlvr.rewards import check_reward_args, resolve_reward
-    from rlvr.tasks import check_task
+    from rlvr.tasks import check_task, verifier_name
 
     problems = []
+    weights, funcs = cfg.reward_weights, cfg.reward_funcs
+    if weights is not None and not (funcs is None and rewards_later):
+        names = list(funcs) if funcs is not None else [verifier_name(cfg.data_settings)]
+        if len(weights) != len(names):
+            named = f"reward_funcs has {len(names)}" if funcs is not None else \
+                f"without reward_funcs the one reward is the task's verifier ({names[0]}); name the functions in reward_funcs"
+            problems.append(f"reward_weights has {len(weights)} values but {named}; give one weight per function")
     for name in cfg.reward_funcs or ():
         try:
             resolve_reward(name)

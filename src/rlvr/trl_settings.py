@@ -30,6 +30,7 @@ num_iterations epsilon delta epsilon_high importance_sampling_level reward_weigh
 mask_truncated_completions sync_ref_model ref_model_mixup_alpha ref_model_sync_steps top_entropy_quantile
 vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max
 vllm_importance_sampling_clip_min log_completions num_completions_to_print use_bias_correction_kl
+router_aux_loss_coef
 """.split()) | frozenset(  # the ModelConfig / ScriptArguments of TRL's scripts (trl/scripts/grpo.py)
     "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules dataset_config dataset_train_split "
     "dataset_test_split reward_funcs".split())
@@ -54,7 +55,7 @@ IGNORED = {
                     "rlvr sums gradients over processes itself and normalises by the totals of all of them"),
     **dict.fromkeys("""tf32 use_cache torch_empty_cache_steps cache_implementation use_transformers_continuous_batching
         transformers_continuous_batching_config use_transformers_paged torch_compile_backend torch_compile_mode
-        liger_kernel_config gradient_checkpointing_kwargs activation_checkpointing_kwargs router_aux_loss_coef
+        liger_kernel_config gradient_checkpointing_kwargs activation_checkpointing_kwargs
         vllm_model_impl vllm_group_port""".split(),
                     "rlvr's own forward and sampler decide this"),
     **dict.fromkeys("""full_determinism data_seed ignore_data_skip restore_callback_states_from_checkpoint enable_jit_checkpoint

@@ -31,7 +31,8 @@ class GRPOConfig:
         ignored: list[str] = []
         method = methods.get(self._method)
         cfg = build_config(method.settings({}), method.settings(self._settings), ignored=ignored)
-        object.__setattr__(self, "_config", check_settings(cfg))  # the rules that need a registry, at once too
+        # the rules that need a registry, at once too; the functions that reward_weights weigh come with the trainer
+        object.__setattr__(self, "_config", check_settings(cfg, rewards_later=True))
         object.__setattr__(self, "_ignored", ignored)
 
     def __getattr__(self, name: str) -> Any:

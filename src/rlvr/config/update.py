@@ -22,12 +22,7 @@ class RewardSettings(Section):
         problems = choices(self, reward_isolation=("process", "inline"))
         if self.reward_funcs is not None and len(self.reward_funcs) < 1:
             problems.append("reward_funcs must name at least one reward function")
-        if self.reward_weights is not None and self.reward_funcs is None:
-            problems.append("reward_weights needs reward_funcs: name the functions the weights belong to")
-        elif self.reward_weights is not None:
-            if len(self.reward_weights) != len(self.reward_funcs):
-                problems.append(f"reward_weights has {len(self.reward_weights)} values but reward_funcs has "
-                                f"{len(self.reward_funcs)}; give one weight per function")
+        if self.reward_weights is not None:  # their number is checked with the functions (settings.check_settings)
             if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in self.reward_weights):
                 problems.append("reward_weights must be numbers")
         named = set(self.reward_funcs or ()) | {n.rpartition(":")[2] for n in self.reward_funcs or ()}

@@ -60,7 +60,7 @@ class RolloutContext:
 
 def custom_rollouts(fn, args, tokenizer, sampler, examples, params, generator) -> list[list[Rollout]]:
     """Per example, params.n Rollouts made by `fn`, which sees `args` as trainer.args (RolloutContext).
-    A completion of params.max_tokens tokens (max_completion_length) or more was cut: finish "length"."""
+    A completion that does not end in an end-of-sequence or padding token was cut: finish "length" (as TRL)."""
     n = params.n
     prompts = [ex.prompt for ex in examples for _ in range(n)]
     out = fn(prompts, RolloutContext(args, tokenizer, sampler, params, generator))
@@ -75,6 +75,8 @@ def custom_rollouts(fn, args, tokenizer, sampler, examples, params, generator) -
             raise RolloutError(f"rollout_func {name}: {key!r} must have one entry per prompt ({len(prompts)}: each of the "
                                f"{len(examples)} prompts {n} times); got {len(values) if hasattr(values, '__len__') else values!r}")
     extra = [k for k in out if k not in (*REQUIRED, "env_mask")]
+    # As TRL: a completion that does not end in an end-of-sequence (or padding) token was cut off.
+    ends = set(getattr(sampler, "eos", None) or {tokenizer.eos_token_id}) | {tokenizer.pad_token_id}
     rollouts = []
     for i in range(len(prompts)):
         completion = [int(t) for t in out["completion_ids"][i]]
@@ -86,7 +88,7 @@ def custom_rollouts(fn, args, tokenizer, sampler, examples, params, generator) -
             mask = [bool(m) for m in out["env_mask"][i]]
             if len(mask) != len(completion):
                 raise RolloutError(f"rollout_func {name}: env_mask {i} has {len(mask)} entries for {len(completion)} tokens")
-        finish = "length" if len(completion) >= params.max_tokens else "stop"
+        finish = "stop" if completion and completion[-1] in ends else "length"
         text = tokenizer.decode(completion, skip_special_tokens=True)
         rollouts.append(Rollout([int(t) for t in out["prompt_ids"][i]], completion, logprobs, finish, text, mask=mask,
                                 info={"fields": {k: out[k][i] for k in extra}}))
