@@ -34,7 +34,7 @@ def no_training(monkeypatch):
         (["generation_kwargs={seed: 1}"], "generation_kwargs.seed is not supported yet"),
         (["chat_template_kwargs={tokenize: true}"], "chat_template_kwargs cannot set tokenize"),
         (["vllm_tensor_parallel_size=0"], "vllm_tensor_parallel_size must be at least 1"),
-        (["vllm_max_model_length=600"], "vllm_max_model_length=600 has no room for a longest prompt and a full completion "
+        (["vllm_max_model_length=600", "max_prompt_length=512"], "vllm_max_model_length=600 has no room for a longest prompt and a full completion "
                                         "(max_prompt_length + max_completion_length = 1024 tokens)"),
         (["vllm_server_base_url=gpu-box:8000"], "vllm_server_base_url must start with http:// or https://"),
         (["epsilon=0.3", "epsilon_high=0.2"], "epsilon_high must be >= epsilon"),

@@ -32,6 +32,7 @@ def _cfg(tiny_model_dir, out=None, **kw):
         "lora_r": 4,
         "lora_alpha": 8,
         "lora_dropout": 0.0,
+        "lora_target_modules": ["all-linear"],  # every linear layer (unset: peft's q_proj and v_proj)
         "task_args": {"digits": 2, "num_train": 50, "num_test": 8},
         "reward_funcs": ["boxed_format", "accuracy"],
         "num_generations": 4,

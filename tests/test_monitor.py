@@ -29,9 +29,11 @@ def test_generation_metrics_by_hand():
     metrics = generation_metrics([mixed, flat], rounds, group_size=3)
     assert metrics == pytest.approx({
         "reward": 0.75,  # (1 + 0 + 0.5 + 1 + 1 + 1) / 6 = 4.5 / 6
-        # per-group sample std (n - 1): mixed: mean 0.5, squares 0.25 + 0.25 + 0 = 0.5, / 2 -> std 0.5;
-        # flat: 0. Their mean: 0.25
-        "reward_std": 0.25,
+        # TRL's: the sample std (n - 1) of the whole batch: mean 0.75, squares 0.0625 + 0.5625 + 0.0625
+        # + 3 * 0.0625 = 0.875, / 5 = 0.175 -> std sqrt(0.175) = 0.418330
+        "reward_std": math.sqrt(0.175),
+        # per-group sample std: mixed: mean 0.5, squares 0.25 + 0.25 + 0 = 0.5, / 2 -> std 0.5; flat: 0. Their mean: 0.25
+        "reward_std/within_group": 0.25,
         "frac_reward_zero_std": 0.5,  # 1 of the 2 groups has all rewards equal
         "completions/mean_length": 4.0,  # lengths 4, 2, 6, 3, 3, 6: 24 / 6
         "completions/min_length": 2.0,

@@ -410,7 +410,8 @@ def _run_config(model_dir, out, **settings):
         "model": str(model_dir), "task_args": {"digits": 1, "num_train": 40, "num_test": 4},
         "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 40, "learning_rate": 1e-3,
         "max_steps": 2, "logging_steps": 1, "eval_on_start": False, "eval_on_end": True, "output_dir": str(out),
-        "log_completions": True, **settings})
+        # the tools' descriptions alone are 700 tokens, past the tiny model's context of 256
+        "log_completions": True, "max_prompt_length": 200, **settings})
 
 
 @pytest.mark.trains
@@ -511,7 +512,7 @@ def test_grpo_trainer_takes_tools_as_functions_as_trl_does(model_dir, tmp_path):
     rows = [{"prompt": f"{a} + 1 =", "answer": str(a + 1)} for a in range(4)]
     args = GRPOConfig(output_dir=str(tmp_path / "out"), num_generations=4, per_device_train_batch_size=8,
                       max_completion_length=40, max_steps=2, max_tool_calling_iterations=1, max_staleness=1,
-                      stop_strings=list("aeiou "), report_to="none")
+                      stop_strings=list("aeiou "), report_to="none", max_prompt_length=200)  # the tiny model's context: 256
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=length, args=args, train_dataset=rows, tools=[add])
     assert trainer.cfg.tools == ("<add>",) and trainer.cfg.max_turns == 2
     trainer.train()

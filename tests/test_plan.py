@@ -50,7 +50,7 @@ def test_sampling_ahead_adds_a_weight_copy_and_overlaps_the_phases():
 
 
 def test_lora_has_no_reference_and_a_small_optimizer():
-    est = estimate(ModelSize.from_config(TINY), _cfg(use_peft=True, lora_r=4, bf16=True))
+    est = estimate(ModelSize.from_config(TINY), _cfg(use_peft=True, lora_r=4, lora_target_modules=["all-linear"], bf16=True))
     assert est["reference"] == 0  # the adapter disabled is the reference
     assert est["policy"] == 20352 * 4 + 4096 * 4
     assert est["gradients"] == 4096 * 4 and est["optimizer"] == 2 * 4096 * 4
@@ -97,7 +97,7 @@ def test_fsdp_over_four_gpus_shards_what_trains_and_keeps_a_full_copy():
 def test_lora_under_fsdp_has_no_reference_and_a_full_copy_with_its_adapter():
     from rlvr.plan import Layout, trainer_gpu
 
-    est = trainer_gpu(ModelSize.from_config(TINY), _cfg(fsdp=True, use_peft=True, lora_r=4), Layout(gpus=2))
+    est = trainer_gpu(ModelSize.from_config(TINY), _cfg(fsdp=True, use_peft=True, lora_r=4, lora_target_modules=["all-linear"]), Layout(gpus=2))
     assert est["reference"] == 0
     assert est["full copy"] == 20352 * 4 + 4096 * 4 == 2 * est["policy"]
     assert est["FSDP gathered"] == 81408  # the weights only: the frozen ones have no gradients
@@ -140,7 +140,7 @@ def test_rollout_workers_hold_a_policy_copy_and_the_sampler():
     est = rollout_worker(ModelSize.from_config(TINY), _cfg(rollout_workers=2))
     # 2 prompts over 2 workers: 1 each, 4 rows; weights 81408, packed copy 80768, KV 16384, logits 1760
     assert est["total"] == 81408 + 80768 + 16384 + 1760
-    with_lora = rollout_worker(ModelSize.from_config(TINY), _cfg(rollout_workers=2, use_peft=True, lora_r=4))
+    with_lora = rollout_worker(ModelSize.from_config(TINY), _cfg(rollout_workers=2, use_peft=True, lora_r=4, lora_target_modules=["all-linear"]))
     assert with_lora["policy copy"] == 81408 + 4096 * 4  # the base weights and the fp32 adapter
 
 

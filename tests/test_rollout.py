@@ -322,6 +322,18 @@ def test_empty_prompt_is_refused(tiny, sampler_cls):
         sampler_cls(model, tokenizer, [2]).generate([[]], SamplingParams())
 
 
+def test_a_long_prompt_is_not_cut_and_one_past_the_context_is_refused(tiny, sampler_cls):
+    # The tiny model's context is 256 positions. As TRL, nothing cuts a prompt unless max_prompt_length does.
+    model, tokenizer = tiny
+    sampler = sampler_cls(model, tokenizer, [2])
+    long_prompt = [5 + i % 20 for i in range(250)]
+    [[rollout]] = sampler.generate([long_prompt], SamplingParams(max_tokens=3, n=1))
+    assert rollout.prompt_ids == long_prompt
+    with pytest.raises(RuntimeError, match="a prompt of 256 tokens does not fit the model's context of 256 tokens "
+                                           r"\(max_position_embeddings\); set max_prompt_length"):
+        sampler.generate([long_prompt + [5] * 6], SamplingParams(max_tokens=3, n=1))
+
+
 def test_repetition_penalty_greedy_equals_transformers_generate(tiny, sampler_cls):
     """Greedy with a repetition penalty decodes what transformers' generate decodes with the same
     penalty (over the prompt and the completion so far), also for rows whose neighbours stopped early."""

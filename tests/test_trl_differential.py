@@ -268,3 +268,39 @@ def test_router_loss_weight_on_a_model_without_routers_is_refused(tiny_model_dir
                                rollout_func=fixed_rollouts)
     with pytest.raises(ConfigError, match="router_aux_loss_coef=0.1 .* LlamaConfig has no routers"):
         trainer.train()
+
+
+LORA_CASES = {
+    "task-type-only": {},  # peft's own defaults: r=8, alpha=8, q_proj and v_proj for Llama
+    "rank-targets-dropout": {"r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "o_proj", "down_proj"], "lora_dropout": 0.1},
+    "rslora": {"r": 4, "lora_alpha": 8, "use_rslora": True, "target_modules": "all-linear"},
+    "dora": {"r": 4, "use_dora": True},
+    "modules-to-save": {"r": 4, "modules_to_save": ["lm_head"]},
+    "bias": {"r": 4, "bias": "lora_only"},
+}
+
+
+@pytest.mark.parametrize("case", list(LORA_CASES))
+def test_lora_from_a_peft_config_agrees_with_trl(case, tiny_model_dir, tmp_path, monkeypatch):
+    # peft initialises A at random: both trainers wrap the model with the adapter seeded alike (rlvr
+    # seeds it with the run's seed; TRL with whatever the global stream holds, so here the same seed).
+    from peft import LoraConfig
+
+    import trl.trainer.grpo_trainer as trl_grpo
+
+    wrap = trl_grpo.get_peft_model
+
+    def seeded_wrap(model, config, **kwargs):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(42)
+            return wrap(model, config, **kwargs)
+
+    monkeypatch.setattr(trl_grpo, "get_peft_model", seeded_wrap)
+    settings = {"beta": 0.04, "num_iterations": 2, "max_steps": 2}
+    if LORA_CASES[case].get("lora_dropout"):  # dropout draws differ: both switch it off (rlvr's default, TRL's option)
+        settings["disable_dropout"] = True
+    config = LoraConfig(task_type="CAUSAL_LM", **LORA_CASES[case])
+    theirs = run_trl(tiny_model_dir, tmp_path / "trl", settings, peft_config=config)
+    ours = run_rlvr(tiny_model_dir, tmp_path / "rlvr", settings, monkeypatch, peft_config=LoraConfig(task_type="CAUSAL_LM", **LORA_CASES[case]))
+    compare(theirs, ours)
+    assert all("lora_" in name or "modules_to_save" in name for name in theirs[0][0]), "only the adapter trains"

@@ -326,9 +326,12 @@ def test_colocate_starts_vllm_with_the_engine_settings(fake_vllm, tiny):
     llm = vllm_sampler(cfg, "some/model", tokenizer, [2]).llm
     assert llm.engine_args["model"] == "some/model" and llm.engine_args["logprobs_mode"] == "processed_logprobs"
     assert llm.engine_args["tensor_parallel_size"] == 4 and llm.engine_args["max_model_len"] == 8192
-    # by default one GPU, and room for a longest prompt and a full completion (TRL's defaults: 512 + 512)
+    # by default one GPU and, as TRL, the model's own context: prompts are not cut
     llm = vllm_sampler(build_config({"use_vllm": True}), "some/model", tokenizer, [2]).llm
-    assert llm.engine_args["tensor_parallel_size"] == 1 and llm.engine_args["max_model_len"] == 1024
+    assert llm.engine_args["tensor_parallel_size"] == 1 and "max_model_len" not in llm.engine_args
+    # with max_prompt_length, room for a longest prompt and a full completion (512 + 512)
+    llm = vllm_sampler(build_config({"use_vllm": True, "max_prompt_length": 512}), "some/model", tokenizer, [2]).llm
+    assert llm.engine_args["max_model_len"] == 1024
 
 
 def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from rlvr.lora import adapters_enabled, effective_weight, is_adapted, unwrap
+from rlvr.lora import adapters_enabled, effective_weight, is_adapted, unplain, unwrap
 
 log = logging.getLogger(__name__)
 _REPORTED: set[str] = set()  # why models took the generic path, each said once per process
@@ -69,6 +69,7 @@ def on_fast_path(model) -> bool:
 
 def fast_path_reason(model) -> str | None:
     """None when this runner can run `model`, else one line, starting with the model type, that says why not."""
+    lora_option = unplain(model)
     model = unwrap(model)
     config = getattr(model, "config", None)
     kind = getattr(config, "model_type", None)
@@ -76,6 +77,8 @@ def fast_path_reason(model) -> str | None:
         return f"{type(model).__name__}: not a transformers model"
     if kind not in SUPPORTED:
         return f"{kind}: " + WHY_NOT.get(kind, f"rlvr's fast path covers {', '.join(SUPPORTED)} only")
+    if lora_option:
+        return f"{kind}: LoRA with {lora_option} runs in peft's own layers, not on rlvr's fast path"
     windowed = kind != "llama" and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
     if windowed or any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
         return f"{kind}: sliding-window attention is not implemented on rlvr's fast path"

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from rlvr.config import ModelSettings
 
 PEFT_MISSING = 'use_peft=true needs peft, which is not installed. Install it with: pip install "peft>=0.13"'
-# lora_target_modules=null: every linear layer of attention and MLP (for Llama: q/k/v/o_proj,
-# gate/up/down_proj); peft's "all-linear" means exactly that, never the output layer.
+# lora_target_modules=[all-linear]: every linear layer of attention and MLP (for Llama: q/k/v/o_proj,
+# gate/up/down_proj), never the output layer; null: peft's own choice for the architecture.
 ALL_LINEAR = "all-linear"
 
 
@@ -44,15 +44,42 @@ def unwrap(model):
     return model.get_base_model() if is_peft(model) else model
 
 
-def wrap(model, settings: ModelSettings, base_path: str, seed: int):
-    """The model with a fresh LoRA adapter; only the adapter's parameters require gradients.
-    `seed` (the run's) alone decides the adapter's random init."""
-    require_peft()
-    from peft import LoraConfig, get_peft_model
+def peft_config(settings: ModelSettings):
+    """The peft LoraConfig of these settings: `lora_config` (a LoraConfig as given, every option) when
+    set, else the lora_* settings as TRL's scripts make one (peft's defaults for what is not set)."""
+    from peft import LoraConfig
 
-    targets = list(settings.lora_target_modules) if settings.lora_target_modules else ALL_LINEAR
-    config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
-                        target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    if settings.lora_config is not None:
+        return LoraConfig(**{k: v for k, v in settings.lora_config.items() if k != "peft_type"})
+    targets = settings.lora_target_modules
+    if targets is not None:
+        targets = ALL_LINEAR if tuple(targets) == (ALL_LINEAR,) else list(targets)
+    extra = {"target_parameters": list(settings.lora_target_parameters)} if settings.lora_target_parameters else {}
+    return LoraConfig(task_type=settings.lora_task_type, r=settings.lora_r, lora_alpha=settings.lora_alpha,
+                      lora_dropout=settings.lora_dropout, target_modules=targets, bias="none", use_rslora=settings.use_rslora,
+                      use_dora=settings.use_dora, modules_to_save=list(settings.lora_modules_to_save or ()) or None, **extra)
+
+
+def as_settings(config) -> dict:
+    """A peft LoraConfig as rlvr settings: `lora_config` holds every option (plain JSON values, so a
+    checkpoint's config.yaml and the rollout workers carry it); lora_r / lora_alpha / lora_dropout
+    mirror it for what reads them (vLLM's LoRA slots, `rlvr plan`)."""
+    import json
+
+    values = json.loads(json.dumps(config.to_dict(), default=lambda v: sorted(v) if isinstance(v, (set, frozenset)) else str(v)))
+    values.pop("peft_type", None)
+    ranks = [config.r, *(config.rank_pattern or {}).values()]
+    return {"use_peft": True, "lora_config": values, "lora_r": int(max(ranks)), "lora_alpha": config.lora_alpha,
+            "lora_dropout": float(config.lora_dropout)}
+
+
+def wrap(model, settings: ModelSettings, base_path: str, seed: int):
+    """The model with a fresh LoRA adapter; only the adapter's parameters (and any modules_to_save)
+    require gradients.  `seed` (the run's) alone decides the adapter's random init."""
+    require_peft()
+    from peft import get_peft_model
+
+    config = peft_config(settings)
     try:
         with torch.random.fork_rng(devices=[]):  # the adapter's random init depends on the seed alone
             torch.manual_seed(seed)
@@ -63,6 +90,21 @@ def wrap(model, settings: ModelSettings, base_path: str, seed: int):
     path = Path(base_path)
     peft_model.peft_config["default"].base_model_name_or_path = str(path.resolve()) if path.is_dir() else base_path
     return peft_model
+
+
+def unplain(model) -> str | None:
+    """What keeps a LoRA model's weights from being W + scale * B A on linear layers alone (what
+    rlvr's fast path computes, llama.py), or None: DoRA, modules trained whole, trained biases,
+    adapted parameters or embeddings."""
+    if not is_peft(model):
+        return None
+    config = model.peft_config[model.active_adapter]
+    options = [(getattr(config, "use_dora", False), "use_dora"), (config.modules_to_save, "modules_to_save"),
+               (getattr(config, "bias", "none") != "none" or getattr(config, "lora_bias", False), "a trained bias"),
+               (getattr(config, "target_parameters", None), "target_parameters"),
+               (getattr(config, "trainable_token_indices", None), "trainable_token_indices"),
+               (any(getattr(m, "lora_embedding_A", None) for m in model.modules()), "an adapted embedding")]
+    return next((name for given, name in options if given), None)
 
 
 def reference_off(model):

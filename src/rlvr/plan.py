@@ -91,7 +91,16 @@ from rlvr.errors import ConfigError
 
 SIZE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
-LORA_DEFAULT = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # lora_target_modules=[all-linear]
+LORA_DEFAULT = ("q_proj", "v_proj")  # lora_target_modules unset: peft's choice for Llama, as TRL
+
+
+def lora_targets(cfg) -> tuple:
+    """The Llama linear layers the run's LoRA adapts."""
+    targets = (cfg.lora_config or {}).get("target_modules") if cfg.lora_config else cfg.lora_target_modules
+    if targets in ("all-linear", ["all-linear"], ("all-linear",)):
+        return LORA_ALL
+    return tuple([targets] if isinstance(targets, str) else targets) if targets else LORA_DEFAULT
 CHUNK = 512  # logprobs.DEFAULT_CHUNK
 SAMPLER_ROWS = 64  # the in-process sampler's max_batch_size
 GIB = 2**30
@@ -171,7 +180,7 @@ def estimate(size: ModelSize, cfg, sampling_prompts: int | None = None) -> dict[
     w, s = weight_bytes(cfg), sampling_bytes(cfg)
     a = 2 if cfg.bf16 else 4
     if cfg.use_peft:
-        T, tw = size.lora_params(cfg.lora_r, cfg.lora_target_modules or LORA_DEFAULT), 4
+        T, tw = size.lora_params(cfg.lora_r, lora_targets(cfg)), 4
     else:
         T, tw = P, w
     rows = G * min(sampling_prompts or cfg.prompts_per_step, max(1, SAMPLER_ROWS // G))
@@ -225,11 +234,11 @@ def _total(rows: dict, checkpointed: bool, overlap: bool) -> float:
 
 def _header(size: ModelSize, cfg) -> list[str]:
     how = f"LoRA r={cfg.lora_r}" if cfg.use_peft else "full fine-tuning"
-    trainable = size.lora_params(cfg.lora_r, cfg.lora_target_modules or LORA_DEFAULT) if cfg.use_peft else size.params
+    trainable = size.lora_params(cfg.lora_r, lora_targets(cfg)) if cfg.use_peft else size.params
     return [f"model: {size.params / 1e6:.1f}M parameters ({size.num_hidden_layers} layers, hidden {size.hidden_size}, "
             f"vocab {size.vocab_size}); {how}, {trainable / 1e6:.2f}M trainable",
             f"G={cfg.num_generations}, {cfg.prompts_per_step} prompts/step, micro-batch {cfg.per_device_train_batch_size}, "
-            f"prompt <= {cfg.max_prompt_length}, completion <= {cfg.max_completion_length}, beta={cfg.beta}, "
+            f"prompt <= {cfg.max_prompt_length or '512 (assumed: max_prompt_length is unset)'}, completion <= {cfg.max_completion_length}, beta={cfg.beta}, "
             f"dtype={cfg.dtype}, bf16={cfg.bf16}, AdamW"]
 
 

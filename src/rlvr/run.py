@@ -101,10 +101,10 @@ def _load_model(cfg: Config, world: distributed.World, objects=None):
 
 def _prepare_model(cfg: Config, model, model_path):
     """The model as it trains: dropout off, the LoRA adapter, gradient checkpointing."""
-    if cfg.disable_dropout:
-        disable_dropout(model)  # before LoRA: lora_dropout is the adapter's own setting
     if cfg.use_peft:
         model = lora.wrap(model, cfg.model_settings, model_path, cfg.seed)
+    if cfg.disable_dropout:
+        disable_dropout(model)  # after LoRA, as TRL: the adapter's dropout is off too
     if cfg.gradient_checkpointing:
         _checkpoint_layers(model)
     return model

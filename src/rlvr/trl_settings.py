@@ -32,8 +32,8 @@ vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importanc
 vllm_importance_sampling_clip_min log_completions num_completions_to_print use_bias_correction_kl
 router_aux_loss_coef
 """.split()) | frozenset(  # the ModelConfig / ScriptArguments of TRL's scripts (trl/scripts/grpo.py)
-    "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules dataset_config dataset_train_split "
-    "dataset_test_split reward_funcs".split())
+    "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save "
+    "lora_task_type use_rslora use_dora dataset_config dataset_train_split dataset_test_split reward_funcs".split())
 
 # Accepted and without effect in rlvr; the reason is what `rlvr train --help` and docs/settings.md say.
 IGNORED = {
@@ -73,7 +73,7 @@ IGNORED = {
         vllm_enable_prefix_caching wandb_log_unique_prompts use_liger_loss""".split(),
                     "a setting of an older TRL or transformers version, without effect in TRL 1.16 too"),
     **dict.fromkeys("""bnb_4bit_quant_type use_bnb_nested_quant ignore_bias_buffers gradient_checkpointing_use_reentrant
-        lora_task_type""".split(), "a knob of TRL scripts' ModelConfig that rlvr's loading and LoRA decide"),
+        """.split(), "a knob of TRL scripts' ModelConfig that rlvr's loading and LoRA decide"),
 }
 
 # Accepted only at an inert value (the first is TRL's default); any other refused with the reason.
@@ -98,9 +98,6 @@ UNSUPPORTED = {
     "log_completions_hub_repo": ((None,), "uploading completions to the Hub is not supported; they are in completions.jsonl"),
     "load_in_4bit": ((False,), "quantized (QLoRA) training is not supported yet"),
     "load_in_8bit": ((False,), "quantized (QLoRA) training is not supported yet"),
-    "use_rslora": ((False,), "rank-stabilised LoRA is not supported yet"),
-    "use_dora": ((False,), "DoRA is not supported yet"),
-    "lora_modules_to_save": ((None,), "training whole modules beside the LoRA adapter is not supported yet"),
     "dataset_streaming": ((False,), "streamed datasets from the command line are not supported; GRPOTrainer takes an IterableDataset"),
     "reward_model_name_or_path": ((None,), "reward models are not supported yet: rewards are verifiers and functions"),
 }

@@ -32,15 +32,13 @@ def model_name(model) -> str:
 
 
 def lora_settings(peft_config) -> dict:
-    """A peft LoraConfig as rlvr's lora_* settings."""
+    """A peft LoraConfig as rlvr settings, used exactly as given: every option, peft's own defaults
+    for what it leaves unset (lora.as_settings)."""
     if type(peft_config).__name__ != "LoraConfig":
         raise ConfigError(f"peft_config: only a LoraConfig is supported, got {type(peft_config).__name__}")
-    targets = peft_config.target_modules
-    out = {"use_peft": True, "lora_r": int(peft_config.r), "lora_alpha": int(peft_config.lora_alpha),
-           "lora_dropout": float(peft_config.lora_dropout)}
-    if targets and targets != "all-linear":
-        out["lora_target_modules"] = sorted(targets) if not isinstance(targets, str) else [targets]
-    return out
+    from rlvr.lora import as_settings
+
+    return as_settings(peft_config)
 
 
 def multiturn_settings(tools, rollout_func, environment_factory) -> dict:

@@ -19,9 +19,15 @@ class ModelSettings(Section):
     # --- lora -----------------------------------------------------------------------
     use_peft: bool = False  # train a LoRA adapter (peft) instead of every weight
     lora_r: int = 16  # adapter rank
-    lora_alpha: int = 32  # adapter scale alpha / r
-    lora_dropout: float = 0.0  # dropout on the adapter input; 0 like disable_dropout: it makes log-probs noisy and resume inexact
-    lora_target_modules: tuple | None = None  # module names to adapt; default: every linear layer of attention and MLP
+    lora_alpha: int = 32  # adapter scale alpha / r (alpha / sqrt(r) with use_rslora)
+    lora_dropout: float = 0.05  # dropout on the adapter input; off with every other dropout while disable_dropout=true (the default)
+    lora_target_modules: tuple | None = None  # module names to adapt; default: peft's choice for the architecture (Llama: q_proj, v_proj), as TRL; all-linear: every linear layer of attention and MLP
+    lora_target_parameters: tuple | None = None  # parameter names to adapt (peft's target_parameters, e.g. MoE experts' weights)
+    lora_modules_to_save: tuple | None = None  # modules trained whole beside the adapter, e.g. [lm_head]
+    lora_task_type: str = "CAUSAL_LM"  # peft's task type
+    use_rslora: bool = False  # rank-stabilised LoRA: scale alpha / sqrt(r)
+    use_dora: bool = False  # DoRA: weight-decomposed LoRA (a magnitude per output besides the low-rank update)
+    lora_config: dict | None = None  # a peft LoraConfig with every option, as given to GRPOTrainer(peft_config=...) (its to_dict()); used instead of the lora_* settings above
     lora_save: str = "adapter"  # final save: adapter (peft format) | merged (a plain model)
 
     def _rules(self) -> list[str]:
@@ -53,7 +59,7 @@ class DataSettings(Section):
     answer_column: str | None = None  # default: the first of answer, solution, ground_truth
     system_prompt: str | None = None  # text, or "r1" for the built-in think/answer prompt
     text_prompts: str = "chat"  # a plain-text prompt: chat = one user message of the chat template | raw = the text as it is (TRL's; GRPOTrainer's default)
-    max_prompt_length: int | None = 512  # longer prompts are cut from the left
+    max_prompt_length: int | None = None  # cut longer prompts from the left to this many tokens; null: never cut (as TRL), a prompt longer than the model's context is refused
     shuffle_dataset: bool = True  # draw the train prompts in a new random order each epoch; false: in file order
     chat_template_kwargs: dict = field(default_factory=dict)  # extra arguments for the chat template, e.g. {enable_thinking: false} (Qwen3)
 

@@ -26,7 +26,8 @@ ALIASES = {
     "vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max",  # TRL's older name
 }
 
-_TUPLE_FIELDS = {"stop_strings", "tools", "reward_funcs", "reward_weights", "report_to", "lora_target_modules"}
+_TUPLE_FIELDS = {"stop_strings", "tools", "reward_funcs", "reward_weights", "report_to", "lora_target_modules",
+                 "lora_target_parameters", "lora_modules_to_save"}
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

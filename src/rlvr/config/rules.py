@@ -38,6 +38,10 @@ def cross_section_problems(cfg) -> list[str]:
          f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train"),
     ]
     problems = [message for ok, message in rules if not ok]
+    option = lora_beyond_vllm(cfg)
+    if cfg.use_peft and (cfg.use_vllm or cfg.rollout_workers) and option:
+        problems.append(f"LoRA with {option} cannot be sampled by vLLM or the rollout workers, which take plain "
+                        "LoRA adapters of linear layers only: sample in the training process (use_vllm=false, rollout_workers=0)")
     if cfg.vllm_max_model_length is not None:
         longest = (cfg.max_prompt_length or 1) + cfg.max_completion_length
         sizes = "max_prompt_length + max_completion_length" if cfg.max_prompt_length else "1 + max_completion_length"
@@ -76,3 +80,12 @@ def generation_batch_problems(cfg) -> list[str]:
         else:
             problems.append(f"a generation of {b} completions is not divisible by num_generations = {g}; make it a multiple of {g}")
     return problems
+
+
+def lora_beyond_vllm(cfg) -> str | None:
+    """The LoRA option that makes the adapter more than low-rank updates of linear layers, or None."""
+    given = cfg.lora_config or {}
+    options = [(given.get("use_dora", cfg.use_dora), "use_dora"), (given.get("modules_to_save", cfg.lora_modules_to_save), "modules_to_save"),
+               (given.get("bias", "none") != "none" or given.get("lora_bias"), "a trained bias"),
+               (given.get("target_parameters", cfg.lora_target_parameters), "target_parameters")]
+    return next((name for value, name in options if value), None)

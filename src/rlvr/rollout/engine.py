@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from rlvr.llama import LlamaRunner, on_fast_path
-from rlvr.rollout import SamplingParams, pad_token_id
+from rlvr.rollout import RolloutError, SamplingParams, pad_token_id
 from rlvr.rollout.graphs import StaticDecoder
 from rlvr.rollout.sampling import GroupGenerators, sample_next, seen_tokens
 from rlvr.runtime import configure_allocator
@@ -39,6 +39,11 @@ class HFSampler:
     def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("cannot sample from an empty prompt")
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        longest = max((len(p) for p in prompt_ids), default=0)
+        if context and longest >= context:  # as TRL, no prompt is cut unless max_prompt_length says so
+            raise RolloutError(f"a prompt of {longest} tokens does not fit the model's context of {context} tokens "
+                               f"(max_position_embeddings); set max_prompt_length (e.g. {context // 2}) to cut prompts from the left")
         per_chunk = max(1, self.max_batch_size // params.n)
         out = []
         for lo in range(0, len(prompt_ids), per_chunk):

@@ -82,14 +82,15 @@ def engine_args(rollout: RolloutSettings, model: ModelSettings, *, max_prompt_le
                 several_processes: bool = False) -> dict:
     """vLLM's engine settings (colocate, `rlvr vllm-serve` and the rollout workers alike): the vllm_*
     settings, the weights' dtype (bf16, else the model's dtype) and the run's seed.  The context is
-    vllm_max_model_length, else room for a longest prompt and a full completion.  With use_peft the
+    vllm_max_model_length, else room for a longest prompt (max_prompt_length) and a full completion,
+    else (prompts never cut) the model's own.  With use_peft the
     engine takes LoRA adapters of the model's rank.  Under torchrun (several_processes) each process
     drives its own engine, as TRL's colocate mode does: vLLM's external launcher joins the process
     group already there (each rank a replica of its own, on its own GPU) instead of starting one."""
-    max_model_len = rollout.vllm_max_model_length or (max_prompt_length or 1536) + rollout.max_completion_length
     args = {"dtype": "bfloat16" if bf16 else model.dtype, "gpu_memory_utilization": rollout.vllm_gpu_memory_utilization,
-            "max_model_len": max_model_len, "tensor_parallel_size": rollout.vllm_tensor_parallel_size, "seed": seed,
-            "enforce_eager": rollout.vllm_enforce_eager}
+            "tensor_parallel_size": rollout.vllm_tensor_parallel_size, "seed": seed, "enforce_eager": rollout.vllm_enforce_eager}
+    if rollout.vllm_max_model_length or max_prompt_length:  # else the model's own context, as TRL leaves it
+        args["max_model_len"] = rollout.vllm_max_model_length or max_prompt_length + rollout.max_completion_length
     if rollout.vllm_kv_cache_gb:
         args["kv_cache_memory_bytes"] = int(rollout.vllm_kv_cache_gb * 2**30)
     if model.use_peft:
