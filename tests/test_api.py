@@ -290,3 +290,102 @@ def test_plain_text_prompts_reach_the_model_as_they_are_as_in_trl(tiny_model_dir
     with pytest.raises(ConfigError, match="system_prompt needs text_prompts=chat"):
         GRPOTrainer(model=str(tiny_model_dir), reward_funcs=spy, train_dataset=rows,
                     args=GRPOConfig(output_dir=str(tmp_path / "x"), system_prompt="be brief"))
+
+
+# --- reward functions, tools and environments as TRL takes them --------------------------------
+
+def _strict_reward(completions, prompts, completion_ids, trainer_state, log_extra, log_metric, level):
+    """A signature TRL accepts: exactly the keyword arguments TRL passes (no **kwargs), plus a column."""
+    log_extra("level_seen", list(level))
+    log_metric("custom/mean_length", sum(len(c) for c in completions) / len(completions))
+    log_metric("custom/mean_length", 0.0)  # logged twice in one step: the row holds the mean
+    assert trainer_state.global_step >= 0 and len(completion_ids) == len(completions) == len(prompts)
+    return [float(len(c) % 3) for c in completions]
+
+
+async def _async_reward(completions, **kwargs):
+    assert "prompt_texts" not in kwargs and "max_completion_length" not in kwargs  # rlvr's own extras: not TRL's
+    return [1.0 if "a" in c else 0.0 for c in completions]
+
+
+@pytest.mark.trains
+@pytest.mark.processes
+def test_reward_functions_get_trls_arguments_and_can_log(tiny_model_dir, tmp_path):
+    rows = [{"prompt": f"{a}+1=", "level": a % 3} for a in range(4)]
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=6, max_steps=1, report_to="none")
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[_strict_reward, _async_reward], args=args, train_dataset=rows)
+    trainer.train()
+    row = next(r for r in trainer.state.log_history if "reward" in r)
+    lengths = [len(s["completion"]) for s in map(json.loads, (tmp_path / "run" / "completions.jsonl").read_text().splitlines())]
+    assert row["custom/mean_length"] == pytest.approx(sum(lengths) / len(lengths) / 2)  # the mean of (mean length, 0)
+    samples = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert [s["level_seen"] for s in samples] == [0, 0, 0, 0, 1, 1, 1, 1]  # each completion's row, as logged
+    assert "rewards/_async_reward/mean" in row
+
+
+def test_rlvr_extras_reach_only_the_functions_that_take_them():
+    from rlvr.rewards.calls import EXTRAS, accepted_extras
+
+    def named(completions, prompt_texts, **kwargs): ...
+
+    def anything(completions, **kwargs): ...
+
+    def strict(completions, prompts): ...
+
+    assert accepted_extras(named, given=True) == {"prompt_texts"}
+    assert accepted_extras(anything, given=True) == set()  # given to GRPOTrainer: TRL's arguments only
+    assert accepted_extras(anything, given=False) == EXTRAS  # named in the settings: rlvr's too
+    assert accepted_extras(strict, given=False) == set()
+
+
+@pytest.mark.trains
+@pytest.mark.processes
+def test_an_async_tool_is_awaited(tiny_model_dir, tmp_path):
+    from rlvr.tools import ToolBox, ToolCall, register_tool
+
+    async def add(a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+    box = ToolBox([register_tool(add)])
+    try:
+        assert box.run(ToolCall("add", {"a": 2, "b": 5})) == ("7", True)
+    finally:
+        box.close()
+
+
+class TRLStyleEnvironment:
+    """TRL's environment protocol: reset(**kwargs), methods the model calls as tools, get_reward()."""
+
+    def reset(self, **kwargs):
+        self.moves = 0
+
+    def move(self, direction: str) -> str:
+        """Move.
+
+        Args:
+            direction: Where to.
+        """
+        self.moves += 1
+        return "moved"
+
+    def get_reward(self) -> float:
+        return float(self.moves)
+
+
+def test_a_trl_protocol_environment_is_refused_with_one_line(tiny_model_dir, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4, max_steps=1)
+    rows = [{"prompt": "go"}] * 4
+    with pytest.raises(ConfigError, match="environment TRLStyleEnvironment has reset\\(\\) but no step\\(text\\): it looks like "
+                                          "TRL's environment protocol"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[_async_reward], args=args, train_dataset=rows,
+                    environment_factory=TRLStyleEnvironment)
+    with pytest.raises(ConfigError, match="environment_factory as a dict of several environments"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[_async_reward], args=args, train_dataset=rows,
+                    environment_factory={"maze": TRLStyleEnvironment})

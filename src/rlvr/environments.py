@@ -80,5 +80,35 @@ def register_environment(factory) -> str:
 
 
 def load_environment(spec):
-    """A factory of environments from a class, a function or "package.module:Name"."""
-    return load_named(spec, "environment", GIVEN, "package.module:ClassName")
+    """A factory of environments from a class, a function or "package.module:Name".  A class
+    without rlvr's protocol (TRL's, say) is refused here, before any model loads; what a function
+    makes is checked when it is made (`checked`)."""
+    factory = load_named(spec, "environment", GIVEN, "package.module:ClassName")
+    problem = protocol_problem(factory) if isinstance(factory, type) else None
+    if problem:
+        raise ValueError(problem)
+    return factory
+
+
+def protocol_problem(env) -> str | None:
+    """Why `env` (an environment or its class) is not an rlvr environment, or None."""
+    if callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
+        return None
+    name = getattr(env, "__name__", type(env).__name__)
+    if callable(getattr(env, "reset", None)):
+        return (f"environment {name} has reset() but no step(text): it looks like TRL's environment protocol (its methods "
+                "offered to the model as tools, get_reward()), which rlvr does not support yet; an rlvr environment has "
+                "reset(example) and step(text) -> Step (docs/multiturn.md), and plain tools go in tools=[...]")
+    return f"environment {name} must have reset(example) and step(text) -> Step methods (docs/multiturn.md)"
+
+
+def checked(factory):
+    """`factory`, with each environment it makes checked against the protocol (a ValueError, which ends the run)."""
+    def make():
+        env = factory()
+        problem = protocol_problem(env)
+        if problem:
+            raise ValueError(problem)
+        return env
+
+    return make

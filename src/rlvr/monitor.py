@@ -183,6 +183,11 @@ def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
         metrics["tools/errors_per_completion"] = sum(i["tool_errors"] for i in infos) / n
         metrics["tools/error_rate"] = sum(i["tool_errors"] for i in infos) / max(sum(i["tool_calls"] for i in infos), 1)
         metrics["env/errors"] = sum(bool(i["env_error"]) for i in infos)
+    logged: dict = {}  # what reward functions logged with log_metric: the mean of the step's values, as TRL
+    for rnd in rounds:
+        for key, values in rnd.logged.items():
+            logged.setdefault(key, []).extend(values)
+    metrics.update({key: sum(values) / len(values) for key, values in logged.items() if values and key not in metrics})
     for name in groups[0].per_func:
         vals = torch.tensor([v for g in groups for v in g.per_func[name] if v is not None] or [math.nan])
         metrics[f"rewards/{name}/mean"] = vals.mean().item()

@@ -30,3 +30,26 @@ def register(obj, given: dict) -> str:
     name = f"<{getattr(obj, '__name__', type(obj).__name__)}>"
     given[name] = obj
     return name
+
+
+def settle(value):
+    """The value a user function returned, awaited when it is a coroutine or another awaitable (an
+    `async def` tool or reward function, as TRL takes them): in a fresh event loop, or in a thread of
+    its own where this thread already runs one (a notebook)."""
+    import inspect
+
+    if not inspect.isawaitable(value):
+        return value
+    import asyncio
+
+    async def wait():
+        return await value
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, wait()).result()

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rlvr.isolation import CallFailed, CallTimedOut, Worker, WorkerDied
-from rlvr.plugins import load_named, register
+from rlvr.plugins import load_named, register, settle
 from rlvr.errors import ToolError  # noqa: F401 - raised here, defined in the leaf errors.py
 
 _CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
@@ -276,7 +276,7 @@ def _argument_problem(function, arguments: dict) -> str | None:
 
 def _as_text(function, /, **arguments) -> str:
     """A tool's result as the text the model reads (run in the worker, so only text crosses back)."""
-    value = function(**arguments)
+    value = settle(function(**arguments))  # an async tool's result, awaited
     return value if isinstance(value, str) else _to_text(value)
 
 

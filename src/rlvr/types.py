@@ -188,6 +188,7 @@ class SampledGroup:
     per_func: dict[str, list]
     kl: list[float] | None = None  # per completion, summed over tokens (kl_penalty=reward)
     rank: int = 0  # the process that sampled it, and trains on it (distributed.py)
+    extra: dict = field(default_factory=dict)  # columns reward functions logged (log_extra), per completion
 
     @property
     def has_signal(self) -> bool:
@@ -202,6 +203,7 @@ class Round:
     counters: dict  # per reward function: timeouts, errors
     rollout_seconds: float
     reward_seconds: float
+    logged: dict = field(default_factory=dict)  # scalars reward functions logged (log_metric), by name
 
 
 @dataclass

@@ -53,6 +53,9 @@ def multiturn_settings(tools, rollout_func, environment_factory) -> dict:
         out["tools"] = [t if isinstance(t, str) else register_tool(t) for t in tools]
     if rollout_func is not None:
         out["rollout_func"] = rollout_func if isinstance(rollout_func, str) else register_rollout_func(rollout_func)
+    if isinstance(environment_factory, dict):
+        raise ConfigError("environment_factory as a dict of several environments (TRL's form) is not supported yet: "
+                          "give one environment factory")
     if environment_factory is not None:
         out["environment"] = (environment_factory if isinstance(environment_factory, str)
                               else register_environment(environment_factory))

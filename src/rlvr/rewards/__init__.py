@@ -5,14 +5,16 @@ A reward function has TRL's signature
     fn(completions, **kwargs) -> list[float | None]
 
 where `completions` holds one entry per completion (text, or a one-message list
-for chat prompts) and kwargs carries, aligned with the completions: `prompts`,
-`prompt_texts` (the text the model saw, chat template applied),
-`completion_ids` and every dataset column (e.g. `answer`); plus
-`trainer_state` (global_step, max_steps) and `max_completion_length`.  None
-means "not applicable": it is left out of that function's mean and counts as 0
-in the weighted total (TRL's nansum).  A function may return a ScoreList to
-report completions it could not score (timeouts, errors).  `reward_args` in the
-config supplies keyword arguments per function.
+for chat prompts) and kwargs carries what TRL passes, aligned with the completions:
+`prompts`, `completion_ids` and every dataset column; plus `trainer_state`,
+`log_extra` and `log_metric` (calls.py).  rlvr's own extras (`prompt_texts`, the
+text the model saw; `max_completion_length`; `answer`, the answer column by that
+name; `env_rewards`) reach a function that names them, or that takes **kwargs and
+was named in the settings rather than given to GRPOTrainer.  An `async def`
+function is awaited.  None means "not applicable": it is left out of that
+function's mean and counts as 0 in the weighted total (TRL's nansum).  A function
+may return a ScoreList to report completions it could not score (timeouts,
+errors).  `reward_args` in the config supplies keyword arguments per function.
 
 The built-ins run in the trainer's process and bound themselves.  Your own functions run in a
 worker process (reward_isolation=process, isolation.py) that is killed, with what it started, at
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlvr.isolation import CallFailed, CallTimedOut, Worker, WorkerDied
+from rlvr.rewards import calls
 from rlvr.rewards.code import code_tests
 from rlvr.rewards.countdown import countdown
 from rlvr.rewards.deadline import RewardTimeout, time_limit
@@ -181,6 +184,8 @@ class Scores:
     total: list[float]  # weighted sum per completion (None counts as 0)
     per_func: dict[str, list[float | None]]
     counters: dict[str, dict[str, int]] = field(default_factory=dict)  # per function: timeouts, errors
+    extra: dict[str, list] = field(default_factory=dict)  # log_extra's columns, one value per completion
+    logged: dict[str, list[float]] = field(default_factory=dict)  # log_metric's values by name (calls.py)
 
     def mean(self, name: str) -> float:
         vals = [v for v in self.per_func[name] if v is not None]
@@ -213,13 +218,14 @@ class RewardSet:
             raise ValueError(f"reward_isolation must be one of {', '.join(ISOLATION)}, got {isolation!r}")
         args, self.timeout, self.isolation = args or {}, timeout, isolation
         self.names = [reward_name(n) for n in names]
-        self.fns = []
+        self.fns, self.extras = [], []  # extras: the rlvr-only keyword arguments each of your functions takes (calls.py)
         for full, short in zip(names, self.names):
             fn = resolve_reward(full)
             kwargs = args.get(full, args.get(short))
             self.fns.append(functools.partial(fn, **kwargs) if kwargs else fn)
+            self.extras.append(calls.accepted_extras(self.fns[-1], given=full in GIVEN))
         self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(self.fns)
-        own = {i: fn for i, fn in enumerate(self.fns) if not _builtin(fn)}
+        own = {i: functools.partial(calls.call, fn) for i, fn in enumerate(self.fns) if not _builtin(fn)}
         self.worker = Worker(own, "reward") if own and isolation == "process" else None  # forked at its first call
 
     def close(self) -> None:
@@ -233,7 +239,9 @@ class RewardSet:
         rows = [(i, ex, r) for i, (ex, group) in enumerate(zip(examples, groups)) for r in group]
         keys = dict.fromkeys(k for ex in examples for k in ex.columns)
         columns = {k: [ex.columns.get(k) for _, ex, _ in rows] for k in keys}
-        columns.setdefault("answer", [ex.answer for _, ex, _ in rows])
+        extras = {"prompt_texts", "max_completion_length", "env_rewards"} | ({"answer"} - set(columns))  # not TRL's
+        answers = [ex.answer for _, ex, _ in rows]  # the answer column's values, whatever its name
+        columns.setdefault("answer", answers)
         completions = [  # a multi-turn rollout's whole conversation (TRL's shape); its last turn is the answer
             (r.messages or [{"role": "assistant", "content": r.text}]) if ex.is_conversational else r.text for _, ex, r in rows
         ]
@@ -249,14 +257,26 @@ class RewardSet:
             "trainer_state": trainer_state or TrainerState(),
             "max_completion_length": max_completion_length,
         }
-        return self.score(completions, {**context, **columns})
+        return self.score(completions, {**context, **columns}, frozenset(extras), answers)
 
-    def score(self, completions, kwargs: dict) -> Scores:
+    def score(self, completions, kwargs: dict, extras: frozenset = frozenset(), answers: list | None = None) -> Scores:
+        """Every function's scores of `completions`; `extras`: the keys of kwargs that are rlvr's own,
+        given to your functions only where they take them (calls.py); `answers`: the reference answers
+        the built-in verifiers grade against, as `answer` (a dataset column named answer may differ)."""
         n = len(completions)
-        per_func, counters = {}, {}
+        per_func, counters, extra, logged = {}, {}, {}, {}
         for i, name in enumerate(self.names):
+            if _builtin(self.fns[i]):
+                mine = kwargs if answers is None else {**kwargs, "answer": answers}
+            else:
+                mine = {k: v for k, v in kwargs.items() if k not in extras - self.extras[i]}
             try:
-                values = self._call(i, completions, kwargs)
+                values = self._call(i, completions, mine)
+                if isinstance(values, calls.Logged):  # your own function's, with what it logged
+                    extra.update(values.extra)
+                    for key, vals in values.metrics.items():
+                        logged.setdefault(key, []).extend(vals)
+                    values = values.scores
             except (RewardTimeout, CallTimedOut):
                 log.warning("reward function %r ran past reward_timeout=%g s: its %d scores of this batch are None, "
                             "counted in rewards/%s/timeouts", name, self.timeout, n, name)
@@ -274,7 +294,7 @@ class RewardSet:
             float(sum(w * v for w, v in zip(self.weights, vals) if v is not None))  # 0.0 when all are None
             for vals in zip(*(per_func[name] for name in self.names))
         ]
-        return Scores(total=total, per_func=per_func, counters=counters)
+        return Scores(total=total, per_func=per_func, counters=counters, extra=extra, logged=logged)
 
     def _call(self, i: int, completions, kwargs: dict):
         """The i-th function's scores: a built-in here, your own in the worker process (or inline)."""
@@ -284,7 +304,7 @@ class RewardSet:
         if self.worker is not None:
             return self.worker.call(i, {"completions": completions, **kwargs}, self.timeout)
         with time_limit(self.timeout, f"reward function {self.names[i]!r}"):
-            return fn(completions=completions, **kwargs)
+            return calls.call(fn, completions=completions, **kwargs)
 
 
 def _builtin(fn) -> bool:

@@ -87,7 +87,7 @@ class Generations:
         samples = [
             {"prompt": g.example.prompt, "answer": g.example.answer, "completion": r.text, "reward": reward,
              "advantage": advantages[i * size + j].item(), "finish_reason": r.finish_reason,
-             **({"turns": r.messages} if r.messages else {})}
+             **({"turns": r.messages} if r.messages else {}), **{k: v[j] for k, v in g.extra.items()}}
             for i, g in enumerate(chosen) for j, (r, reward) in enumerate(zip(g.rollouts, g.rewards))
         ][: s.num_completions_to_print]
         return Generation(batch, metrics, samples)
@@ -103,15 +103,20 @@ class Generations:
         groups = []
         for i, (ex, group) in enumerate(zip(out.examples, out.groups)):
             idx = range(i * size, (i + 1) * size)
+            extra = {k: v[i * size:(i + 1) * size] for k, v in out.scores.extra.items() if len(v) == len(rollouts)}
             groups.append(SampledGroup(ex, group, [totals[j] for j in idx], {n: [v[j] for j in idx] for n, v in out.scores.per_func.items()},
-                                       None if kls is None else [kls[j] for j in idx], self.world.rank))
+                                       None if kls is None else [kls[j] for j in idx], self.world.rank, extra))
         if not self.world.enabled:
-            return Round(groups, out.scores.counters, out.rollout_seconds, out.reward_seconds)
+            return Round(groups, out.scores.counters, out.rollout_seconds, out.reward_seconds, out.scores.logged)
         # every rank gets every group
-        parts = distributed.gather((groups, out.scores.counters, out.rollout_seconds, out.reward_seconds), self.world,
-                                   self.world.sampling_group)
+        parts = distributed.gather((groups, out.scores.counters, out.rollout_seconds, out.reward_seconds, out.scores.logged),
+                                   self.world, self.world.sampling_group)
+        logged: dict = {}
+        for part in parts:
+            for key, values in part[4].items():
+                logged.setdefault(key, []).extend(values)
         return Round([g for p in parts for g in p[0]], merge_counters(p[1] for p in parts),
-                     max(p[2] for p in parts), max(p[3] for p in parts))
+                     max(p[2] for p in parts), max(p[3] for p in parts), logged)
 
     # --- where sampling is, and going back there --------------------------------------------
 

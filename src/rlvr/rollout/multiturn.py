@@ -240,11 +240,11 @@ def make_multiturn(rollout: RolloutSettings, data: DataSettings, tokenizer):
     """The run's MultiTurn, or None for single-turn rollouts."""
     if not rollout.tools and not rollout.environment:
         return None
-    from rlvr.environments import ToolEnvironment, load_environment
+    from rlvr.environments import ToolEnvironment, checked, load_environment
     from rlvr.tools import ToolBox
 
     if rollout.environment:
         factory = load_environment(rollout.environment)
-        return MultiTurn(rollout, data, tokenizer, factory)
+        return MultiTurn(rollout, data, tokenizer, checked(factory))
     toolbox = ToolBox(rollout.tools, rollout.tool_timeout, rollout.max_tool_output_chars)
     return MultiTurn(rollout, data, tokenizer, lambda: ToolEnvironment(toolbox), toolbox.schemas)

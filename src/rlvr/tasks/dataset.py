@@ -149,7 +149,7 @@ def pick_column(columns, configured, candidates, what, name, required=True):
 
 
 def examples_of(ds, prompt_col: str, answer_col: str | None, split: str, where) -> list[Example]:
-    """Examples of the rows: the prompt column checked, the answer as a string (also in the column `answer`)."""
+    """Examples of the rows: the prompt column checked, the answer as a string; the other columns as they are."""
     out = []
     for i, row in enumerate(ds):
         prompt = row.get(prompt_col)
@@ -157,7 +157,6 @@ def examples_of(ds, prompt_col: str, answer_col: str | None, split: str, where) 
         answer = row.get(answer_col) if answer_col else None
         answer = None if answer is None else str(answer)
         columns = {k: v for k, v in row.items() if k not in (prompt_col, ROW)}
-        columns["answer"] = answer
         out.append(Example(prompt=prompt, answer=answer, columns=columns))
     return out
 
