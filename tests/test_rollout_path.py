@@ -39,7 +39,7 @@ def tools_run(tmp_path_factory):
         "model": str(model_dir), "task_args": {"digits": 1, "num_train": 8, "num_test": 2}, "tools": ["calculator"],
         "max_turns": 2, "num_generations": 2, "per_device_train_batch_size": 4, "max_completion_length": 120,
         "stop_strings": list("aeiou "), "max_steps": 1, "save_steps": 100, "eval_on_start": False, "eval_on_end": False,
-        "output_dir": str(run)}))
+        "max_prompt_length": 120, "output_dir": str(run)}))  # the calculator's description: 700 tokens, context 256
     return run
 
 

@@ -89,7 +89,8 @@ def test_jsonl_with_text_prompts_and_a_held_out_split(tmp_path):
     assert not {e.prompt for e in train} & {e.prompt for e in test}
     ex = train[0]
     i = int(ex.prompt.split()[2])
-    assert ex.answer == str(i + 1) and ex.columns["answer"] == str(i + 1)
+    assert ex.answer == str(i + 1) and ex.columns["ground_truth"] == i + 1  # the columns as they are
+    assert "answer" not in ex.columns  # not a column: reward functions that name `answer` get it (rewards/calls.py)
     assert ex.columns["difficulty"] == i % 3  # extra columns reach the reward functions
     assert "question" not in ex.columns
 

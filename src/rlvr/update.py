@@ -46,7 +46,7 @@ class UpdateSettings:
     sampler_clip_max: float | None  # vllm_importance_sampling_clip_max
     delta: float | None  # two-sided clipping: the unclipped ratio's cap
     top_entropy_quantile: float  # train on the tokens of this top fraction of entropy (1: all)
-    router_aux_loss_coef: float = 0.0  # a Mixture-of-Experts model's load-balancing loss weight (0: not computed)
+    router_aux_loss_coef: float  # a Mixture-of-Experts model's load-balancing loss weight, resolved (0: not computed)
 
     @classmethod
     def from_sections(cls, update: config.UpdateSettings, rollout: config.RolloutSettings, steps_per_optimizer_step: int,
