@@ -117,7 +117,7 @@ def run_rlvr(precision: str, warmup: int, steps: int) -> dict:
     update_tokens = sum(m["update_tokens"] for m in rows)
     return {
         "seconds_per_step": sum(m["step_time"] for m in rows) / n,
-        "completion_tokens_per_step": sum(m["num_tokens"] for m in rows) / n,
+        "completion_tokens_per_step": sum(m["completions/num_tokens"] for m in rows) / n,
         "rollout_seconds": sum(m["timing/rollout"] for m in rows) / n,
         "reward_seconds": sum(m["timing/reward"] for m in rows) / n,
         "update_seconds": sum(m["timing/update"] for m in rows) / n,

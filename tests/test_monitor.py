@@ -8,15 +8,19 @@ import pytest
 from rlvr.monitor import generation_metrics
 
 
+PROMPT_TOKENS = 5
+
+
 def group(rewards, lengths, truncated, per_func, kl=None):
     """A sampled group as generation_metrics reads it (trainer.SampledGroup's fields)."""
-    rollouts = [SimpleNamespace(completion_ids=[7] * n, truncated=t) for n, t in zip(lengths, truncated)]
+    rollouts = [SimpleNamespace(completion_ids=[7] * n, truncated=t, prompt_ids=[1] * PROMPT_TOKENS) for n, t in zip(lengths, truncated)]
     return SimpleNamespace(rewards=rewards, rollouts=rollouts, per_func=per_func, kl=kl,
                            has_signal=max(rewards) > min(rewards))
 
 
-def round_(groups, counters, rollout_seconds, reward_seconds):
-    return SimpleNamespace(groups=groups, counters=counters, rollout_seconds=rollout_seconds, reward_seconds=reward_seconds)
+def round_(groups, counters, rollout_seconds, reward_seconds, logged=None):
+    return SimpleNamespace(groups=groups, counters=counters, rollout_seconds=rollout_seconds, reward_seconds=reward_seconds,
+                           logged=logged or {})
 
 
 def test_generation_metrics_by_hand():
@@ -39,7 +43,11 @@ def test_generation_metrics_by_hand():
         "completions/min_length": 2.0,
         "completions/max_length": 6.0,
         "completions/clipped_ratio": 2 / 6,  # 2 of the 6 completions hit max_completion_length
-        "num_tokens": 24.0,
+        "completions/mean_terminated_length": 3.75,  # not cut: mixed's 4 and 2, flat's 3 and 6 -> 15 / 4
+        "completions/min_terminated_length": 2.0,
+        "completions/max_terminated_length": 6.0,
+        "completions/num_tokens": 24.0,
+        "tokens/generation": 24.0 + 6 * PROMPT_TOKENS,
         "timing/rollout": 3.75,  # 1.5 + 2.25, summed over the rounds
         "timing/reward": 0.75,  # 0.25 + 0.5
         "kl": 0.125,  # per-completion sums 0.5 + 0.25 + 1.25 + 0 + 0.5 + 0.5 = 3.0, per token: 3 / 24
@@ -67,7 +75,7 @@ def test_generation_metrics_without_kl_and_with_nothing_scored():
     # rewards 0, 1: std (n - 1) = sqrt(0.5); both completions truncated; lengths 5 and 1
     assert metrics["reward_std"] == pytest.approx(math.sqrt(0.5))
     assert metrics["frac_reward_zero_std"] == 0.0 and metrics["completions/clipped_ratio"] == 1.0
-    assert (metrics["completions/mean_length"], metrics["num_tokens"], metrics["timing/rollout"]) == (3.0, 6.0, 0.5)
+    assert (metrics["completions/mean_length"], metrics["completions/num_tokens"], metrics["timing/rollout"]) == (3.0, 6.0, 0.5)
 
 
 # --- run_name -----------------------------------------------------------------------------------

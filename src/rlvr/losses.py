@@ -152,6 +152,9 @@ def policy_loss(
     masked tokens* ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region", "kl")
     that the caller divides by the token count; with sequence-level ratios the clip counts
     are over completions (each clipped or not as a whole), divided by the completion count.
+    "clip_ratio/low_min" and "clip_ratio/high_max" (when a completion has a token) are this
+    micro-batch's extremes over completions of the share of clipped tokens, which TRL averages over
+    the micro-batches of a step.
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {loss_type!r}")
@@ -191,6 +194,12 @@ def policy_loss(
         metrics["clip_ratio/low"] = low.sum().float()
         metrics["clip_ratio/high"] = high.sum().float()
         metrics["clip_ratio/region"] = (low | high).sum().float()
+        # TRL's extremes: the smallest share of low-clipped tokens in a completion, the largest high-clipped share
+        rows = counted.sum(-1)
+        seen = rows > 0
+        if seen.any():
+            metrics["clip_ratio/low_min"] = (low.sum(-1)[seen] / rows[seen]).min().float()
+            metrics["clip_ratio/high_max"] = (high.sum(-1)[seen] / rows[seen]).max().float()
     return loss, metrics
 
 

@@ -159,6 +159,8 @@ def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
     rewards = torch.tensor([x for g in groups for x in g.rewards])
     rollouts = [r for g in groups for r in g.rollouts]
     lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float)
+    ended = lengths[torch.tensor([not r.truncated for r in rollouts])]  # ended by the model itself
+    ended = ended if len(ended) else torch.zeros(1)  # TRL's convention when every completion was cut
     metrics = {
         "reward": rewards.mean().item(),
         "reward_std": rewards.std().item() if len(rewards) > 1 else math.nan,  # TRL's: over the whole batch (n - 1)
@@ -167,8 +169,13 @@ def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
         "completions/mean_length": lengths.mean().item(),
         "completions/min_length": lengths.min().item(),
         "completions/max_length": lengths.max().item(),
+        "completions/mean_terminated_length": ended.mean().item(),
+        "completions/min_terminated_length": ended.min().item(),
+        "completions/max_terminated_length": ended.max().item(),
         "completions/clipped_ratio": sum(r.truncated for r in rollouts) / len(rollouts),
-        "num_tokens": lengths.sum().item(),
+        "completions/num_tokens": lengths.sum().item(),  # this generation's completion tokens
+        # prompt + completion tokens of every completion, which TRL's `num_tokens` adds up over the run (trainer.py)
+        "tokens/generation": lengths.sum().item() + sum(len(r.prompt_ids) for r in rollouts),
         "timing/rollout": sum(r.rollout_seconds for r in rounds),
         "timing/reward": sum(r.reward_seconds for r in rounds),
     }

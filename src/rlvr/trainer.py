@@ -343,6 +343,10 @@ class Trainer(RunCore):
         gen.iterations_done += 1
         if gen.iterations_done >= self.uses:
             self.pending = following[0] if following else None
+        if gen.iterations_done == 1:  # TRL's num_tokens: prompt and completion tokens of every generation so far
+            seen = self.extra_state.get("num_input_tokens_seen", 0.0) + gen.metrics.get("tokens/generation", 0.0)
+            self.extra_state["num_input_tokens_seen"] = seen
+        metrics["num_tokens"] = self.extra_state.get("num_input_tokens_seen", 0.0)
         completions = gen.samples if gen.iterations_done == 1 and gen.samples and self.log_completions else None
         self._count_step(metrics, completions)
         self.last_samples = gen.samples
@@ -351,7 +355,9 @@ class Trainer(RunCore):
             metrics["sampling/staleness"] = gen.staleness  # 1: sampled before the update that preceded its first use
         metrics.update(self.rollout.metrics())
         self._timed(metrics, t0)
-        metrics["tokens_per_second"] = gen.metrics["num_tokens"] / self.parts / metrics["step_time"]
+        # As TRL counts it: each optimizer step on a generation takes its share of the generation's prompts
+        metrics["epoch"] = gen.epochs_after - gen.epochs_drawn * (1 - gen.iterations_done / self.uses)
+        metrics["tokens_per_second"] = gen.metrics["completions/num_tokens"] / self.parts / metrics["step_time"]
 
     def _finish_ahead(self) -> list[Generation]:
         return [self.batches.finish_ahead()] if self.batches.ahead is not None else []

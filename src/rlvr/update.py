@@ -202,6 +202,9 @@ class PolicyUpdate:
             metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / counted
         if "kl" in sums:
             metrics["kl"] = sums["kl"] / tokens
+        for k in EXTREMES:  # with several processes: averaged over every process's micro-batches
+            if sums.get(k + "/count"):
+                metrics[k] = sums[k + "/sum"] / sums[k + "/count"]
         if sums.get("aux_loss/count"):
             metrics["aux_loss"] = sums["aux_loss"] / sums["aux_loss/count"]
         if sums.get("sampling/importance_sampling_ratio/count"):
@@ -258,6 +261,9 @@ class PolicyUpdate:
             sums["loss"] += loss.item()
             sums["entropy"] += torch.where(micro.loss_mask, entropy, 0.0).sum().item()
             for k, v in m.items():
+                if k in EXTREMES:  # averaged over the micro-batches, as TRL logs them (summed across processes)
+                    sums[k + "/count"] = sums.get(k + "/count", 0.0) + 1.0
+                    k += "/sum"
                 sums[k] = sums.get(k, 0.0) + v.item()
         return sums
 
@@ -278,6 +284,9 @@ class PolicyUpdate:
         if self.kl.loss_beta > 0:
             empty.ref_logprobs = torch.zeros((1, 1))
         return empty
+
+
+EXTREMES = ("clip_ratio/low_min", "clip_ratio/high_max")  # per micro-batch extremes (losses.policy_loss)
 
 
 def _add_sampling_sums(sums: dict, weights, old, micro: Batch) -> None:

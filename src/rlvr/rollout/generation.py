@@ -90,7 +90,8 @@ class Generations:
              **({"turns": r.messages} if r.messages else {}), **{k: v[j] for k, v in g.extra.items()}}
             for i, g in enumerate(chosen) for j, (r, reward) in enumerate(zip(g.rollouts, g.rewards))
         ][: s.num_completions_to_print]
-        return Generation(batch, metrics, samples)
+        drawn = len(rounds) * s.prompts_per_step / len(self.prompts.examples)
+        return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done, epochs_drawn=drawn)
 
     def sample_round(self, state: TrainerState) -> Round:
         """One round: prompts_per_step prompts (the same on every rank), G completions each, scored;
