@@ -321,3 +321,66 @@ def test_sft_fires_the_same_step_events(tiny_model_dir, tmp_path):
     step = ["on_step_begin", "on_substep_end", "on_pre_optimizer_step", "on_optimizer_step", "on_step_end", "on_log", "on_save"]
     assert recorder.events == ["on_init_end", "on_train_begin", "on_epoch_begin", *step, *step, "on_epoch_end", "on_log",
                                "on_train_end"]
+
+
+TWO_RANKS = '''
+import json, os, sys
+from transformers import TrainerCallback
+from rlvr import GRPOConfig, GRPOTrainer
+
+class Recorder(TrainerCallback):
+    def __init__(self):
+        self.events, self.zero, self.evaluations = [], None, []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.events.append("on_train_begin")
+        self.zero = state.is_world_process_zero
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.events.append("on_evaluate")
+        self.evaluations.append(metrics["eval_reward"])
+
+for name in [n for n in vars(TrainerCallback) if n.startswith("on_") and n not in ("on_train_begin", "on_evaluate")]:
+    setattr(Recorder, name, lambda self, args, state, control, _name=name, **kwargs: self.events.append(_name))
+
+def distinct(completions, **kwargs):
+    return [len(set(c)) / 4 for c in completions]
+
+recorder = Recorder()
+rows = [{"prompt": f"{a}+1=", "answer": str(a + 1)} for a in range(8)]
+args = GRPOConfig(output_dir=sys.argv[2], num_generations=4, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                  max_completion_length=4, max_steps=2, logging_steps=1, save_steps=1, eval_strategy="steps", eval_steps=1,
+                  eval_on_start=False, eval_on_end=False, use_cpu=True, reward_isolation="inline", report_to="none")
+trainer = GRPOTrainer(model=sys.argv[1], reward_funcs=distinct, args=args, train_dataset=rows, eval_dataset=rows[:2],
+                      callbacks=[recorder])
+trainer.train()
+with open(os.path.join(sys.argv[3], f"events-{os.environ['RANK']}.json"), "w") as f:
+    json.dump({"events": recorder.events, "zero": recorder.zero, "evaluations": recorder.evaluations,
+               "history": trainer.state.log_history}, f)
+'''
+
+
+@pytest.mark.trains
+@pytest.mark.processes
+def test_every_process_fires_every_event_and_only_rank_0_is_process_zero(tiny_model_dir, tmp_path):
+    """Under torchrun (two gloo processes) both ranks fire the same events, the evaluations (run on
+    rank 0) reach both with the same metrics, and state.is_world_process_zero is rank 0's alone."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               str(tiny_model_dir), str(tmp_path / "run"), str(tmp_path)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"events-{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["events"] == ranks[1]["events"] and ranks[0]["events"].count("on_evaluate") == 2
+    assert ranks[0]["events"].count("on_pre_optimizer_step") == 2 and ranks[0]["events"].count("on_save") == 2
+    assert (ranks[0]["zero"], ranks[1]["zero"]) == (True, False)
+    assert ranks[0]["evaluations"] == ranks[1]["evaluations"] and ranks[0]["history"][:-1] == ranks[1]["history"][:-1]
+    timed = ("train_runtime", "train_samples_per_second", "train_steps_per_second")  # each process's own clock
+    assert [{k: v for k, v in r["history"][-1].items() if k not in timed} for r in ranks] == \
+        [{k: v for k, v in ranks[0]["history"][-1].items() if k not in timed}] * 2
