@@ -384,3 +384,32 @@ def test_every_process_fires_every_event_and_only_rank_0_is_process_zero(tiny_mo
     timed = ("train_runtime", "train_samples_per_second", "train_steps_per_second")  # each process's own clock
     assert [{k: v for k, v in r["history"][-1].items() if k not in timed} for r in ranks] == \
         [{k: v for k, v in ranks[0]["history"][-1].items() if k not in timed}] * 2
+
+
+@pytest.mark.trains
+def test_a_resumed_run_goes_on_with_the_state_its_checkpoint_kept(tiny_model_dir, tmp_path):
+    """log_history, the best metric and its checkpoint, and total_flos come back with the checkpoint."""
+    class StopAtTwo(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 2
+
+    class Seen(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.begin = (state.global_step, state.best_metric, state.best_global_step, state.best_model_checkpoint,
+                          [r["step"] for r in state.log_history], state.total_flos)
+
+    def half_in_evaluation(completions, **kwargs):  # 2 completions: an evaluation; else training, with signal
+        return [0.5] * 2 if len(completions) == 2 else spread(completions)
+
+    def make(callbacks):
+        args = small_args(tmp_path / "run", max_steps=3, metric_for_best_model="reward")
+        return GRPOTrainer(model=str(tiny_model_dir), reward_funcs=half_in_evaluation, args=args, train_dataset=ROWS,
+                           eval_dataset=ROWS[:2], callbacks=callbacks)
+
+    first = make([StopAtTwo()])
+    first.train()
+    flos = first.state.total_flos
+    assert flos > 0 and first.state.global_step == 2
+    seen = Seen()
+    make([seen]).train(resume_from_checkpoint=True)
+    assert seen.begin == (2, 0.5, 1, str(tmp_path / "run" / "checkpoint-1"), [1, 1, 2, 2], flos)
