@@ -135,7 +135,6 @@ class TrainerEvents:
             setattr(state, name, value)
         state.log_history = list(state.log_history)
         self.state = state
-
         self.loss_sum = 0.0  # the losses of this call's steps, for train_loss
 
     def kept(self) -> dict:

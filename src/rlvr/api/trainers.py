@@ -81,9 +81,17 @@ class GRPOTrainer:
         """transformers' TrainerState of the run (a new one for each train(), as in transformers)."""
         return self.callbacks.state
 
+    @state.setter
+    def state(self, state) -> None:
+        self.callbacks.state = state
+
     @property
     def control(self):
         return self.callbacks.control
+
+    @control.setter
+    def control(self, control) -> None:
+        self.callbacks.control = control
 
     @property
     def callback_handler(self) -> TrainerEvents:
