@@ -42,8 +42,8 @@ def test_trl_quick_start_runs_with_the_import_changed(tiny_model_dir, math_rows,
     assert (out / "config.json").is_file() and (out / "metrics.jsonl").is_file()
     assert trainer.state.global_step == 3
     rows = trainer.state.log_history
-    assert [r["step"] for r in rows] == [3]  # logging_steps=10 (TRL's): the last step is always logged
-    assert "rewards/accuracy/mean" in rows[0] and rows[0]["completions/max_length"] <= 512
+    assert [r["step"] for r in rows] == [3, 3]  # logging_steps=10 (TRL's): the last step is always logged; then TRL's summary row
+    assert "rewards/accuracy/mean" in rows[0] and rows[0]["completions/max_length"] <= 512 and "train_runtime" in rows[1]
 
 
 @pytest.mark.trains
@@ -83,9 +83,9 @@ def test_guide_script_with_two_rewards_kwargs_and_save_model(tiny_model_dir, mat
     trainer.save_model(str(tmp_path / "final"))
 
     # 8 prompts, 2 per step (4 x 2 completions / 4 per group), one epoch: 4 steps
-    assert result.global_step == 4 and len(trainer.state.log_history) == 4
+    assert result.global_step == 4 and len(trainer.state.log_history) == 5  # a row per step, then the summary
     assert calls[0] == (8, 8, 0)  # one call per generation, with the dataset column aligned to the completions
-    assert {"rewards/accuracy_reward/mean", "rewards/format_reward/mean"} <= set(trainer.state.log_history[-1])
+    assert {"rewards/accuracy_reward/mean", "rewards/format_reward/mean"} <= set(trainer.state.log_history[-2])
     assert any("kl" in row for row in trainer.state.log_history)  # beta=0.04: a reference, on the steps that trained
     assert (tmp_path / "final" / "config.json").is_file() and (tmp_path / "final" / "tokenizer_config.json").is_file()
     from rlvr.models import load_model
@@ -119,7 +119,7 @@ def test_textbook_script_with_plain_prompts_and_a_loaded_model(tiny_model_dir, t
     trainer.train()
     assert trainer.state.global_step == 2
     assert trainer.model is model  # trained in place, as in TRL (the random model never boxes: no reward signal here)
-    assert trainer.state.log_history[-1]["rewards/accuracy_reward/mean"] == 0.0, trainer.state.log_history
+    assert trainer.state.log_history[-2]["rewards/accuracy_reward/mean"] == 0.0, trainer.state.log_history
 
 
 class LengthReward:
@@ -165,8 +165,8 @@ def test_callable_objects_callbacks_resume_and_evaluate(tiny_model_dir, tmp_path
                         train_dataset=Dataset.from_list(rows), eval_dataset=Dataset.from_list(rows[:4]))
     again.train(resume_from_checkpoint=True)
     assert again.state.global_step == 4
-    assert [r["step"] for r in again.state.log_history] == [1, 2, 3, 4]
-    assert "rewards/LengthReward/mean" in again.state.log_history[-1]
+    assert [r["step"] for r in again.state.log_history] == [1, 2, 3, 4, 4]  # the checkpoint's rows, then this call's and its summary
+    assert "rewards/LengthReward/mean" in again.state.log_history[-2]
     metrics = again.evaluate()
     assert set(metrics) >= {"eval_accuracy", "eval_mean_completion_length"} and 0 <= metrics["eval_accuracy"] <= 1
 
@@ -299,7 +299,8 @@ def _strict_reward(completions, prompts, completion_ids, trainer_state, log_extr
     log_extra("level_seen", list(level))
     log_metric("custom/mean_length", sum(len(c) for c in completions) / len(completions))
     log_metric("custom/mean_length", 0.0)  # logged twice in one step: the row holds the mean
-    assert trainer_state.global_step >= 0 and len(completion_ids) == len(completions) == len(prompts)
+    assert trainer_state.global_step == 0 and trainer_state.max_steps == 1  # transformers' TrainerState, as TRL passes
+    assert isinstance(trainer_state.log_history, list) and len(completion_ids) == len(completions) == len(prompts)
     return [float(len(c) % 3) for c in completions]
 
 

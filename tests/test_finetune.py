@@ -271,7 +271,7 @@ def test_trl_sft_quick_start_runs_on_chat_messages(tiny_model_dir, tmp_path, mon
     trainer = SFTTrainer(model=str(tiny_model_dir), train_dataset=dataset, args=SFTConfig(max_steps=3, learning_rate=1e-3))
     out = trainer.train()
     assert out.global_step == 3 and (tmp_path / "tiny-llama0-SFT" / "model.safetensors").is_file()
-    assert trainer.state.log_history[-1]["num_tokens"] > 0
+    assert trainer.state.log_history[-2]["num_tokens"] > 0 and "train_loss" in trainer.state.log_history[-1]
     with pytest.raises(ConfigError, match=r"SFTTrainer\(formatting_func=...\) is not supported"):
         SFTTrainer(model=str(tiny_model_dir), train_dataset=dataset, formatting_func=lambda row: row)
 

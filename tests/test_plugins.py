@@ -48,10 +48,10 @@ def test_two_trainers_given_a_reward_and_a_tool_of_one_name_each_use_their_own(t
 
     first, second = trainer("first", 1.0), trainer("second", -1.0)  # both made before either trains
     first.train()
-    assert first.state.log_history[-1]["rewards/reward/mean"] == 1.0 and set(looked_up) == {"first"}
+    assert first.state.log_history[-2]["rewards/reward/mean"] == 1.0  # [-1]: the summary row and set(looked_up) == {"first"}
     looked_up.clear()
     second.train()
-    assert second.state.log_history[-1]["rewards/reward/mean"] == -1.0 and set(looked_up) == {"second"}
+    assert second.state.log_history[-2]["rewards/reward/mean"] == -1.0 and set(looked_up) == {"second"}
     for name in ("first", "second"):  # the same names on disk: a second run of the script resumes
         saved = yaml.safe_load((tmp_path / name / "config.yaml").read_text())
         assert (saved["reward_funcs"], saved["tools"]) == (["reward"], ["<lookup>"])

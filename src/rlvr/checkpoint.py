@@ -34,7 +34,10 @@ STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
 
 
-def save_checkpoint(output_dir: Path, step: int, model, tokenizer, state: dict, save_total_limit: int | None) -> Path:
+def save_checkpoint(output_dir: Path, step: int, model, tokenizer, state: dict, save_total_limit: int | None,
+                    keep: Path | None = None) -> Path:
+    """checkpoint-<step> written atomically (see the module docstring), then the oldest checkpoints
+    beyond save_total_limit removed, never the newest nor `keep` (the best one, load_best_model_at_end)."""
     output_dir = Path(output_dir)
     jsonl.sync(sorted(output_dir.glob("*.jsonl")))  # the logs the checkpoint's state counts rows of, on disk first
     final = output_dir / f"checkpoint-{step}"
@@ -52,7 +55,7 @@ def save_checkpoint(output_dir: Path, step: int, model, tokenizer, state: dict, 
             raise DiskFull(_disk_full_message(final, output_dir)) from None
         raise
     replace_dir(tmp, final)
-    _rotate(output_dir, save_total_limit)
+    _rotate(output_dir, save_total_limit, keep)
     return final
 
 
@@ -197,11 +200,22 @@ def _fsync_dir(path: Path) -> None:
 
 def load_checkpoint(path: Path, model) -> dict:
     """Load weights into `model` and return the trainer state (RNG states restored)."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{path} is not a complete rlvr checkpoint (needs *.safetensors and {STATE_FILE})")
+    load_weights(path, model)
+    state = torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
+    set_rng_state(state.pop("rng"))
+    return state
+
+
+def load_weights(path: Path, model) -> None:
+    """A checkpoint's weights into `model` (with LoRA, the adapter's); nothing else of the checkpoint."""
     from safetensors.torch import load_file
 
     path = Path(path)
     shards = sorted(path.glob("*.safetensors"))
-    if not shards or not (path / STATE_FILE).is_file():
+    if not shards:
         raise FileNotFoundError(f"{path} is not a complete rlvr checkpoint (needs *.safetensors and {STATE_FILE})")
     weights = {}
     for shard in shards:
@@ -224,9 +238,6 @@ def load_checkpoint(path: Path, model) -> dict:
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}; "
                               "resume with the model it was trained from")
-    state = torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
-    set_rng_state(state.pop("rng"))
-    return state
 
 
 def trainer_state(step: int, parts: dict, **values) -> dict:
@@ -261,10 +272,17 @@ def _is_tied(model, key: str) -> bool:
     return key.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)
 
 
-def _rotate(output_dir: Path, limit: int | None) -> None:
+def _rotate(output_dir: Path, limit: int | None, keep: Path | None = None) -> None:
+    """Remove the oldest checkpoints until `limit` are left, keeping the newest and `keep` whatever the
+    limit (transformers' rotate_checkpoints: save_total_limit=1 with a best checkpoint keeps two)."""
     if not limit:
         return
-    for old in checkpoints(output_dir)[limit:]:
+    found = checkpoints(output_dir)  # newest first
+    protected = {found[0].name} if found else set()
+    if keep is not None:
+        protected.add(Path(keep).name)
+    extra = len(found) - max(limit, len(protected & {p.name for p in found}))
+    for old in [p for p in reversed(found) if p.name not in protected][:max(extra, 0)]:
         shutil.rmtree(old, ignore_errors=True)
 
 

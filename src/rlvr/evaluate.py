@@ -11,7 +11,10 @@ examples from the train split (tasks/fewshot.py).  Reported:
 - maj@n, with k > 1 and a math verifier: the majority answer of the n completions
   (answers compared by `answer_key`), graded by the verifier;
 - the mean of every other configured reward, the mean completion length in tokens
-  and the fraction of completions cut off at max_completion_length.
+  and the fraction of completions cut off at max_completion_length;
+- and TRL's GRPOTrainer evaluation metrics under its names (reward, reward_std,
+  rewards/<name>/mean and /std, completions/..., trl_metrics), with transformers' runtime,
+  samples_per_second and steps_per_second (EvalResult.logged).
 
 k > 1 with eval_temperature = 0 is an error (k identical greedy completions say
 nothing more than one); greedy pass@1 is the default run, eval_num_samples=1.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -55,11 +59,24 @@ class EvalResult:
     num_samples: int = 1  # completions per problem (k)
     num_shots: int = 0
     at_k: dict[str, float] = field(default_factory=dict)  # pass@1, pass@2, ..., maj@n, mean@n
+    trl: dict[str, float] = field(default_factory=dict)  # TRL's names (trl_metrics)
+    seconds: float = 0.0  # the evaluation's wall time
+    batches: int = 0  # generation calls (eval_batch_size problems each)
 
     def metrics(self) -> dict[str, float]:
         """Flat numbers for logging: accuracy, pass@k, maj@k, mean@k, mean_completion_length, truncated_fraction."""
         return {"accuracy": self.accuracy, **self.at_k, "mean_completion_length": self.mean_completion_length,
                 "truncated_fraction": self.truncated_fraction}
+
+    def logged(self) -> dict[str, float]:
+        """What an evaluation reports, unprefixed (the Python API puts eval_ before each, metrics.jsonl
+        eval/): TRL's names, rlvr's (metrics()), and transformers' speed metrics over the completions
+        (samples) and generation calls (steps), rounded as transformers' speed_metrics rounds them."""
+        speed = {"runtime": round(self.seconds, 4)}
+        if self.seconds > 0:
+            speed["samples_per_second"] = round(self.n * self.num_samples / self.seconds, 3)
+            speed["steps_per_second"] = round(self.batches / self.seconds, 3)
+        return {**self.trl, **self.metrics(), **speed}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,9 +98,9 @@ def evaluate(path: RolloutPath, examples: list[Example], verifier: str, settings
     shots = pick_shots(shot_pool or [], settings.eval_num_shots, seed)
     k = settings.eval_num_samples
     params = sampling_params(rollout, n=k, eval_temperature=settings.eval_temperature)
-    rewards = path.rewards
+    rewards, t0 = path.rewards, time.perf_counter()
     per_func: dict[str, list] = {name: [] for name in rewards.names}
-    completions, lengths, truncated, samples = [], [], 0, []
+    completions, lengths, truncated, samples = [], [], [], []
     for lo in range(0, len(examples), settings.eval_batch_size):
         chunk = examples[lo : lo + settings.eval_batch_size]
         texts, groups = path.generate(chunk, params, generator, [with_shots(ex.prompt, shots) for ex in chunk])
@@ -94,7 +111,7 @@ def evaluate(path: RolloutPath, examples: list[Example], verifier: str, settings
         for j, (ex, s, r) in enumerate(rows):
             completions.append(r.text)
             lengths.append(len(r.completion_ids))
-            truncated += r.truncated
+            truncated.append(bool(r.truncated))
             if len(samples) < MAX_SAMPLES_KEPT:
                 samples.append({"prompt": ex.prompt, "answer": ex.answer, "completion": r.text,
                                 **({"sample": s} if k > 1 else {}), **({"turns": r.messages} if r.messages else {}),
@@ -108,13 +125,49 @@ def evaluate(path: RolloutPath, examples: list[Example], verifier: str, settings
         accuracy=means[verifier],
         n=len(examples),
         mean_completion_length=sum(lengths) / len(lengths),
-        truncated_fraction=truncated / len(lengths),
+        truncated_fraction=sum(truncated) / len(lengths),
         rewards=means,
         samples=samples,
         num_samples=k,
         num_shots=len(shots),
         at_k=sample_metrics(per_func[verifier], k, keys),
+        trl=trl_metrics(per_func, rewards.weights, lengths, truncated, k),
+        seconds=time.perf_counter() - t0,
+        batches=math.ceil(len(examples) / settings.eval_batch_size),
     )
+
+
+def trl_metrics(per_func: dict[str, list[float | None]], weights: list[float], lengths: list[int], truncated: list[bool],
+                k: int) -> dict[str, float]:
+    """TRL's GRPOTrainer evaluation metrics (its _metrics["eval"]), unprefixed, over the completions
+    of an evaluation, problem after problem, k each:
+
+    - reward, reward_std: the weighted sum of the functions' rewards (None left out of the sum), over
+      the completions some function scored (TRL's unscorable ones, every function None, are left out);
+    - rewards/<name>/mean and /std: each function over the completions it scored;
+    - frac_reward_zero_std: the problems whose k rewards are all equal (only with k > 1: a problem
+      with one completion has no spread to speak of);
+    - completions/mean_length, min_length, max_length, clipped_ratio (cut off at max_completion_length)
+      and mean/min/max_terminated_length (of the others; 0 when every one was cut off, as TRL).
+
+    The standard deviations are TRL's nanstd (n - 1 in the denominator; nan below two values).  TRL
+    averages these over its evaluation batches; here they are over all completions at once."""
+    names = list(per_func)
+    rows = list(zip(*(per_func[n] for n in names)))
+    sums = [None if all(v is None for v in row) else sum(w * v for w, v in zip(weights, row) if v is not None) for row in rows]
+    out = {"reward": _mean(sums), "reward_std": _std(sums)}
+    for name in names:
+        out[f"rewards/{name}/mean"], out[f"rewards/{name}/std"] = _mean(per_func[name]), _std(per_func[name])
+    if k > 1:
+        groups = [[v for v in sums[i:i + k] if v is not None] for i in range(0, len(sums), k)]
+        out["frac_reward_zero_std"] = sum(len(g) > 1 and max(g) - min(g) < 1e-8 for g in groups) / len(groups)
+    terminated = [n for n, cut in zip(lengths, truncated) if not cut] or [0]
+    out.update({"completions/mean_length": sum(lengths) / len(lengths), "completions/min_length": float(min(lengths)),
+                "completions/max_length": float(max(lengths)), "completions/clipped_ratio": sum(truncated) / len(lengths),
+                "completions/mean_terminated_length": sum(terminated) / len(terminated),
+                "completions/min_terminated_length": float(min(terminated)),
+                "completions/max_terminated_length": float(max(terminated))})
+    return out
 
 
 def sample_metrics(rewards: list[float | None], k: int, keys: list | None = None) -> dict[str, float]:
@@ -158,6 +211,15 @@ def _vote_key(rewards: RewardSet, verifier: str):
 def _mean(vals) -> float:
     vals = [v for v in vals if v is not None]
     return sum(vals) / len(vals) if vals else math.nan
+
+
+def _std(vals) -> float:
+    """TRL's nanstd: the standard deviation with n - 1 (Bessel), None left out; nan below two values."""
+    vals = [v for v in vals if v is not None and not math.isnan(v)]
+    if len(vals) < 2:
+        return math.nan
+    mean = sum(vals) / len(vals)
+    return math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
 
 
 def write_result(result: EvalResult, path: Path, meta: dict) -> None:

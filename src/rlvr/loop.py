@@ -12,11 +12,12 @@ import shutil
 import time
 from pathlib import Path
 
-from rlvr import distributed, interrupts, methods
+from rlvr import distributed, fsdp, interrupts, methods
 from rlvr.alerts import AlertEvent
-from rlvr.checkpoint import DiskFull, is_disk_full
+from rlvr.checkpoint import DiskFull, checkpoints, is_disk_full, load_weights
 from rlvr.config import Config, EvalSettings
 from rlvr.evaluate import EvalResult, evaluate, write_result
+from rlvr.events import TrainerEvents, best_checkpoint
 from rlvr.models import latest_checkpoint
 from rlvr.monitor import format_log_line, make_progress
 from rlvr.rollout.path import RolloutPath, in_process_sampler
@@ -55,21 +56,25 @@ class AlertStop(RuntimeError):
 
 class Run:
     """Drives a trainer's steps (trainer.RunCore.train_step) and records each: evaluation every
-    eval_steps, alerts, the metrics row and the loggers, the callbacks of the Python API; saves
-    checkpoints when due, and when the run stops; and, after the last step, the final model, the
-    evaluation after training and the summary."""
+    eval_steps, alerts, the metrics row and the loggers, transformers' callback events (events.py);
+    saves checkpoints when due, and when the run stops; and, after the last step, the final model
+    (the best checkpoint's with load_best_model_at_end), the evaluation after training and the summary."""
 
     def __init__(self, cfg: Config, method: methods.Method, trainer: RunCore, data: RunData, model_path, console, say,
-                 loggers: list, callbacks=None):
+                 loggers: list, callbacks: TrainerEvents | None = None):
         self.cfg, self.method, self.trainer, self.data, self.model_path = cfg, method, trainer, data, model_path
-        self.console, self.say, self.loggers, self.callbacks = console, say, loggers, callbacks
+        self.console, self.say, self.loggers = console, say, loggers
+        self.callbacks = callbacks if callbacks is not None else TrainerEvents()  # the Python API's, or none
+        trainer.events = self.callbacks  # the events inside a step (update.py)
+        self.callbacks.bind(trainer.model, trainer.tokenizer, trainer.optimizer, trainer.scheduler)
         self.world, self.output_dir = trainer.world, trainer.output_dir
         self.verifier = verifier_name(cfg.data_settings)
         self.scorer = build_rewards(cfg.reward_settings, cfg.data_settings, with_verifier=True)
         self.report = LiveReport(self.output_dir, console)
         self.events: list = []  # the alerts that started or cleared at the last step
-        self.stop_asked: list = []  # a callback's control.should_training_stop (api/), or max_train_seconds
+        self.stop_asked: list = []  # a callback's control.should_training_stop, or max_train_seconds
         self.progress = self.bar = None
+        self.epoch_begins = True  # on_epoch_begin is due before the next step
 
     def held_out(self, label: str | None = None, out=None) -> EvalResult:
         out, trainer, test_examples = out or self.console, self.trainer, self.data.test_examples
@@ -89,23 +94,29 @@ class Run:
 
     def train(self) -> None:
         cfg, trainer = self.cfg, self.trainer
-        if cfg.eval_on_start and "eval_before" not in trainer.extra_state and self.world.is_main:
-            trainer.extra_state["eval_before"] = _brief(self.held_out("before"))
         self.started, self.seconds_before = time.perf_counter(), trainer.extra_state.get("train_seconds", 0.0)
+        self.saved_step = self.first_step = trainer.step
         trainer.extra_state.pop("stopped_by", None)  # a resumed run may go on past an earlier budget
-        self.saved_step = trainer.step
         trainer.log.on_error = trainer.alerts.on_error = _log_write_failed(cfg.on_save_error, self.say)
         for logger in self.loggers:  # from the first step this run records (TensorBoard drops later ones written before)
             logger.start(trainer.unrecorded["step"] if trainer.unrecorded else trainer.step + 1)
+        self.callbacks.begin(self._schedule(), self.world.rank, self.world.local_rank, trainer.extra_state.get("trainer_state"))
+        self._note_best()  # a resumed run's best checkpoint, if it is still there
         try:
+            self.callbacks.fire("on_train_begin")
+            if cfg.eval_on_start and "eval_before" not in trainer.extra_state and self.world.is_main:
+                before = self.held_out("before")
+                trainer.extra_state["eval_before"] = _brief(before)
+                self.callbacks.evaluated(_prefixed(before))
+                self.started = time.perf_counter()  # the evaluation before training is not training time
             with interrupts.handling(self.say), make_progress(self.console) as self.progress:
                 self.bar = self.progress.add_task("train", total=trainer.total_steps, completed=trainer.step,
                                                   shown=f"{self.method.progress} -")
-                if self.callbacks is not None:
-                    self.callbacks.begin(trainer.step, trainer.total_steps)
                 trainer.finish_record(self.record)  # a step the stopped run counted but did not finish recording
                 while trainer.step < trainer.total_steps and not self.stop_asked:
                     self._step()
+                if not self.epoch_begins:  # the pass over the prompts the run ends in (transformers ends it too)
+                    self._end_epoch()
         except BaseException as e:
             self._stopped(e)
             raise
@@ -114,38 +125,66 @@ class Run:
                 logger.close()
             trainer.close()  # the rollout workers, if any
 
+    def _schedule(self) -> dict:
+        """The TrainerState of this train() call, as transformers fills it at its start."""
+        cfg, trainer = self.cfg, self.trainer
+        return {"max_steps": trainer.total_steps, "num_train_epochs": math.ceil(trainer.total_steps / max(trainer.steps_per_epoch, 1)),
+                "logging_steps": cfg.logging_steps, "eval_steps": cfg.eval_steps or cfg.logging_steps, "save_steps": cfg.save_steps,
+                "train_batch_size": cfg.per_device_train_batch_size, "global_step": trainer.step, "epoch": trainer.prompts.epochs_done}
+
     def _step(self) -> None:
-        """One step, then what is due after it: the time budget, a checkpoint, the report, a stop by an alert."""
+        """One step, then what is due after it: the time budget, a checkpoint, the end of a pass over
+        the prompts, the report, a stop by an alert."""
         cfg, trainer = self.cfg, self.trainer
         epochs = trainer.prompts.epochs_completed
+        if self.epoch_begins:
+            self.callbacks.fire("on_epoch_begin")
+            self.epoch_begins = False
         trainer.train_step(on_step=self.record)
         if cfg.max_train_seconds and self.seconds() >= cfg.max_train_seconds:
             self.console.print(f"max_train_seconds={cfg.max_train_seconds:g} reached at step {trainer.step}")
             trainer.extra_state["stopped_by"] = "max_train_seconds"
             self.stop_asked.append(trainer.step)
-        if self.stop_asked or checkpoint_due(cfg, trainer.step, trainer.total_steps,
-                                             epoch_ended=trainer.prompts.epochs_completed > epochs):
+        if self.stop_asked or self.callbacks.control.should_save:  # the schedule's (record) or a callback's
             self._checkpoint()
+        if trainer.prompts.epochs_completed > epochs:
+            self._end_epoch()
         if cfg.report_steps and trainer.step % cfg.report_steps == 0 and self.world.is_main:
             self.report.refresh()
         fatal = [e for e in self.events if e.event == "start" and e.severity == "stop"]
         if fatal:
             raise AlertStop(fatal[0])
 
+    def _end_epoch(self) -> None:
+        """on_epoch_end, after the step whose generation completed a pass over the train prompts (with
+        max_staleness=1 the next generation is sampled during the step, so one generation early) and
+        when the run ends; with save_strategy=epoch a checkpoint then, as transformers' DefaultFlowCallback asks."""
+        control = self.callbacks.control
+        control.should_save = control.should_save or self.cfg.save_strategy == "epoch"
+        self.callbacks.fire("on_epoch_end")
+        if control.should_save and self.saved_step != self.trainer.step:
+            self._checkpoint()
+        self.epoch_begins = True
+        if self.callbacks.control.should_training_stop and self.trainer.step < self.trainer.total_steps:
+            self.stop_asked.append(self.trainer.step)
+
     def record(self, metrics: dict) -> None:
-        """The step's evaluation, alerts and metrics row, with the step itself (trainer.StepRecord)."""
+        """The step's record, with the step itself (trainer.StepRecord): on_step_end, the evaluation
+        when due, alerts, the metrics row, the loggers; then on_log and on_evaluate (_tell)."""
         cfg, trainer, world, progress = self.cfg, self.trainer, self.world, self.progress
         step, total = trainer.step, trainer.total_steps
-        if cfg.eval_strategy == "steps" and step % (cfg.eval_steps or cfg.logging_steps) == 0 and self.data.test_examples \
-                and world.is_main:
-            result = self.held_out(out=progress.console)
-            metrics.update({f"eval/{k}": v for k, v in result.metrics().items()})
+        evaluates = cfg.eval_strategy == "steps" and (step % (cfg.eval_steps or cfg.logging_steps) == 0 or step == total)
+        self.callbacks.step_end(step, metrics.get("epoch"), log=step % cfg.logging_steps == 0 or step == total,
+                                evaluate=evaluates, save=checkpoint_due(cfg, step, total))
+        if self.callbacks.control.should_evaluate and self.data.test_examples and world.is_main:
+            metrics.update({f"eval/{k}": v for k, v in self.held_out(out=progress.console).logged().items()})
         if world.enabled:  # rank 0's metrics (with its evaluation), so every rank's alerts agree
             main_metrics = dict(distributed.broadcast(metrics, world))  # rank 0 gets its own dict back
             metrics.clear()
             metrics.update(main_metrics)
         self.events[:] = trainer.alerts.update(step, metrics, trainer.last_samples)
-        line = trainer.log.add(step, metrics, force=step == total) if world.is_main else None
+        force = step == total or self.callbacks.control.should_log
+        line = trainer.log.add(step, metrics, force=force) if world.is_main else None
         shown = f"reward {metrics['reward']:.3f}" if "reward" in metrics else f"loss {metrics.get('loss', math.nan):.4f}"
         progress.update(self.bar, completed=step, shown=shown)
         if line:
@@ -154,25 +193,37 @@ class Run:
                 logger.log(line)
         for event in self.events:
             progress.console.print(f"[{'red' if event.event == 'start' else 'green'}]{event.format()}[/]")
-        if self.callbacks is not None and self.callbacks.step_end(step, metrics.get("epoch", 0.0), line):
+        best = (cfg.metric_for_best_model, cfg.greater_is_better, cfg.save_strategy != "no")
+        self.callbacks.tell(metrics, distributed.broadcast(line, world) if world.enabled else line, step > self.first_step, best)
+        if self.callbacks.control.should_training_stop and step < total:  # a callback's; the last step ends the run anyway
             self.stop_asked.append(step)
 
     def save(self, collective: bool = True) -> Path | None:  # every rank calls it; rank 0 writes
+        state = self.callbacks.state
         self.trainer.extra_state["train_seconds"] = self.seconds()
-        return self.trainer.save(collective)
+        self.trainer.extra_state["trainer_state"] = self.callbacks.kept()
+        best = self.output_dir / f"checkpoint-{state.best_global_step}" if state.best_global_step else None
+        return self.trainer.save(collective, keep=best)  # save_total_limit never removes the best checkpoint
 
     def _checkpoint(self) -> None:
-        """A checkpoint now; with on_save_error=continue, a full disk is said and training goes on."""
+        """A checkpoint now, then on_save; with on_save_error=continue, a full disk is said and training goes on."""
         with interrupts.deferred(f"checkpoint-{self.trainer.step} is being written"):
             try:
                 path = self.save()
                 self.saved_step = self.trainer.step
-                if self.callbacks is not None and path is not None:
-                    self.callbacks.saved(path)
+                self._note_best()
+                if path is not None or not (self.world.is_main or self.trainer.poisoned):
+                    self.callbacks.fire("on_save")
             except DiskFull as e:
                 if self.cfg.on_save_error == "stop":
                     raise
                 self.say(f"{e}; training goes on without it (on_save_error=continue)")
+
+    def _note_best(self) -> None:
+        """state.best_model_checkpoint: the best step's checkpoint once it is saved (transformers' rule)."""
+        best = best_checkpoint(self.callbacks.state, self.output_dir)
+        if best is not None:
+            self.callbacks.state.best_model_checkpoint = str(best)
 
     def _stopped(self, e: BaseException) -> None:
         """The run stops on `e`: the steps since the last checkpoint are saved, and how to continue said."""
@@ -193,34 +244,57 @@ class Run:
             self.report.refresh()
 
     def finish(self, objects=None) -> dict:
-        """The final model, the evaluation after training, summary.json and the report; pushed to the Hub if asked."""
+        """The final model (with load_best_model_at_end the best checkpoint's), the evaluation after
+        training, summary.json and the report, the summary row (on_log) and on_train_end; pushed to
+        the Hub if asked.  The summary's train_metrics are transformers' TrainOutput metrics."""
         cfg, trainer, console = self.cfg, self.trainer, self.console
-        train_seconds = self.seconds()
+        train_seconds, runtime = self.seconds(), time.perf_counter() - self.started
+        if cfg.load_best_model_at_end:
+            self._load_best()
         summary = {"output_dir": str(self.output_dir), "steps": trainer.step, "train_seconds": round(train_seconds, 1)}
-        if not self.world.is_main:
-            return summary
-        save_final_model(trainer.full_model, trainer.tokenizer, self.output_dir, cfg.lora_save)
-        if objects is not None:
-            objects.model, objects.tokenizer = trainer.full_model, trainer.tokenizer
-        after = _brief(self.held_out("after")) if cfg.eval_on_end else None
-        summary.update({
-            "device": self.world.device,
-            **({"stopped_by": trainer.extra_state["stopped_by"]} if "stopped_by" in trainer.extra_state else {}),
-            "eval_before": trainer.extra_state.get("eval_before"),
-            "eval_after": after,
-        })
-        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        self.report.refresh()
-        print_summary(console, summary)
-        if self.callbacks is not None:
-            self.callbacks.end()
-        if cfg.push_to_hub:  # last, so the repository gets the evaluations, summary and report too
+        if self.world.is_main:
+            save_final_model(trainer.full_model, trainer.tokenizer, self.output_dir, cfg.lora_save)
+            if objects is not None:
+                objects.model, objects.tokenizer = trainer.full_model, trainer.tokenizer
+            after = self.held_out("after") if cfg.eval_on_end else None  # rlvr's own (TRL has none): no event, no log_history row
+            summary.update({
+                "device": self.world.device,
+                **({"stopped_by": trainer.extra_state["stopped_by"]} if "stopped_by" in trainer.extra_state else {}),
+                "eval_before": trainer.extra_state.get("eval_before"),
+                "eval_after": _brief(after) if after is not None else None,
+            })
+            (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            self.report.refresh()
+            print_summary(console, summary)
+        steps = trainer.step - self.first_step  # samples: completions (sft, dpo: units) of every process
+        samples = steps * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * self.world.world_size
+        summary["train_metrics"] = self.callbacks.train_metrics(runtime, steps, samples)
+        self.callbacks.log(summary["train_metrics"])  # TRL's last log_history row
+        self.callbacks.fire("on_train_end")
+        if cfg.push_to_hub and self.world.is_main:  # last, so the repository gets the evaluations, summary and report too
             from rlvr.hub import push
 
             console.print(f"pushing {self.output_dir} (without its checkpoints) to the Hugging Face Hub...")
             summary["hub_url"] = push(cfg.run_settings, self.output_dir)  # HubPushError: the run stays whole on disk
             console.print(f"pushed to {summary['hub_url']}")
         return summary
+
+    def _load_best(self) -> None:
+        """load_best_model_at_end: the best checkpoint's weights into the model, on every process; with
+        save_total_limit=1 the other checkpoints are removed then, as transformers does."""
+        state, trainer = self.callbacks.state, self.trainer
+        best = best_checkpoint(state, self.output_dir)
+        if best is None:
+            return
+        self.console.print(f"load_best_model_at_end: the final model is {best.name} "
+                           f"({self.cfg.metric_for_best_model} {state.best_metric:.4g})")
+        load_weights(best, trainer.full_model)
+        if trainer.sharded:
+            fsdp.load_full_state_dict(trainer.model, trainer.full_model.state_dict())
+        if self.cfg.save_total_limit == 1 and self.world.is_main:
+            for path in checkpoints(self.output_dir):
+                if path.name != best.name:
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def _log_write_failed(on_save_error: str, say):
@@ -243,17 +317,14 @@ def _log_write_failed(on_save_error: str, say):
     return on_error
 
 
-def checkpoint_due(cfg: Config, step: int, total: int, epoch_ended: bool) -> bool:
-    """Whether a checkpoint is saved after `step` (TRL's save_strategy).  steps: every save_steps;
-    epoch: after the step whose generation completed a pass over the train prompts (with
-    max_staleness=1 the next generation is sampled during the step, so one generation early);
-    both also after the last step, so that resume=true with a larger max_steps can continue.
+def checkpoint_due(cfg: Config, step: int, total: int) -> bool:
+    """Whether the schedule saves a checkpoint after `step` (TRL's save_strategy).  steps: every
+    save_steps; steps and epoch: after the last step, so that resume=true with a larger max_steps can
+    continue; epoch's others come at the end of each pass over the train prompts (Run._end_epoch).
     no: never (the final model is still saved, and a stopped run still saves a checkpoint)."""
     if cfg.save_strategy == "no":
         return False
-    if step == total:
-        return True
-    return epoch_ended if cfg.save_strategy == "epoch" else step % cfg.save_steps == 0
+    return step == total or cfg.save_strategy == "steps" and step % cfg.save_steps == 0
 
 
 class LiveReport:
@@ -276,6 +347,11 @@ class LiveReport:
 
 def _brief(result: EvalResult) -> dict:
     return {k: v for k, v in result.to_dict().items() if k != "samples"}
+
+
+def _prefixed(result: EvalResult) -> dict:
+    """An evaluation's metrics as transformers names them (eval_reward, eval_accuracy, ...)."""
+    return {f"eval_{k}": v for k, v in result.logged().items()}
 
 
 def print_summary(console, summary: dict) -> None:

@@ -167,7 +167,7 @@ FREE_TO_CHANGE = {
     "eval_max_examples", "eval_temperature", "eval_batch_size", "eval_output", "max_steps", "num_train_epochs",
     "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_weight_transfer", "ray_address", "rollout_workers",
     "vllm_gpu_memory_utilization", "vllm_kv_cache_gb", "use_cpu", "save_strategy", "run_name", "push_to_hub",
-    "hub_model_id", "hub_token", "hub_private_repo",
+    "hub_model_id", "hub_token", "hub_private_repo", "metric_for_best_model", "greater_is_better", "load_best_model_at_end",
 }
 
 

@@ -123,6 +123,7 @@ class RunCore(StepRecord):
 
     poisoned: str | None = None  # why the weights may no longer be saved (an update made them non-finite)
     rollout: RolloutStage  # sampling and scoring: evaluation samples with `rollout.sampler`
+    events = None  # the run's events.TrainerEvents (loop.py sets it): told the callback points inside a step
 
     def __init__(self, cfg: Config, model, tokenizer, output_dir: Path, world: distributed.World = distributed.SINGLE,
                  full_model=None, temperature: float = 1.0):
@@ -161,6 +162,7 @@ class RunCore(StepRecord):
         t0 = time.perf_counter()
         self._begin_step()
         self.finish_record(on_step)  # an earlier step's record that failed, if any
+        self._event("on_step_begin")
         prepared = self._prepare()
         with interrupts.deferred(f"step {self.step + 1} (its update and its record)"):
             metrics = self._step(prepared, t0)
@@ -169,6 +171,11 @@ class RunCore(StepRecord):
 
     def _begin_step(self) -> None:
         pass
+
+    def _event(self, name: str) -> None:
+        """Tell the run's callbacks a point of the step (on_step_begin here; update.py's inside the update)."""
+        if self.events is not None:
+            self.events.fire(name)
 
     def _prepare(self):
         return None
@@ -185,8 +192,17 @@ class RunCore(StepRecord):
         metrics["epoch"] = self.prompts.epochs_done
         metrics["step_time"] = time.perf_counter() - t0
 
-    def _state(self) -> TrainerState:
-        return TrainerState(global_step=self.step, max_steps=self.total_steps)
+    def _state(self):
+        """What reward functions get as `trainer_state`: transformers' TrainerState of the run, as
+        TRL passes its own (a copy, so a batch sampled ahead sees the state it was started in)."""
+        if self.events is None:
+            return TrainerState(global_step=self.step, max_steps=self.total_steps)
+        return copy.copy(self.events.state)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps one pass over the train prompts (or units) takes."""
+        raise NotImplementedError
 
     def publish_weights(self) -> None:
         """Hand the updated weights to every sampler outside this model (vLLM, rollout workers)."""
@@ -217,16 +233,16 @@ class RunCore(StepRecord):
         return trainer_state(self.step, self._parts(), **self._own_state(collective), extra=self.extra_state,
                              unrecorded=self.unrecorded)
 
-    def save(self, collective: bool = True) -> Path | None:
+    def save(self, collective: bool = True, keep: Path | None = None) -> Path | None:
         """Every rank calls it (see state_dict); rank 0 writes the checkpoint and returns its path.
         With fsdp the optimizer state is gathered from every rank, so nothing is saved without `collective`;
-        nor after an update made the weights non-finite."""
+        nor after an update made the weights non-finite.  `keep`: a checkpoint save_total_limit never removes."""
         if (self.sharded and not collective) or self.poisoned:
             return None
         state = self.state_dict(collective)
         if not self.world.is_main:
             return None
-        return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.cfg.save_total_limit)
+        return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.cfg.save_total_limit, keep)
 
     def resume(self, checkpoint: Path) -> None:
         state = load_checkpoint(checkpoint, self.full_model)
@@ -268,7 +284,7 @@ class Trainer(RunCore):
                                                                   self.rollout.off_policy, self.full_model.config), model, self.optimizer,
                                     self.scheduler, self.logprobs, self.kl, self.rollout.pad_id, world,
                                     sampler_model=self.full_model, between_micro_batches=self.home.serve,
-                                    scaler=self.scaler)  # 4
+                                    scaler=self.scaler, on_event=self._event)  # 4
         self.log_completions = cfg.log_completions and world.is_main
         self.parts = cfg.steps_per_optimizer_step  # optimizer steps one pass over a generation takes
         self.uses = cfg.num_iterations * self.parts  # optimizer steps per generation
@@ -346,6 +362,8 @@ class Trainer(RunCore):
         if gen.iterations_done == 1:  # TRL's num_tokens: prompt and completion tokens of every generation so far
             seen = self.extra_state.get("num_input_tokens_seen", 0.0) + gen.metrics.get("tokens/generation", 0.0)
             self.extra_state["num_input_tokens_seen"] = seen
+            if self.events is not None:
+                self.events.state.num_input_tokens_seen = int(seen)
         metrics["num_tokens"] = self.extra_state.get("num_input_tokens_seen", 0.0)
         completions = gen.samples if gen.iterations_done == 1 and gen.samples and self.log_completions else None
         self._count_step(metrics, completions)
@@ -374,6 +392,10 @@ class Trainer(RunCore):
     def poisoned(self) -> str | None:
         """Why the weights may no longer be saved (an update made them non-finite), or None."""
         return self.updater.poisoned
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.prompts.examples) / self.cfg.prompts_per_step) * self.uses
 
     # --- checkpoints: the KL state, and each rank's pending generation ----------------------
 

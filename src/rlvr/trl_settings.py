@@ -30,7 +30,7 @@ num_iterations epsilon delta epsilon_high importance_sampling_level reward_weigh
 mask_truncated_completions sync_ref_model ref_model_mixup_alpha ref_model_sync_steps top_entropy_quantile
 vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max
 vllm_importance_sampling_clip_min log_completions num_completions_to_print use_bias_correction_kl
-router_aux_loss_coef
+router_aux_loss_coef load_best_model_at_end metric_for_best_model greater_is_better
 """.split()) | frozenset(  # the ModelConfig / ScriptArguments of TRL's scripts (trl/scripts/grpo.py)
     "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save "
     "lora_task_type use_rslora use_dora dataset_config dataset_train_split dataset_test_split reward_funcs".split())
@@ -47,7 +47,7 @@ IGNORED = {
                     "rlvr logs every logging_steps steps to metrics.jsonl and the loggers of report_to"),
     **dict.fromkeys("""eval_delay per_device_eval_batch_size prediction_loss_only eval_do_concat_batches eval_use_gather_object
         eval_accumulation_steps include_for_metrics batch_eval_metrics bf16_full_eval fp16_full_eval num_generations_eval
-        metric_for_best_model greater_is_better do_train do_eval do_predict""".split(),
+        do_train do_eval do_predict""".split(),
                     "rlvr evaluates held-out accuracy with its own eval_* settings"),
     **dict.fromkeys("""ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout
         local_rank accelerator_config fsdp_config ds3_gather_for_generation average_tokens_across_devices
@@ -87,7 +87,6 @@ UNSUPPORTED = {
     "optim_target_modules": ((None,), "optimizers for some modules only (GaLore, APOLLO) are not supported"),
     "auto_find_batch_size": ((False,), "a batch that shrinks on out-of-memory would split prompt groups (TRL refuses it too)"),
     "save_only_model": ((False,), "checkpoints always hold the optimizer state, so that resume is exact"),
-    "load_best_model_at_end": ((False,), "keeping the best checkpoint is not supported yet; evaluate checkpoints with rlvr eval"),
     "cast_lm_head_to_fp32": ((False,), "an fp32 LM head under bf16 is not supported yet"),
     "vllm_enable_sleep_mode": ((False,), "vLLM's sleep mode is not supported yet"),
     "vllm_structured_outputs_regex": ((None,), "structured outputs are not supported yet"),

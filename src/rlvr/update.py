@@ -10,6 +10,10 @@ learning-rate schedule.
 
 `LogProbs` and `optimizer_step` are what another objective (SFT, DPO) needs from here; the
 policy loss is GRPO's own.
+
+`on_event(name)` is told transformers' callback points (events.py): "on_substep_end" after each
+backward pass but the last, "on_pre_optimizer_step" with the final (summed, unscaled, clipped)
+gradients on the parameters, "on_optimizer_step" after the step; the math is the same without it.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ def router_coefficient(setting: float | None, model_config) -> float:
 
 def optimizer_step(model, optimizer, scheduler, max_grad_norm: float, loss: float, step: int,
                    world: distributed.World = distributed.SINGLE, sharded: bool = False,
-                   scaler: torch.amp.GradScaler | None = None) -> tuple[float, float]:
+                   scaler: torch.amp.GradScaler | None = None, on_event=None) -> tuple[float, float]:
     """After the backward passes: sum the gradients over processes (FSDP has already: `sharded`),
     clip their global norm to max_grad_norm (0: no clipping), step the optimizer and the schedule.
     Returns (gradient norm, learning rate used).  Raises NonFinite, without applying the update,
@@ -90,7 +94,9 @@ def optimizer_step(model, optimizer, scheduler, max_grad_norm: float, loss: floa
     With fp16's loss scaler (optim.loss_scaler; the backward passes went through `backward`) the
     gradients are unscaled before their norm is taken, and gradients that overflowed are a normal
     skipped step, as in TRL: no update, no step of the schedule, the scale halved, and the
-    non-finite norm returned.  Only a scale below MIN_LOSS_SCALE (overflow at every scale) stops the run."""
+    non-finite norm returned.  Only a scale below MIN_LOSS_SCALE (overflow at every scale) stops the run.
+    on_event: as the module docstring says (an overflow's skipped step too, as transformers; a refused one not)."""
+    on_event = on_event or _no_event
     lr = scheduler.get_last_lr()[0]
     if not sharded:
         distributed.sum_gradients(model.parameters(), world)  # before clipping: the global norm
@@ -104,20 +110,27 @@ def optimizer_step(model, optimizer, scheduler, max_grad_norm: float, loss: floa
         optimizer.zero_grad(set_to_none=True)
         raise NonFinite(f"step {step}: the loss is {loss}, the gradient norm {grad_norm}, the learning "
                         f"rate {lr}; the update was not applied, so the weights are those of step {step - 1}")
+    on_event("on_pre_optimizer_step")  # the gradients the optimizer applies are on the parameters
     if overflow:
         _skip_overflow(optimizer, scaler, step)
+        on_event("on_optimizer_step")
         return grad_norm, lr
     if scaling:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
+    on_event("on_optimizer_step")
     if not all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad):
         error = NonFinite(f"step {step}'s update made weights non-finite (inf or nan); nothing after the last checkpoint is saved")
         error.poisoned = f"step {step}'s update made weights non-finite (inf or nan)"
         raise error
     scheduler.step()
     return grad_norm, lr
+
+
+def _no_event(name: str) -> None:
+    pass
 
 
 MIN_LOSS_SCALE = 2.0**-24  # fp16's smallest subnormal: below it every scaled gradient underflows
@@ -146,17 +159,20 @@ def skip_step(scheduler) -> None:
 
 class PolicyUpdate:
     def __init__(self, settings: UpdateSettings, model, optimizer, scheduler, logprobs, kl, pad_id: int,
-                 world: distributed.World = distributed.SINGLE, sampler_model=None, between_micro_batches=None, scaler=None):
+                 world: distributed.World = distributed.SINGLE, sampler_model=None, between_micro_batches=None, scaler=None,
+                 on_event=None):
         """logprobs: a logprobs.LogProbs; kl: a reference.KLReference; sampler_model: the unsharded
         model with the same weights (fsdp), for the old log-probs; between_micro_batches: called
         after each backward pass (the reward calls of a batch sampled ahead, rollout/home.py);
-        scaler: fp16's loss scaler (optim.loss_scaler), or None."""
+        scaler: fp16's loss scaler (optim.loss_scaler), or None; on_event: told the points of the
+        step (the module docstring)."""
         self.settings, self.model, self.optimizer, self.scheduler = settings, model, optimizer, scheduler
         self.logprobs, self.kl, self.pad_id, self.world = logprobs, kl, pad_id, world
         self.sampler_model = sampler_model if sampler_model is not None else model
         self.between_micro_batches = between_micro_batches or (lambda: None)
         self.poisoned: str | None = None  # why the weights may no longer be saved
         self.scaler = scaler
+        self.on_event = on_event or _no_event
 
     @torch.no_grad()
     def prepare(self, batch: Batch) -> None:
@@ -190,7 +206,7 @@ class PolicyUpdate:
         before_step()
         try:
             grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler, s.max_grad_norm, sums["loss"], step,
-                                           self.world, sharded=s.fsdp, scaler=self.scaler)
+                                           self.world, sharded=s.fsdp, scaler=self.scaler, on_event=self.on_event)
         except NonFinite as e:
             self.poisoned = getattr(e, "poisoned", None)
             raise
@@ -227,7 +243,10 @@ class PolicyUpdate:
         norm = norm or LossNorm(len(batch), batch.num_tokens, s.max_completion_length, math.ceil(len(batch) / size))
         sums = {"loss": 0.0, "entropy": 0.0, "update_tokens": 0.0, "update_flops": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
-        for lo in range(0, max(len(batch), num_micro_batches * size), size):
+        end = max(len(batch), num_micro_batches * size)
+        for lo in range(0, end, size):
+            if lo > 0:  # a micro-batch's backward pass is done and another follows (transformers' substep)
+                self.on_event("on_substep_end")
             if lo >= len(batch) and not s.fsdp:
                 self._entropy_mask(None, None)
                 continue

@@ -24,13 +24,21 @@ checkpoints, metrics and report.
     configs.py     GRPOConfig, SFTConfig, DPOConfig
     trainers.py    GRPOTrainer, and SFTTrainer / DPOTrainer on its construction
     inputs.py      the objects a trainer is given, as settings, Examples or rows; RunObjects for run.py
-    callbacks.py   TrainerState, TrainerControl, TrainOutput and the callbacks
+    callbacks.py   transformers' TrainerState, TrainerControl, TrainerCallback, TrainOutput; the callbacks
 """
 
-from rlvr.api.callbacks import Callbacks, TrainerControl, TrainerState, TrainOutput
+from rlvr.api.callbacks import Callbacks
 from rlvr.api.configs import DPOConfig, GRPOConfig, SFTConfig
 from rlvr.api.inputs import RunObjects
 from rlvr.api.trainers import DPOTrainer, GRPOTrainer, SFTTrainer
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "DPOConfig", "DPOTrainer", "TrainOutput", "TrainerState",
-           "TrainerControl", "Callbacks", "RunObjects"]
+           "TrainerControl", "TrainerCallback", "Callbacks", "RunObjects"]
+
+
+def __getattr__(name: str):
+    if name in ("TrainOutput", "TrainerState", "TrainerControl", "TrainerCallback"):  # transformers' own, imported when asked for
+        from rlvr.api import callbacks
+
+        return getattr(callbacks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,9 +5,7 @@ Examples or rows; and RunObjects, what the run (run.py) takes as objects rather 
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rlvr.config import Config, ConfigError
@@ -22,7 +20,7 @@ class RunObjects:
     tokenizer: Any = None
     train_examples: list | None = None
     test_examples: list | None = None
-    callbacks: Any = None  # api.callbacks.Callbacks
+    callbacks: Any = None  # events.TrainerEvents: the trainer's callbacks, state and control
     train_rows: list | None = None  # sft / dpo: the train_dataset's rows (finetune/data.py reads them)
 
 
@@ -117,10 +115,3 @@ def eval_examples(dataset, cfg: Config) -> list:
 
     _, out, _ = load_data(cfg.data_settings, cfg.finetune_settings, cfg.seed, cfg.method, rows(dataset, "eval_dataset"))
     return out
-
-
-def log_history(output_dir: Path) -> list[dict]:
-    path = output_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from rlvr import methods
 from rlvr.api import inputs
-from rlvr.api.callbacks import Callbacks, TrainerControl, TrainerState, TrainOutput
 from rlvr.api.configs import DPOConfig, GRPOConfig, SFTConfig
 from rlvr.config import Config, ConfigError, build_config
+from rlvr.events import TrainerEvents
 from rlvr.trl_settings import ignored_line
 
 __all__ = ["GRPOTrainer", "SFTTrainer", "DPOTrainer"]
@@ -71,10 +71,32 @@ class GRPOTrainer:
         self.processing_class = processing_class
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self._read_data(train_dataset, eval_dataset)
-        self.state = TrainerState(max_steps=self.cfg.max_steps)
-        self.control = TrainerControl()
-        self.callbacks = Callbacks(list(callbacks or []), self)
+        self.callbacks = TrainerEvents(list(callbacks or []), args=self.args)  # with transformers' TrainerState and TrainerControl
+        self.callbacks.bind(self.model, processing_class, None, None)  # a model given by name is loaded by train()
         self._objects = None
+        self.callbacks.fire("on_init_end")
+
+    @property
+    def state(self):
+        """transformers' TrainerState of the run (a new one for each train(), as in transformers)."""
+        return self.callbacks.state
+
+    @state.setter
+    def state(self, state) -> None:
+        self.callbacks.state = state
+
+    @property
+    def control(self):
+        return self.callbacks.control
+
+    @control.setter
+    def control(self, control) -> None:
+        self.callbacks.control = control
+
+    @property
+    def callback_handler(self) -> TrainerEvents:
+        """transformers' name for the callbacks (`.callbacks` lists them)."""
+        return self.callbacks
 
     # --- what GRPO takes besides ---------------------------------------------------------------
 
@@ -106,9 +128,13 @@ class GRPOTrainer:
 
     # --- TRL's methods ------------------------------------------------------------------------
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, **_unused) -> TrainOutput:
+    def train(self, resume_from_checkpoint: str | bool | None = None, **_unused):
         """Train as configured (run.py); `resume_from_checkpoint` True continues from the newest
-        checkpoint of output_dir, a path from that checkpoint."""
+        checkpoint of output_dir, a path from that checkpoint.  Returns transformers' TrainOutput
+        (global_step, training_loss, metrics: train_runtime, train_samples_per_second,
+        train_steps_per_second, total_flos, train_loss, epoch)."""
+        from transformers.trainer_utils import TrainOutput
+
         from rlvr.run import train
 
         inputs.put_back(self._given)
@@ -123,10 +149,8 @@ class GRPOTrainer:
         summary = train(cfg, objects=objects)
         self._objects, self.model, self.processing_class = objects, objects.model, objects.tokenizer
         self.output_dir = Path(summary["output_dir"])
-        self.state.log_history = inputs.log_history(self.output_dir)
-        self.state.global_step = summary["steps"]
-        losses = [row["loss"] for row in self.state.log_history if "loss" in row]
-        return TrainOutput(summary["steps"], sum(losses) / len(losses) if losses else 0.0, summary)
+        metrics = summary["train_metrics"]
+        return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
     def save_model(self, output_dir: str | None = None) -> None:
         """The trained model (with LoRA: as lora_save says) and its tokenizer in `output_dir`
@@ -140,8 +164,11 @@ class GRPOTrainer:
         save_final_model(self.model, self.processing_class, target, self.cfg.lora_save)
 
     def evaluate(self, eval_dataset=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Held-out accuracy (and pass@k etc., as configured) of the current model on the eval
-        dataset, with the same verifier as training: {"eval_accuracy": ..., ...}."""
+        """The current model on the eval dataset: TRL's GRPO evaluation metrics (eval_reward,
+        eval_reward_std, eval_rewards/<function>/mean and /std, eval_completions/..., see
+        evaluate.trl_metrics) beside rlvr's held-out accuracy (eval_accuracy, eval_pass@1, ... with the
+        same verifier as training), transformers' eval_runtime, eval_samples_per_second and
+        eval_steps_per_second, and the epoch; logged (log_history, on_log), then on_evaluate."""
         from rlvr.loop import evaluate_model
         from rlvr.models import load_model, pick_device
 
@@ -156,13 +183,14 @@ class GRPOTrainer:
             self.model, self.processing_class = model, self.processing_class or tokenizer
         result = evaluate_model(model, self.processing_class or tokenizer, examples[: self.cfg.eval_max_examples or None],
                                 self.cfg, shot_pool=self.train_examples)
-        metrics = {f"{metric_key_prefix}_{k}": v for k, v in result.metrics().items()}
-        self.state.log_history.append({**metrics, "step": self.state.global_step})
-        self.callbacks.call("on_evaluate", metrics=metrics)
+        metrics = {f"{metric_key_prefix}_{k}": v for k, v in result.logged().items()}
+        if self.callbacks.model is None:
+            self.callbacks.model, self.callbacks.processing_class = model, self.processing_class or tokenizer
+        self.callbacks.evaluated(metrics)  # adds the epoch, as transformers' evaluate() does
         return metrics
 
     def add_callback(self, callback) -> None:
-        self.callbacks.callbacks.append(callback() if isinstance(callback, type) else callback)
+        self.callbacks.add(callback)
 
 
 class _FinetuneTrainer(GRPOTrainer):

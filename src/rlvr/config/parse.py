@@ -86,6 +86,10 @@ def build_config(*sources: dict[str, Any], ignored: list[str] | None = None) -> 
             values[name] = "no"
     if values.get("top_k") is None and "top_k" in values:
         values["top_k"] = 0
+    if values.get("load_best_model_at_end") and values.get("metric_for_best_model") is None:
+        values["metric_for_best_model"] = "loss"  # transformers' TrainingArguments default (refused by the rules: no eval_loss)
+    if values.get("greater_is_better") is None and values.get("metric_for_best_model") is not None:
+        values["greater_is_better"] = not str(values["metric_for_best_model"]).endswith("loss")  # ... and this one
     if isinstance(values.get("resume"), str):  # TRL's resume_from_checkpoint=<path>
         values["resume_checkpoint"], values["resume"] = values["resume"], True
     _check_types(values)

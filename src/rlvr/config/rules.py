@@ -37,7 +37,7 @@ def cross_section_problems(cfg) -> list[str]:
         (not (not online and (cfg.fsdp or cfg.rollout_workers or cfg.max_staleness)),
          f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train"),
     ]
-    problems = [message for ok, message in rules if not ok]
+    problems = [message for ok, message in rules if not ok] + best_model_problems(cfg)
     option = lora_beyond_vllm(cfg)
     if cfg.use_peft and (cfg.use_vllm or cfg.rollout_workers) and option:
         problems.append(f"LoRA with {option} cannot be sampled by vLLM or the rollout workers, which take plain "
@@ -51,6 +51,22 @@ def cross_section_problems(cfg) -> list[str]:
     if online:  # how generations feed optimizer steps; sft and dpo take whole examples
         problems += generation_batch_problems(cfg)
     return problems
+
+
+def best_model_problems(cfg) -> list[str]:
+    """transformers' rule for load_best_model_at_end: a checkpoint at every evaluation, so the best one
+    is there to load (eval_strategy = save_strategy; with steps, save_steps a multiple of eval_steps)."""
+    if not cfg.load_best_model_at_end:
+        return []
+    if cfg.eval_strategy != cfg.save_strategy:
+        no_eval = " (GRPOTrainer without an eval_dataset evaluates nothing: eval_strategy=no)" if cfg.eval_strategy == "no" else ""
+        return [f"load_best_model_at_end needs the save and eval strategies to match (as in transformers): eval_strategy="
+                f"{cfg.eval_strategy}{no_eval}, save_strategy={cfg.save_strategy}"]
+    eval_steps = cfg.eval_steps or cfg.logging_steps
+    if cfg.save_strategy == "steps" and cfg.save_steps % eval_steps:
+        return [f"load_best_model_at_end needs save_steps to be a multiple of eval_steps (as in transformers): save_steps="
+                f"{cfg.save_steps}, eval_steps={eval_steps}"]
+    return []
 
 
 def generation_batch_problems(cfg) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from rlvr.config.section import Section, choices
@@ -95,6 +96,9 @@ class EvalSettings(Section):
     eval_temperature: float = 0.0  # 0 = greedy
     eval_batch_size: int = 64  # prompts per generation call
     eval_output: str | None = None  # `rlvr eval` result file; default <run dir>/eval.json or ./eval.json
+    metric_for_best_model: str | None = None  # the evaluation metric the best checkpoint has (eval_ optional): reward, accuracy, rewards/<function>/mean, pass@1, ...; with load_best_model_at_end, default loss (transformers'), which rlvr does not compute
+    greater_is_better: bool | None = None  # default: true unless metric_for_best_model ends in loss
+    load_best_model_at_end: bool = False  # the final model is the checkpoint with the best metric_for_best_model (needs eval_strategy = save_strategy); that checkpoint is never rotated away
 
     def _rules(self) -> list[str]:
         rules = [
@@ -108,7 +112,28 @@ class EvalSettings(Section):
             (self.eval_batch_size >= 1, "eval_batch_size must be at least 1"),
             (self.eval_steps is None or self.eval_steps >= 1, "eval_steps must be at least 1 (or null for logging_steps)"),
         ]
-        return choices(self, eval_strategy=("no", "steps")) + [message for ok, message in rules if not ok]
+        problems = [message for ok, message in rules if not ok] + best_metric_problems(self.metric_for_best_model)
+        return choices(self, eval_strategy=("no", "steps")) + problems
+
+
+# What an evaluation reports (evaluate.EvalResult.logged), for metric_for_best_model.
+EVAL_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "accuracy", "mean_completion_length", "truncated_fraction",
+                "completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio",
+                "completions/mean_terminated_length", "completions/min_terminated_length", "completions/max_terminated_length")
+
+
+def best_metric_problems(metric: str | None) -> list[str]:
+    """metric_for_best_model must name a metric the evaluation reports (with or without eval_)."""
+    if metric is None:
+        return []
+    name = metric.removeprefix("eval_")
+    if name == "loss":
+        return [f"metric_for_best_model={metric!r} (transformers' default with load_best_model_at_end): rlvr's evaluation "
+                "samples and scores completions and computes no eval_loss; choose what it reports, e.g. "
+                "metric_for_best_model=reward (greater is better) or accuracy"]
+    known = name in EVAL_METRICS or re.fullmatch(r"(pass|maj|mean)@\d+|rewards/.+/(mean|std)", name)
+    return [] if known else [f"metric_for_best_model={metric!r} is not a metric rlvr's evaluation reports; choose one of "
+                             f"{', '.join(EVAL_METRICS)}, pass@<k>, maj@<k>, mean@<k>, rewards/<reward function>/mean or /std"]
 
 
 @dataclass(frozen=True)

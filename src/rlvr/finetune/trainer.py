@@ -85,6 +85,12 @@ class FinetuneTrainer(RunCore):
                 full_model=None) -> FinetuneTrainer:
         return cls(cfg, model, tokenizer, data.items, data.train_examples, output_dir, reference, world)
 
+    @property
+    def steps_per_epoch(self) -> int:
+        if self.cfg.self_samples:  # a round of self_round_prompts prompts every self_round_steps steps
+            return -(-len(self.prompts.examples) // self.cfg.self_round_prompts) * self.cfg.self_round_steps
+        return -(-len(self.units) // self.units_per_step)
+
     # --- what differs between SFT and DPO ------------------------------------------------------
 
     def _reference(self, ref_model) -> None:
@@ -179,14 +185,16 @@ class FinetuneTrainer(RunCore):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict = {}
-        for part in rows:
+        for i, part in enumerate(rows):
+            if i:  # the previous micro-batch's backward pass is done and another follows (transformers' substep)
+                self._event("on_substep_end")
             loss, m = self._micro(part, total)
             backward(loss, self.scaler)
             for k, v in {"loss": loss.item(), **m}.items():
                 sums[k] = sums.get(k, 0.0) + v
         try:
             grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler, cfg.max_grad_norm, sums["loss"],
-                                           self.step + 1, self.world, scaler=self.scaler)
+                                           self.step + 1, self.world, scaler=self.scaler, on_event=self._event)
         except Exception as e:
             self.poisoned = getattr(e, "poisoned", None)
             raise
