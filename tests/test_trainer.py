@@ -47,14 +47,17 @@ def test_gradient_accumulation_4x1_equals_1x4(tiny, tmp_path, loss_type):
         assert torch.allclose(g_whole[name], g_split[name], rtol=1e-5, atol=1e-7), name
 
 
-def test_groups_without_signal_change_nothing(tiny, tmp_path):
+def test_a_step_without_signal_is_adamws_step_on_zero_gradients(tiny, tmp_path):
+    # As TRL's step on zero advantages (beta = 0): every gradient 0, and AdamW steps. Its first step has
+    # no momentum yet, so without weight decay the weights stay; its step count and the schedule move.
     trainer = make_trainer(tiny, tmp_path)
     before = {n: p.clone() for n, p in trainer.model.named_parameters()}
     empty = make_batch(trainer).select(torch.zeros(4, dtype=torch.bool))
     metrics = trainer.update(empty)
-    assert metrics["skipped_update"] == 1.0 and "loss" not in metrics
+    assert (metrics["loss"], metrics["grad_norm"], metrics["clip_ratio/region_mean"]) == (0.0, 0.0, 0.0)
     assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
-    assert trainer.scheduler.last_epoch == 1  # the schedule still advances with the step count
+    assert all(int(state["step"]) == 1 for state in trainer.optimizer.state.values())
+    assert trainer.scheduler.last_epoch == 1  # the schedule advances with the step count
 
 
 def test_generate_leaves_zero_std_groups_out(tiny, tmp_path, monkeypatch):

@@ -79,20 +79,30 @@ def _keyed(logps: dict, prompt_ids, prompt_mask, completion_ids, completion_mask
         logps.setdefault((p, c), []).append(values[row][completion_mask[row].bool()].detach().clone())
 
 
-def run_trl(model_dir, out, settings: dict, reward_funcs=(digits_reward,), peft_config=None, callbacks=()):
+def _final(model) -> dict:
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+class Grab:
+    """A transformers TrainerCallback (duck-typed) that keeps every gradient where the optimizer is about to use it."""
+
+    def __init__(self, grads: list):
+        self.grads = grads
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        _grab(model, self.grads)
+
+
+def run_trl(model_dir, out, settings: dict, reward_funcs=(digits_reward,), peft_config=None, callbacks=(), weights=False):
     from datasets import Dataset
     from transformers import TrainerCallback
 
     grads, logps = [], {}
-
-    class Grab(TrainerCallback):
-        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-            _grab(model, grads)
-
+    grab = type("TRLGrab", (Grab, TrainerCallback), {})(grads)
     args = trl.GRPOConfig(**_common(out, settings))
     trainer = trl.GRPOTrainer(model=str(model_dir), reward_funcs=list(reward_funcs), args=args,
                               train_dataset=Dataset.from_list(_rows()), rollout_func=fixed_rollouts,
-                              peft_config=peft_config, callbacks=[Grab(), *callbacks])
+                              peft_config=peft_config, callbacks=[grab, *callbacks])
     forward = trainer._get_per_token_logps_and_entropies
 
     def spy(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
@@ -105,17 +115,17 @@ def run_trl(model_dir, out, settings: dict, reward_funcs=(digits_reward,), peft_
 
     trainer._get_per_token_logps_and_entropies = spy
     trainer.train()
-    return grads, logps, [row for row in trainer.state.log_history if "loss" in row]
+    rows = [row for row in trainer.state.log_history if "loss" in row and "train_loss" not in row]
+    return (grads, logps, rows, _final(trainer.model)) if weights else (grads, logps, rows)
 
 
-def run_rlvr(model_dir, out, settings: dict, monkeypatch, reward_funcs=(digits_reward,), peft_config=None, callbacks=()):
+def run_rlvr(model_dir, out, settings: dict, monkeypatch, reward_funcs=(digits_reward,), peft_config=None, callbacks=(),
+             weights=False):
     import rlvr
     from rlvr import logprobs as logprobs_module
-    from rlvr import update
 
     grads, logps = [], {}
     call = logprobs_module.LogProbs.__call__
-
     with_router_loss = logprobs_module.LogProbs.with_router_loss
 
     def spying(forward):
@@ -127,41 +137,32 @@ def run_rlvr(model_dir, out, settings: dict, monkeypatch, reward_funcs=(digits_r
 
         return spy
 
-    step = update.optimizer_step
-
-    def grabbing_step(model, optimizer, *args, **kwargs):
-        plain = optimizer.step
-
-        def step_after_grab(*a, **k):  # after clipping, before the weights change: where TRL's callback looks
-            _grab(model, grads)
-            return plain(*a, **k)
-
-        optimizer.step = step_after_grab
-        try:
-            return step(model, optimizer, *args, **kwargs)
-        finally:
-            del optimizer.step
-
     monkeypatch.setattr(logprobs_module.LogProbs, "__call__", spying(call))
     monkeypatch.setattr(logprobs_module.LogProbs, "with_router_loss", spying(with_router_loss))
-    monkeypatch.setattr(update, "optimizer_step", grabbing_step)
     args = rlvr.GRPOConfig(**_common(out, settings))
     trainer = rlvr.GRPOTrainer(model=str(model_dir), reward_funcs=list(reward_funcs), args=args, train_dataset=_rows(),
-                               rollout_func=fixed_rollouts, peft_config=peft_config, callbacks=list(callbacks))
+                               rollout_func=fixed_rollouts, peft_config=peft_config, callbacks=[Grab(grads), *callbacks])
     trainer.train()
-    return grads, logps, [row for row in trainer.state.log_history if "loss" in row]
+    rows = [row for row in trainer.state.log_history if "loss" in row and "train_loss" not in row]
+    return (grads, logps, rows, _final(trainer.model)) if weights else (grads, logps, rows)
 
 
 TIMED = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}  # the machine's speed
 
 
-def compare(theirs, ours, atol=1e-5, rtol=1e-4):
+def compare(theirs, ours, atol=1e-5, rtol=1e-4, left_out=()):
+    """`left_out`: prompts whose completions rlvr does not run through the update (a group without
+    signal: advantage 0, and no KL term to pull on them)."""
     trl_grads, trl_logps, trl_rows = theirs
     our_grads, our_logps, our_rows = ours
-    assert set(our_logps) == set(trl_logps)
-    for key, values in trl_logps.items():
-        assert len(our_logps[key]) == len(values)
-        for a, b in zip(sorted(our_logps[key], key=lambda t: t.sum().item()), sorted(values, key=lambda t: t.sum().item())):
+    prompt_ids = {p for p, _ in trl_logps}
+    skipped = {key for key in trl_logps if any(key[0] == p for p in left_out)}
+    assert set(our_logps) == set(trl_logps) - skipped, (len(our_logps), len(trl_logps), len(skipped), len(prompt_ids))
+    for key, values in our_logps.items():
+        values = trl_logps[key]
+        mine = our_logps[key]
+        assert len(mine) == len(values)
+        for a, b in zip(sorted(mine, key=lambda t: t.sum().item()), sorted(values, key=lambda t: t.sum().item())):
             torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol)
     assert len(our_grads) == len(trl_grads) >= 1
     for step, (mine, theirs_) in enumerate(zip(our_grads, trl_grads)):
@@ -301,3 +302,60 @@ def test_lora_from_a_peft_config_agrees_with_trl(case, tiny_model_dir, tmp_path,
     ours = run_rlvr(tiny_model_dir, tmp_path / "rlvr", settings, monkeypatch, peft_config=LoraConfig(task_type="CAUSAL_LM", **LORA_CASES[case]))
     compare(theirs, ours)
     assert all("lora_" in name or "modules_to_save" in name for name in theirs[0][0]), "only the adapter trains"
+
+
+def flat_first_prompt_reward(completions, prompts, **kwargs):
+    """Every completion of the first prompt scores the same: that group carries no signal."""
+    return [1.0 if p == PROMPTS[0] else float(sum(ch.isdigit() for ch in c)) for c, p in zip(completions, prompts)]
+
+
+def flat_reward(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("case", [
+    {},
+    {"loss_type": "grpo"},
+    {"loss_type": "dr_grpo"},
+    {"loss_type": "bnpo", "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+    {"beta": 0.04},
+    {"steps_per_generation": 2, "per_device_train_batch_size": 4, "max_steps": 2},
+], ids=["dapo", "grpo", "dr_grpo", "bnpo-accumulation", "beta", "steps-per-generation"])
+def test_a_group_without_signal_trains_as_in_trl(case, tiny_model_dir, tmp_path, monkeypatch):
+    # rlvr leaves such a group out of the update (no forward, no backward); the step must be TRL's all the same.
+    if case.get("steps_per_generation") or case.get("loss_type") == "bnpo":  # micro-batches cut as rlvr cuts them
+        import trl.trainer.grpo_trainer as trl_grpo
+
+        monkeypatch.setattr(trl_grpo, "shuffle_sequence_dict", lambda batch: batch)
+    funcs = (flat_first_prompt_reward,)
+    theirs = run_trl(tiny_model_dir, tmp_path / "trl", case, reward_funcs=funcs)
+    ours = run_rlvr(tiny_model_dir, tmp_path / "rlvr", case, monkeypatch, reward_funcs=funcs)
+    skips = not case.get("beta") and case.get("loss_type") != "bnpo" and not case.get("steps_per_generation")
+    first = tuple(__import__("conftest").make_tokenizer()(PROMPTS[0], add_special_tokens=False)["input_ids"])
+    compare(theirs, ours, left_out=[first] if skips else ())
+
+
+def test_steps_without_any_signal_move_the_weights_as_in_trl(tiny_model_dir, tmp_path, monkeypatch):
+    # Step 1 learns; steps 2 and 3 have no signal at all: TRL's AdamW still steps (its momentum and weight decay).
+    settings = {"max_steps": 3, "per_device_train_batch_size": 8, "weight_decay": 0.1}
+    calls = {"n": 0}
+
+    def first_step_only(completions, **kwargs):
+        calls["n"] += 1
+        return digits_reward(completions) if calls["n"] == 1 else flat_reward(completions)
+
+    theirs = run_trl(tiny_model_dir, tmp_path / "trl", settings, reward_funcs=(first_step_only,), weights=True)
+    calls["n"] = 0
+    ours = run_rlvr(tiny_model_dir, tmp_path / "rlvr", settings, monkeypatch, reward_funcs=(first_step_only,), weights=True)
+    # Steps 2 and 3: TRL's loss forward runs on zero advantages, rlvr's does not run; the gradients are all 0.
+    assert len(ours[0]) == len(theirs[0]) == 3
+    for mine, trls in zip(ours[0], theirs[0]):
+        for name in trls:
+            torch.testing.assert_close(mine[name], trls[name], atol=1e-5, rtol=1e-4)
+    assert [r["loss"] for r in ours[2]] == pytest.approx([r["loss"] for r in theirs[2]], abs=1e-6)
+    assert [r["grad_norm"] for r in ours[2]] == pytest.approx([r["grad_norm"] for r in theirs[2]], rel=1e-4, abs=1e-6)
+    # AdamW with lr 1e-2 moves each weight by about 1e-2 per step even on zero gradients (its momentum and weight
+    # decay), so a run that skipped steps 2 and 3 would miss by ~1e-2; the noise of two Adam steps on gradients of
+    # ~1e-9 is ~1e-6.
+    for name, value in theirs[3].items():
+        torch.testing.assert_close(ours[3][name], value, atol=1e-5, rtol=1e-4)

@@ -55,7 +55,7 @@ class LossNorm:
     """Totals over the whole accumulated batch that the aggregations divide by."""
 
     num_sequences: int
-    num_tokens: int
+    num_tokens: float  # dapo: the tokens normalised over (with steps_per_generation, a share of the generation's)
     max_completion_length: int
     num_micro_batches: int = 1
 

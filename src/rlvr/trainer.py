@@ -277,7 +277,7 @@ class Trainer(RunCore):
         self.kl = KLReference(cfg.section(KLSettings), self.full_model, ref_model, self.logprobs)
         self._plan(train_examples, total_steps)
         generation = GenerationSettings.of(cfg.rollout_settings, cfg.update_settings, cfg.prompts_per_step,
-                                           cfg.num_completions_to_print)
+                                           cfg.num_completions_to_print, cfg.steps_per_optimizer_step)
         self.batches = Generations(generation, self.rollout, self.prompts, self.generator,
                                    self.kl, world, self.home)  # 1-3: sampling rounds, advantages, sampling ahead
         self.updater = PolicyUpdate(UpdateSettings.from_sections(cfg.update_settings, cfg.rollout_settings, cfg.steps_per_optimizer_step,
@@ -350,8 +350,7 @@ class Trainer(RunCore):
                 self.batches.drop_ahead()  # rewound: a checkpoint saved now resumes exactly
             raise
         self._count(gen, following, metrics, t0)
-        if following or "skipped_update" not in metrics:
-            self.publish_weights()
+        self.publish_weights()  # every step moves the weights (one without signal too: AdamW's momentum)
         return metrics
 
     def _count(self, gen: Generation, following: list, metrics: dict, t0: float) -> None:
@@ -386,7 +385,9 @@ class Trainer(RunCore):
         if self.parts == 1:
             return gen.batch
         rows = torch.tensor_split(torch.arange(len(gen.batch)), self.parts)[gen.iterations_done % self.parts]
-        return gen.batch.select(rows)
+        part = gen.batch.select(rows)
+        part.generation_tokens, part.generation_parts = gen.batch.num_tokens, self.parts
+        return part
 
     @property
     def poisoned(self) -> str | None:

@@ -91,6 +91,14 @@ class Batch:
     # [B, T]: False at completion tokens the policy did not write (a multi-turn rollout's observations):
     # they are in the sequence the model reads, but not in the loss.  None: the policy wrote them all.
     policy_mask: torch.Tensor | None = None
+    # Completions of groups without signal left out of the batch (their advantage is 0, so they would add
+    # nothing to the policy term): still counted where the loss normalises, so the step is TRL's.
+    skipped_rows: int = 0
+    skipped_tokens: int = 0
+    # One of several optimizer steps on a generation (steps_per_generation): the generation's loss tokens on
+    # this process, whose share per step is dapo's normaliser, as TRL's (0: the batch is the whole generation).
+    generation_tokens: int = 0
+    generation_parts: int = 1  # how many steps share it
 
     @property
     def loss_mask(self) -> torch.Tensor:
@@ -99,10 +107,12 @@ class Batch:
 
     @classmethod
     def from_rollouts(cls, rollouts: list[Rollout], advantages: torch.Tensor, keep: torch.Tensor, pad_id: int,
-                      mask_truncated: bool, group_size: int | None = None) -> "Batch":
+                      mask_truncated: bool, group_size: int | None = None, skipped: torch.Tensor | None = None) -> "Batch":
         """The rollouts where `keep` is True; with mask_truncated, a truncated completion is fully masked.
-        With group_size, rollouts i*G .. i*G+G-1 are one group (they share a prompt)."""
+        With group_size, rollouts i*G .. i*G+G-1 are one group (they share a prompt).  `skipped`: the
+        rollouts left out for want of signal, counted in skipped_rows and skipped_tokens."""
         rows = [r for r, k in zip(rollouts, keep.tolist()) if k]
+        left_out = [r for r, k in zip(rollouts, skipped.tolist()) if k] if skipped is not None else []
         n = len(rows)
         p_width = max((len(r.prompt_ids) for r in rows), default=0)
         c_width = max((len(r.completion_ids) for r in rows), default=0)
@@ -123,8 +133,11 @@ class Batch:
             reported = r.logprobs[:c]
             sampler_logprobs[i, : len(reported)] = torch.tensor(reported, dtype=torch.float)
         groups = None if group_size is None else (torch.arange(len(rollouts)) // group_size)[keep]
+        skipped_tokens = sum(0 if mask_truncated and r.truncated else sum(r.mask) if r.mask is not None else len(r.completion_ids)
+                             for r in left_out)
         return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages[keep].float(), group_ids=groups,
-                   sampler_logprobs=sampler_logprobs, policy_mask=policy_mask)
+                   sampler_logprobs=sampler_logprobs, policy_mask=policy_mask, skipped_rows=len(left_out),
+                   skipped_tokens=skipped_tokens)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -133,8 +146,8 @@ class Batch:
         """The same batch on `device` (itself when it is there already)."""
         if self.completion_ids.device == torch.device(device):
             return self
-        return Batch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                        for f in fields(self)})
+        return Batch(**{f.name: getattr(self, f.name).to(device) if isinstance(getattr(self, f.name), torch.Tensor)
+                        else getattr(self, f.name) for f in fields(self)})
 
     @property
     def num_tokens(self) -> int:

@@ -189,18 +189,22 @@ class PolicyUpdate:
         before_step = before_step or (lambda: None)
         s, t0 = self.settings, time.perf_counter()
         size = s.micro_batch_size
-        # Totals over every rank's batch, so each rank's loss is its share of the whole batch's loss.
-        rows, num_tokens, micro = distributed.sum_counts([len(batch), batch.num_tokens, math.ceil(len(batch) / size)], self.world)
-        if rows == 0:  # every group had equal rewards: nothing to learn from
-            lr = self.scheduler.get_last_lr()[0]
+        # Totals over every rank's batch, so each rank's loss is its share of the whole batch's loss; the
+        # completions of groups without signal, left out of the batch, count where the loss normalises.
+        rows, num_tokens, micro, trained, trained_tokens, generation_tokens = distributed.sum_counts(
+            [len(batch) + batch.skipped_rows, batch.num_tokens + batch.skipped_tokens, math.ceil(len(batch) / size),
+             len(batch), batch.num_tokens, batch.generation_tokens], self.world)
+        # dapo's normaliser: this step's tokens, or with several steps per generation each step's share of the
+        # generation's tokens (TRL's: the generation's count over steps_per_generation)
+        norm_tokens = generation_tokens / batch.generation_parts if generation_tokens else num_tokens
+        if trained == 0:  # every group had equal rewards: nothing to learn from, but AdamW steps as in TRL
             before_step()
-            skip_step(self.scheduler)
-            return {"learning_rate": lr, "skipped_update": 1.0, "timing/update": 0.0}
+            return self._step_without_signal(step, t0)
         # With fsdp every rank runs as many micro-batches as the busiest one, and FSDP sums the gradients;
         # so does every rank when the entropy threshold of each micro-batch is taken over all ranks.
         together = s.fsdp or (self.world.enabled and s.top_entropy_quantile < 1)
         lockstep = distributed.max_count(math.ceil(len(batch) / size), self.world) if together else 0
-        sums = self.accumulate_gradients(batch, LossNorm(rows, num_tokens, s.max_completion_length, micro), lockstep)
+        sums = self.accumulate_gradients(batch, LossNorm(rows, norm_tokens, s.max_completion_length, micro), lockstep)
         if self.world.enabled:
             sums = distributed.merge_sums(distributed.gather(sums, self.world))
         before_step()
@@ -211,8 +215,8 @@ class PolicyUpdate:
             self.poisoned = getattr(e, "poisoned", None)
             raise
         tokens = max(num_tokens, 1)
-        metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / tokens, "grad_norm": grad_norm, "learning_rate": lr,
-                   "update_tokens": sums["update_tokens"], "update_flops": sums["update_flops"]}
+        metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / max(trained_tokens, 1), "grad_norm": grad_norm,
+                   "learning_rate": lr, "update_tokens": sums["update_tokens"], "update_flops": sums["update_flops"]}
         counted = tokens if s.importance_sampling_level == "token" else rows  # sequence ratios clip whole completions
         for k in ("low", "high", "region"):
             metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / counted
@@ -231,6 +235,17 @@ class PolicyUpdate:
             metrics["sampling/sampling_logp_difference/max"] = sums["sampling/sampling_logp_difference/max"]
         metrics["timing/update"] = time.perf_counter() - t0
         return metrics
+
+    def _step_without_signal(self, step: int, t0: float) -> dict:
+        """The optimizer step of a batch without signal: every gradient 0, as TRL's loss of zero advantages
+        gives (beta = 0), so AdamW's momentum and weight decay still move the weights, as in TRL."""
+        for p in self.model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler, self.settings.max_grad_norm, 0.0, step,
+                                       self.world, sharded=self.settings.fsdp, scaler=self.scaler, on_event=self.on_event)
+        return {"loss": 0.0, "grad_norm": grad_norm, "learning_rate": lr, "clip_ratio/low_mean": 0.0,
+                "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0, "timing/update": time.perf_counter() - t0}
 
     def accumulate_gradients(self, batch: Batch, norm: LossNorm | None = None, num_micro_batches: int = 0) -> dict:
         """Backward over micro-batches; returns metric sums.  `norm`: the totals the loss of each

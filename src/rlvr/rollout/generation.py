@@ -42,17 +42,26 @@ class GenerationSettings:
     max_sampling_rounds: int
     num_completions_to_print: int | None  # None: all
     sample_ahead: bool  # max_staleness=1
+    skip_without_signal: bool  # leave groups without signal out of the batch (see `of`)
 
     @classmethod
     def of(cls, rollout: RolloutSettings, update: UpdateSettings, prompts_per_step: int,
-           num_completions_to_print: int | None) -> "GenerationSettings":
+           num_completions_to_print: int | None, steps_per_optimizer_step: int = 1) -> "GenerationSettings":
         """From the rollout settings (num_generations, max_staleness), the update settings' advantage
-        and loss parts, and the numbers of the whole run: prompts_per_step (Config.prompts_per_step)
-        and num_completions_to_print (the run's output settings)."""
+        and loss parts, and the numbers of the whole run: prompts_per_step (Config.prompts_per_step),
+        num_completions_to_print (the run's output settings) and steps_per_optimizer_step (optimizer
+        steps one generation feeds).
+
+        A group without signal has advantage 0 and adds nothing to the policy term, so it is left out
+        of the update (counted where the loss normalises) where that leaves the step exactly TRL's:
+        not when a KL term in the loss still pulls on its completions (beta > 0), not with bnpo or
+        steps_per_generation (whose micro-batches or steps TRL cuts from every completion)."""
+        skip = not (update.beta > 0 and update.kl_penalty == "loss") and update.loss_type != "bnpo" and steps_per_optimizer_step == 1
         return cls(num_generations=rollout.num_generations, prompts_per_step=prompts_per_step,
                    scale_rewards=update.scale_rewards, mask_truncated_completions=update.mask_truncated_completions,
                    dynamic_sampling=update.dynamic_sampling, max_sampling_rounds=update.max_sampling_rounds,
-                   num_completions_to_print=num_completions_to_print, sample_ahead=bool(rollout.max_staleness))
+                   num_completions_to_print=num_completions_to_print, sample_ahead=bool(rollout.max_staleness),
+                   skip_without_signal=skip or update.dynamic_sampling)
 
 
 class Generations:
@@ -77,9 +86,12 @@ class Generations:
         rewards = torch.tensor([x for g in chosen for x in g.rewards])
         advantages, zero_std = group_advantages(rewards, size, s.scale_rewards)
         rollouts = [r for g in chosen for r in g.rollouts]
-        keep = (~zero_std).repeat_interleave(size)  # groups without signal are left out
-        keep &= torch.tensor([g.rank == self.world.rank for g in chosen], dtype=torch.bool).repeat_interleave(size)
-        batch = Batch.from_rollouts(rollouts, advantages, keep, self.rollout.pad_id, s.mask_truncated_completions, size)
+        mine = torch.tensor([g.rank == self.world.rank for g in chosen], dtype=torch.bool).repeat_interleave(size)
+        without = zero_std.repeat_interleave(size) if s.skip_without_signal else torch.zeros_like(mine)
+        # dynamic sampling keeps the informative groups only (DAPO); otherwise those left out still count
+        skipped = None if s.dynamic_sampling else without & mine
+        batch = Batch.from_rollouts(rollouts, advantages, ~without & mine, self.rollout.pad_id, s.mask_truncated_completions,
+                                    size, skipped)
         metrics = generation_metrics(groups, rounds, size)
         if s.dynamic_sampling:
             metrics["sampling/rounds"] = len(rounds) - 1
