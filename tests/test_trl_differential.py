@@ -355,7 +355,9 @@ def test_steps_without_any_signal_move_the_weights_as_in_trl(tiny_model_dir, tmp
     assert [r["loss"] for r in ours[2]] == pytest.approx([r["loss"] for r in theirs[2]], abs=1e-6)
     assert [r["grad_norm"] for r in ours[2]] == pytest.approx([r["grad_norm"] for r in theirs[2]], rel=1e-4, abs=1e-6)
     # AdamW with lr 1e-2 moves each weight by about 1e-2 per step even on zero gradients (its momentum and weight
-    # decay), so a run that skipped steps 2 and 3 would miss by ~1e-2; the noise of two Adam steps on gradients of
-    # ~1e-9 is ~1e-6.
+    # decay), so a run that skipped steps 2 and 3 would miss by ~1e-2.  Where step 1's gradient is near Adam's
+    # eps (1e-8) the step lr * g / (|g| + eps) magnifies float noise: measured, a gradient of -7.396e-9 here and
+    # -7.450e-9 in TRL (summed in another order) ends 2.8e-5 apart after three steps.  Hence atol 1e-4: 100x
+    # below the miss it must catch.
     for name, value in theirs[3].items():
-        torch.testing.assert_close(ours[3][name], value, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ours[3][name], value, atol=1e-4, rtol=1e-4)

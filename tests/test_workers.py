@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 
 from rlvr.config import ConfigError, build_config  # noqa: E402
 from rlvr.lora import wrap  # noqa: E402
-from rlvr.models import load_model  # noqa: E402
+from rlvr.models import disable_dropout, load_model  # noqa: E402
 from rlvr.rewards import Scores  # noqa: E402
 from rlvr.rollout.workers import concat_scores  # noqa: E402
 from rlvr.trainer import Trainer  # noqa: E402
@@ -65,7 +65,9 @@ def reward_file(tmp_path_factory):
 
 
 def make_trainer(tiny_model_dir, reward_file, tmp_path, workers: int, lora: bool = False) -> Trainer:
-    """With `lora`, the policy is wrapped in a LoRA adapter as `rlvr train use_peft=true` wraps it."""
+    """With `lora`, the policy is wrapped in a LoRA adapter as `rlvr train use_peft=true` wraps it, and its
+    dropout (the adapter's too) turned off as disable_dropout=true (the default) does: with the adapter's
+    dropout on, the update draws from the global RNG, which the two paths leave in different states."""
     path, _ = reward_file
     cfg = build_config({
         "model": str(tiny_model_dir), "num_generations": 4, "per_device_train_batch_size": 16,  # 4 prompts per step
@@ -76,6 +78,7 @@ def make_trainer(tiny_model_dir, reward_file, tmp_path, workers: int, lora: bool
     model, tokenizer, _ = load_model(str(tiny_model_dir))
     if lora:
         model = wrap(model, cfg.model_settings, str(tiny_model_dir), cfg.seed)
+        disable_dropout(model)
     return Trainer(cfg, model, tokenizer, EXAMPLES, tmp_path, total_steps=10)
 
 
