@@ -334,6 +334,26 @@ def test_colocate_starts_vllm_with_the_engine_settings(fake_vllm, tiny):
     assert llm.engine_args["max_model_len"] == 1024
 
 
+def test_a_context_vllm_cannot_hold_is_answered_with_rlvrs_settings(fake_vllm, tiny, monkeypatch):
+    from rlvr.config import build_config
+
+    vllms_own = ("To serve at least one request with the model's max seq len (8192), (0.35 GiB KV cache is needed, which "
+                 "is larger than the available KV cache memory (0.24 GiB).")  # what vLLM 0.32 raised, measured
+
+    class TooSmall(FakeLLM):
+        def __init__(self, **kwargs):
+            raise ValueError(vllms_own)
+
+    monkeypatch.setattr(fake_vllm, "LLM", TooSmall)
+    _, tokenizer = tiny
+    with pytest.raises(ValueError, match="vllm_max_model_length") as caught:
+        vllm_sampler(build_config({"use_vllm": True, "vllm_kv_cache_gb": 0.25}), "some/model", tokenizer, [2])
+    assert vllms_own in str(caught.value)
+    with pytest.raises(ValueError) as caught:  # a context the user chose: vLLM's words alone
+        vllm_sampler(build_config({"use_vllm": True, "vllm_max_model_length": 8192}), "some/model", tokenizer, [2])
+    assert str(caught.value) == vllms_own
+
+
 def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):
     """repetition_penalty, min_p and the rest (generation_kwargs applied) reach vLLM's SamplingParams,
     in this process and through `rlvr vllm-serve`'s HTTP server, found at vllm_server_base_url."""
@@ -381,7 +401,7 @@ def test_rlvr_train_with_vllm_colocate(tmp_path, max_staleness):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "rlvr.cli", "train", "use_vllm=true", "vllm_mode=colocate", "max_steps=2",
            f"vllm_kv_cache_gb={KV_GB}", "num_generations=4", "per_device_train_batch_size=8",
-           "gradient_accumulation_steps=1", "max_completion_length=32", "learning_rate=1e-5", "eval_on_start=false",
+           "gradient_accumulation_steps=1", "max_completion_length=32", "max_prompt_length=256", "learning_rate=1e-5", "eval_on_start=false",
            "eval_on_end=false", "report_steps=0", "logging_steps=1", f"output_dir={out}", f"max_staleness={max_staleness}",
            "vllm_importance_sampling_mode=token_truncate", "vllm_importance_sampling_clip_max=2",
            f"reward_funcs=[{Path(__file__).parents[1] / 'benchmarks' / 'speed.py'}:bench_reward]"]  # every group has signal

@@ -135,8 +135,8 @@ def test_several_processes_with_vllm_train_to_the_weights_of_one(servers, refere
 
 def test_lora_through_servers_sends_the_adapter_and_vllm_samples_with_it(servers, tmp_path):
     lines = train(tmp_path / "run", 2, "vllm_mode=server", f"vllm_server_base_url={servers['lora']}", "use_peft=true",
-                  "lora_r=8", "lora_alpha=16", "learning_rate=5e-3", "beta=0.04")
-    # r (in + out) per adapted linear of a layer: q, o 576 -> 576; k, v 576 -> 192; gate, up 576 -> 1536; down 1536 -> 576
+                  "lora_r=8", "lora_alpha=16", "lora_target_modules=[all-linear]", "learning_rate=5e-3", "beta=0.04")
+    # every linear layer (peft's default would be q and v alone); r (in + out) per adapted linear of a layer: q, o 576 -> 576; k, v 576 -> 192; gate, up 576 -> 1536; down 1536 -> 576
     adapter = 30 * 8 * (2 * 1152 + 2 * 768 + 3 * 2112) * 4  # 30 layers, fp32: 9,768,960 bytes
     for m in lines:
         print(f"step {m['step']}: sent {m['vllm/weight_sync_bytes'] / 1e6:.2f} MB in {m['vllm/weight_sync_seconds']:.2f} s, "

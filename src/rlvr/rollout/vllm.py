@@ -111,7 +111,14 @@ def start_llm(model_path: str, **engine_args):
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
     set_num_threads, py_state = torch.set_num_threads, random.getstate()
     with torch.random.fork_rng(devices=[]):  # vLLM seeds the global generators; the trainer's stay as they were
-        llm = vllm.LLM(model=model_path, logprobs_mode="processed_logprobs", enable_prefix_caching=True, **engine_args)
+        try:
+            llm = vllm.LLM(model=model_path, logprobs_mode="processed_logprobs", enable_prefix_caching=True, **engine_args)
+        except ValueError as e:
+            if "max_model_len" not in engine_args and "max seq len" in str(e):  # the model's whole context did not fit
+                raise ValueError(f"{e}\nIn rlvr's settings: vllm_max_model_length (or max_prompt_length, which leaves room "
+                                 "for a longest prompt and a full completion) sets vLLM's max_model_len; "
+                                 "vllm_kv_cache_gb or vllm_gpu_memory_utilization give it more memory") from e
+            raise
     torch.set_num_threads = set_num_threads
     random.setstate(py_state)
     return llm
