@@ -35,6 +35,10 @@ def _same(ours: Any, theirs: Any) -> bool:
     return list(ours) == list(theirs) if isinstance(ours, (tuple, list)) and isinstance(theirs, (tuple, list)) else ours == theirs
 
 
+def _unset(value: Any) -> bool:
+    return value is None or value is False or (isinstance(value, (str, list, dict, tuple)) and value in ("", "no", "none", [], {}, ()))
+
+
 class _TrlConfig:
     """GRPOConfig's behaviour, over the fields each subclass gets from TRL's table (_make)."""
 
@@ -74,6 +78,8 @@ class _TrlConfig:
         out = {}
         for f in dataclasses.fields(self):
             value, default = self.__dict__[f.name], self._default(f)
+            if f.name in IGNORED and _unset(value):
+                continue  # a command line's spelling of "not set" (None for "", False for "no")
             if not _same(value, default) if f.name in self._backed else value != default:
                 out[f.name] = self._rlvr_value(f.name, value)
         return {**out, **self._extra}
