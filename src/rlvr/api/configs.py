@@ -43,19 +43,30 @@ class _TrlConfig:
     """GRPOConfig's behaviour, over the fields each subclass gets from TRL's table (_make)."""
 
     _method = "grpo"  # the method whose defaults and names these settings have (methods.py)
+    _trl_class = "GRPOConfig"  # the TRL class whose fields these are (trl_fields.json)
     _backed: frozenset = frozenset()  # the fields that are rlvr settings of the same meaning (set by _make)
     _single: tuple = ()  # fields TRL takes as a list and rlvr as one value (DPO's loss_type)
 
     def __init__(self, output_dir: str | None = None, **settings: Any):
         given = {"output_dir": output_dir} if output_dir is not None else {}
         given.update(settings)
-        names = {f.name for f in dataclasses.fields(self)}
         for f in dataclasses.fields(self):
-            value = given.pop(f.name) if f.name in given else self._default(f)
-            object.__setattr__(self, f.name, self._read(f.name, value))
+            object.__setattr__(self, f.name, given.pop(f.name) if f.name in given else self._default(f))
         object.__setattr__(self, "_extra", given)  # rlvr's own settings, or keys rlvr will name as unknown
-        object.__setattr__(self, "_names", names)
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        """The fields are set (by __init__, or by the __init__ that @dataclass writes for a subclass, such
+        as open-r1's GRPOConfig with fields of its own): read them, resolve the settings."""
+        self.__dict__.setdefault("_extra", {})
+        object.__setattr__(self, "_names", {f.name for f in dataclasses.fields(self)})
+        for name in self._trl_fields():
+            object.__setattr__(self, name, self._read(name, self.__dict__[name]))
         self._resolve()
+
+    def _trl_fields(self) -> dict[str, dict]:
+        """TRL's fields (a subclass's own fields are its script's, never rlvr settings)."""
+        return trl_fields.table()[self._trl_class]
 
     @staticmethod
     def _default(f: dataclasses.Field) -> Any:
@@ -63,7 +74,7 @@ class _TrlConfig:
 
     def _read(self, name: str, value: Any) -> Any:
         """A mapping given on a command line is a JSON string, as transformers reads it."""
-        spelled = trl_fields.table()[type(self).__name__][name]["type"]
+        spelled = self._trl_fields()[name]["type"]
         if isinstance(value, str) and value.lstrip().startswith("{") and trl_fields.takes_mapping(spelled):
             return json.loads(value)
         return value
@@ -77,6 +88,8 @@ class _TrlConfig:
         """The settings given: fields away from their default, then rlvr's own settings."""
         out = {}
         for f in dataclasses.fields(self):
+            if f.name not in self._trl_fields():
+                continue
             value, default = self.__dict__[f.name], self._default(f)
             if f.name in IGNORED and _unset(value):
                 continue  # a command line's spelling of "not set" (None for "", False for "no")
@@ -112,12 +125,12 @@ class _TrlConfig:
         raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
+        if name.startswith("_") or "_config" not in self.__dict__:  # a name of ours, or a subclass's __init__ at work
             object.__setattr__(self, name, value)
             return
         before = (dict(self.__dict__), dict(self._extra))
         if name in self._names:
-            object.__setattr__(self, name, self._read(name, value))
+            object.__setattr__(self, name, self._read(name, value) if name in self._trl_fields() else value)
         else:
             self._extra[name] = value
         try:
@@ -156,7 +169,7 @@ def _make(name: str, method_name: str, doc: str, single: tuple = ()) -> type:
                 ours[field_name] = list(value) if isinstance(value, tuple) else value
     cls = dataclasses.make_dataclass(name, trl_fields.dataclass_fields(name, ours), bases=(_TrlConfig,), init=False,
                                      repr=False, eq=False, namespace={"__doc__": doc, "__module__": __name__})
-    cls._method, cls._backed, cls._single = method_name, frozenset(backed), single
+    cls._method, cls._trl_class, cls._backed, cls._single = method_name, name, frozenset(backed), single
     return cls
 
 
