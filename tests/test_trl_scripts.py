@@ -84,6 +84,13 @@ def test_a_trl_subclass_of_a_config_keeps_its_own_fields():
         args.num_generations = 1
 
 
+def test_configs_answer_what_scripts_ask_trainingarguments():
+    args = rlvr.GRPOConfig(output_dir="x", log_level="info")
+    assert (args.world_size, args.process_index, args.local_process_index) == (1, 0, 0)
+    assert args.device.type in ("cpu", "cuda") and args.n_gpu == int(args.device.type == "cuda")
+    assert args.get_process_log_level() == 20 and rlvr.SFTConfig().get_process_log_level() == 30  # info; passive: warning
+
+
 def test_trl_parser_reads_the_scripts_dataclasses_from_a_recipe_and_the_command_line(tmp_path, monkeypatch):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("env:\n  RLVR_TEST_RECIPE_ENV: seen\nlearning_rate: 3.0e-6\nlora_r: 8\nmax_steps: 5\n"

@@ -141,6 +141,44 @@ class _TrlConfig:
             object.__setattr__(self, "_extra", before[1])
             raise
 
+    # --- transformers' TrainingArguments properties that scripts read (open-r1's logging line) --------
+
+    def _world(self):
+        from rlvr.distributed import world_from_env
+
+        return world_from_env(use_cpu=self._config.use_cpu)
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device(self._world().device)
+
+    @property
+    def n_gpu(self) -> int:
+        """GPUs this process uses: 1 on a GPU (rlvr runs one process per GPU), else 0."""
+        return int(self._world().device.startswith("cuda"))
+
+    @property
+    def world_size(self) -> int:
+        return self._world().world_size
+
+    @property
+    def process_index(self) -> int:
+        return self._world().rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self._world().local_rank
+
+    def get_process_log_level(self) -> int:
+        """The logging level of this process: log_level on the first process, log_level_replica on the others
+        (transformers' names: debug, info, warning, error, critical; "passive" is warning)."""
+        import logging
+
+        name = self.log_level if self.process_index == 0 else self.log_level_replica
+        return logging.WARNING if name in (None, "passive") else logging.getLevelName(str(name).upper())
+
     def to_dict(self) -> dict[str, Any]:
         """Every setting, a token as "<HUB_TOKEN>" as in TRL (the attribute holds the token itself)."""
         return self._config.to_dict()
