@@ -152,7 +152,7 @@ class ScriptMethods:
         """README.md in output_dir: the Hub's metadata (base model, datasets, tags) and how it was trained."""
         if not self.is_world_process_zero():
             return
-        from rlvr import __version__
+        from importlib.metadata import version
 
         method = self.args._method
         base = self.cfg.model
@@ -163,7 +163,7 @@ class ScriptMethods:
                   "datasets": [dataset_name] if dataset_name else None}
         lines = ["---", *(f"{k}: {json.dumps(v)}" for k, v in header.items() if v is not None), "---", "",
                  f"# {header['model_name']}", "",
-                 f"Trained from `{base}` with {method.upper()} by rlvr {__version__}, "
+                 f"Trained from `{base}` with {method.upper()} by rlvr {version('rlvr')}, "
                  "through TRL's Python API" + (f", on `{dataset_name}`." if dataset_name else "."), "",
                  f"Steps: {self.state.global_step}. The run's settings are in config.yaml, its metrics in metrics.jsonl "
                  "when they were saved beside the model.", ""]
