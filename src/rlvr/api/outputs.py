@@ -152,8 +152,12 @@ class ScriptMethods:
         """README.md in output_dir: the Hub's metadata (base model, datasets, tags) and how it was trained."""
         if not self.is_world_process_zero():
             return
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
+        try:
+            release = f" {version('rlvr')}"
+        except PackageNotFoundError:  # run from a source tree
+            release = ""
         method = self.args._method
         base = self.cfg.model
         tags = [tags] if isinstance(tags, str) else list(tags or [])
@@ -163,7 +167,7 @@ class ScriptMethods:
                   "datasets": [dataset_name] if dataset_name else None}
         lines = ["---", *(f"{k}: {json.dumps(v)}" for k, v in header.items() if v is not None), "---", "",
                  f"# {header['model_name']}", "",
-                 f"Trained from `{base}` with {method.upper()} by rlvr {version('rlvr')}, "
+                 f"Trained from `{base}` with {method.upper()} by rlvr{release}, "
                  "through TRL's Python API" + (f", on `{dataset_name}`." if dataset_name else "."), "",
                  f"Steps: {self.state.global_step}. The run's settings are in config.yaml, its metrics in metrics.jsonl "
                  "when they were saved beside the model.", ""]
