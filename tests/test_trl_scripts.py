@@ -77,9 +77,11 @@ def test_a_trl_subclass_of_a_config_keeps_its_own_fields():
     class MyConfig(rlvr.GRPOConfig):
         wandb_project: str | None = None
         benchmarks: list[str] = dataclasses.field(default_factory=list)
+        num_generations: int = 4  # a TRL field given another default by the subclass: a setting given
 
     args = MyConfig(output_dir="x", learning_rate=1e-5, wandb_project="p")
     assert args.wandb_project == "p" and args.learning_rate == 1e-5 and args._config.learning_rate == 1e-5
+    assert args._config.num_generations == 4 and "wandb_project" not in args._settings
     with pytest.raises(ConfigError, match="num_generations must be at least 2"):
         args.num_generations = 1
 

@@ -45,6 +45,7 @@ class _TrlConfig:
     _method = "grpo"  # the method whose defaults and names these settings have (methods.py)
     _trl_class = "GRPOConfig"  # the TRL class whose fields these are (trl_fields.json)
     _backed: frozenset = frozenset()  # the fields that are rlvr settings of the same meaning (set by _make)
+    _defaults: dict = {}  # each TRL field's default here (set by _make)
     _single: tuple = ()  # fields TRL takes as a list and rlvr as one value (DPO's loss_type)
 
     def __init__(self, output_dir: str | None = None, **settings: Any):
@@ -90,7 +91,7 @@ class _TrlConfig:
         for f in dataclasses.fields(self):
             if f.name not in self._trl_fields():
                 continue
-            value, default = self.__dict__[f.name], self._default(f)
+            value, default = self.__dict__[f.name], self._defaults[f.name]  # TRL's (or rlvr's), not a subclass's
             if f.name in IGNORED and _unset(value):
                 continue  # a command line's spelling of "not set" (None for "", False for "no")
             if not _same(value, default) if f.name in self._backed else value != default:
@@ -208,6 +209,7 @@ def _make(name: str, method_name: str, doc: str, single: tuple = ()) -> type:
     cls = dataclasses.make_dataclass(name, trl_fields.dataclass_fields(name, ours), bases=(_TrlConfig,), init=False,
                                      repr=False, eq=False, namespace={"__doc__": doc, "__module__": __name__})
     cls._method, cls._trl_class, cls._backed, cls._single = method_name, name, frozenset(backed), single
+    cls._defaults = {f.name: cls._default(f) for f in dataclasses.fields(cls)}
     return cls
 
 
