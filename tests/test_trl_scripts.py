@@ -196,8 +196,10 @@ def test_trainer_methods_scripts_call(tiny_model_dir, tmp_path, monkeypatch):
 
 
 def _write_rows(path: Path, rows: list[dict]) -> None:
+    """A dataset directory as load_dataset reads it offline: train.jsonl, and test.jsonl (the first two rows)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
 
 
 def _run_script(script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -214,16 +216,18 @@ COMMON = ["--max_steps", "2", "--use_cpu", "--report_to", "none", "--logging_ste
 @pytest.mark.parametrize("script,rows,extra", [
     ("grpo.py", [{"prompt": f"{a}+1=", "solution": str(a + 1)} for a in range(8)],
      ["--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "8",
-      "--reward_funcs", "think_format_reward", "reasoning_accuracy_reward", "get_soft_overlong_punishment", "my_rewards.short"]),
+      "--reward_funcs", "think_format_reward", "reasoning_accuracy_reward", "get_soft_overlong_punishment", "my_rewards.short",
+      "--eval_strategy", "steps", "--eval_steps", "2"]),
     ("sft.py", [{"prompt": f"{a}+1=", "completion": str(a + 1)} for a in range(8)],
      ["--per_device_train_batch_size", "2", "--use_peft", "--lora_r", "4", "--lora_alpha", "8",
-      "--lora_target_modules", "q_proj", "v_proj"]),
+      "--lora_target_modules", "q_proj", "v_proj", "--eval_strategy", "steps", "--eval_steps", "2"]),
     ("dpo.py", [{"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": str(a)} for a in range(8)],
      ["--per_device_train_batch_size", "2", "--beta", "0.2"]),
 ])
 def test_trls_script_runs_on_rlvr(script, rows, extra, tiny_model_dir, tmp_path):
     """`python trl/scripts/<method>.py --model_name_or_path ... --dataset_name ...` with rlvr for trl: a
-    local JSON-lines dataset (a directory with train.jsonl, as load_dataset reads it offline), 2 steps."""
+    local JSON-lines dataset (a directory with train.jsonl and test.jsonl), 2 steps, evaluated on the
+    test split for GRPO and SFT."""
     _write_rows(tmp_path / "data", rows)
     (tmp_path / "my_rewards.py").write_text("def short(completions, **kwargs):\n"
                                             "    return [-len(str(c)) / 100 for c in completions]\n")
