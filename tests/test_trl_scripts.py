@@ -108,6 +108,8 @@ def test_trl_parser_reads_the_scripts_dataclasses_from_a_recipe_and_the_command_
     assert (model.lora_r, model.use_peft, script.dataset_name, mixture.datasets) == (8, True, "d", [])
     assert repr(training) == ("GRPOConfig(output_dir='out', max_steps=7, learning_rate=3e-06, lr_scheduler_type='cosine_with_min_lr', "
                               "lr_scheduler_kwargs={'min_lr_rate': 0.1}, shuffle_dataset=False, loss_type='grpo')")
+    (args,) = rlvr.TrlParser((rlvr.SFTConfig,)).parse_args_and_config(["--max_length", "none", "--max_steps", "3"])
+    assert args.max_length is None and args.max_steps == 3  # TRL's parser reads none and null as None
     recipe.write_text("not_a_setting: 1\n")
     with pytest.raises(ValueError, match="not_a_setting"):
         parser.parse_args_and_config(["--config", str(recipe)])

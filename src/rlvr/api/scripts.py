@@ -14,8 +14,10 @@ The fields are TRL 1.16's (tests/test_trl_scripts.py compares them with the inst
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,6 +164,21 @@ def init_zero_verbose() -> None:
     logging.basicConfig(format="%(message)s", level=logging.ERROR)
 
 
+def _hints(cls) -> list[tuple]:
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+
+
+def _or_none(read):
+    """A command-line reader that also takes "none" or "null" (any case) as None."""
+
+    def parse(text: str):
+        return None if text.lower() in ("none", "null") else read(text)
+
+    parse.__name__ = read.__name__  # argparse names the type in its error messages
+    return parse
+
+
 class TrlParser(HfArgumentParser):
     """transformers' HfArgumentParser over the script's dataclasses, which also reads `--config
     recipe.yaml`: the recipe's keys are the defaults, the command line overrides them, and its
@@ -173,6 +190,10 @@ class TrlParser(HfArgumentParser):
             if "config" in t.__dataclass_fields__:
                 raise ValueError(f"{t.__name__} has a field named 'config', which TrlParser keeps for --config <recipe.yaml>")
         super().__init__(dataclass_types=types, **kwargs)
+        optional = {f.name for t in types for f, hint in _hints(t) if type(None) in typing.get_args(hint)}
+        for action in self._actions:  # as TRL's parser: `--max_length none` unsets a number that may be None
+            if action.type in (int, float) and action.dest in optional:
+                action.type = _or_none(action.type)
 
     def parse_args_and_config(self, args: Iterable[str] | None = None, return_remaining_strings: bool = False,
                               fail_with_unknown_args: bool = True, separate_remaining_strings: bool = False):
