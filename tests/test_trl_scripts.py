@@ -103,6 +103,8 @@ def test_trl_parser_reads_the_scripts_dataclasses_from_a_recipe_and_the_command_
         ["--config", str(recipe), "--output_dir", "out", "--max_steps", "7", "--dataset_name", "d", "--use_peft",
          "--no_shuffle_dataset", "--report_to", "none", "--loss_type", "grpo"])
     assert os.environ["RLVR_TEST_RECIPE_ENV"] == "seen"
+    for config in (rlvr.GRPOConfig, rlvr.SFTConfig, rlvr.DPOConfig):  # --help formats every field's help
+        assert "--gradient_accumulation_steps" in rlvr.TrlParser((config, rlvr.ModelConfig)).format_help()
     assert (training.learning_rate, training.max_steps, training.shuffle_dataset, training.loss_type) == (3e-6, 7, False, "grpo")
     assert training.lr_scheduler_kwargs == {"min_lr_rate": 0.1} and training._config.lr_scheduler_kwargs == {"min_lr_rate": 0.1}
     assert (model.lora_r, model.use_peft, script.dataset_name, mixture.datasets) == (8, True, "d", [])
