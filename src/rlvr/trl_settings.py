@@ -116,6 +116,14 @@ TRL_DEFAULTS_DIFFER = {
 }
 
 
+# Where TRL's SFTConfig / DPOConfig default is not rlvr's for that method: method -> name -> (TRL's default, why).
+# (The GRPO differences above hold for every method.)
+METHOD_DEFAULTS_DIFFER = {
+    "sft": {"shuffle_dataset": (False, "TRL's SFT samples the rows in random order anyway (transformers' Trainer); its "
+                                       "shuffle_dataset only shuffles them once more before packing")},
+}
+
+
 def _inert(value: Any, allowed: tuple) -> bool:
     """An unset value (None, False, empty) or one of `allowed`; True is never 1 here."""
     if value is None or value is False or value in ("", [], {}, ()):

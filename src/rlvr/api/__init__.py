@@ -25,6 +25,9 @@ checkpoints, metrics and report.
     trainers.py    GRPOTrainer, and SFTTrainer / DPOTrainer on its construction
     inputs.py      the objects a trainer is given, as settings, Examples or rows; RunObjects for run.py
     callbacks.py   transformers' TrainerState, TrainerControl, TrainerCallback, TrainOutput; the callbacks
+    trl_fields.py  the fields of TRL's configs (trl_fields.json), which the configs are dataclasses of
+    scripts.py     what TRL's training scripts import besides: TrlParser, ScriptArguments, ModelConfig,
+                   get_peft_config, get_quantization_config, get_dataset, ... (so trl/scripts/grpo.py runs on rlvr)
 """
 
 from rlvr.api.callbacks import Callbacks
@@ -32,8 +35,12 @@ from rlvr.api.configs import DPOConfig, GRPOConfig, SFTConfig
 from rlvr.api.inputs import RunObjects
 from rlvr.api.trainers import DPOTrainer, GRPOTrainer, SFTTrainer
 
+# scripts.py's names, imported when asked for (it imports transformers' HfArgumentParser)
+SCRIPT_NAMES = ("TrlParser", "ScriptArguments", "ModelConfig", "DatasetConfig", "DatasetMixtureConfig", "get_dataset",
+                "get_peft_config", "get_quantization_config", "get_kbit_device_map", "init_zero_verbose")
+
 __all__ = ["GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "DPOConfig", "DPOTrainer", "TrainOutput", "TrainerState",
-           "TrainerControl", "TrainerCallback", "Callbacks", "RunObjects"]
+           "TrainerControl", "TrainerCallback", "Callbacks", "RunObjects", *SCRIPT_NAMES]
 
 
 def __getattr__(name: str):
@@ -41,4 +48,8 @@ def __getattr__(name: str):
         from rlvr.api import callbacks
 
         return getattr(callbacks, name)
+    if name in SCRIPT_NAMES:
+        from rlvr.api import scripts
+
+        return getattr(scripts, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

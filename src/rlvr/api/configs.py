@@ -1,61 +1,184 @@
-"""TRL's GRPOConfig, SFTConfig and DPOConfig: rlvr's Config under TRL's names.
+"""TRL's GRPOConfig, SFTConfig and DPOConfig: dataclasses with every field of TRL 1.16's class
+(name, type, default: trl_fields.py), which transformers' HfArgumentParser and TrlParser read,
+resolved into rlvr's Config of their method (methods.py) when made and whenever a field is set.
 
-Each is the Config of its method (methods.py): the method's defaults where TRL's <Method>Config
-has other ones (SFT's learning rate), and its names where it gives a setting another name (DPO's
-`beta` and `loss_type` are dpo_beta and dpo_loss_type)."""
+- A field reads back TRL's default, except where rlvr's deliberately differs (TRL_DEFAULTS_DIFFER,
+  METHOD_DEFAULTS_DIFFER in trl_settings.py): then the field's default is rlvr's, so that what a
+  field shows is what the run does.
+- The settings given are the fields that differ from their default, and any rlvr setting besides
+  (`GRPOConfig(output_dir="x", task="countdown")`): they are checked at once (ConfigError says what
+  to fix), a refused change leaving the config as it was.
+- A method's names are TRL's (DPOConfig.beta is rlvr's dpo_beta); a field that rlvr turns into
+  something else (a hub_token placeholder, fsdp="full_shard") reads back rlvr's value, as before.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 from rlvr import methods
+from rlvr.api import trl_fields
 from rlvr.config import ConfigError, build_config, hide_secret
 from rlvr.settings import check_settings
-from rlvr.trl_settings import IGNORED, UNSUPPORTED
+from rlvr.trl_settings import IGNORED, METHOD_DEFAULTS_DIFFER, TRL_DEFAULTS_DIFFER, UNSUPPORTED
 
 __all__ = ["GRPOConfig", "SFTConfig", "DPOConfig"]
 
 
-class GRPOConfig:
-    """TRL's GRPOConfig: `GRPOConfig(output_dir=..., **settings)`, attributes read and set by TRL's
-    names, `to_dict()`.  Every setting is checked when it is made or set (a ConfigError says what to fix)."""
+def _same(ours: Any, theirs: Any) -> bool:
+    """Equal as a user means it: an unset list or mapping however spelled, "none" for no loggers."""
+    unset = (None, (), [], {}, "none")
+    if (ours in unset or ours is None) and (theirs in unset or theirs is None):
+        return True
+    return list(ours) == list(theirs) if isinstance(ours, (tuple, list)) and isinstance(theirs, (tuple, list)) else ours == theirs
+
+
+def _unset(value: Any) -> bool:
+    return value is None or value is False or (isinstance(value, (str, list, dict, tuple)) and value in ("", "no", "none", [], {}, ()))
+
+
+class _TrlConfig:
+    """GRPOConfig's behaviour, over the fields each subclass gets from TRL's table (_make)."""
 
     _method = "grpo"  # the method whose defaults and names these settings have (methods.py)
+    _trl_class = "GRPOConfig"  # the TRL class whose fields these are (trl_fields.json)
+    _backed: frozenset = frozenset()  # the fields that are rlvr settings of the same meaning (set by _make)
+    _defaults: dict = {}  # each TRL field's default here (set by _make)
+    _single: tuple = ()  # fields TRL takes as a list and rlvr as one value (DPO's loss_type)
 
     def __init__(self, output_dir: str | None = None, **settings: Any):
         given = {"output_dir": output_dir} if output_dir is not None else {}
-        object.__setattr__(self, "_settings", {**given, **settings})
+        given.update(settings)
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, given.pop(f.name) if f.name in given else self._default(f))
+        object.__setattr__(self, "_extra", given)  # rlvr's own settings, or keys rlvr will name as unknown
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        """The fields are set (by __init__, or by the __init__ that @dataclass writes for a subclass, such
+        as open-r1's GRPOConfig with fields of its own): read them, resolve the settings."""
+        self.__dict__.setdefault("_extra", {})
+        object.__setattr__(self, "_names", {f.name for f in dataclasses.fields(self)})
+        for name in self._trl_fields():
+            object.__setattr__(self, name, self._read(name, self.__dict__[name]))
         self._resolve()
+
+    def _trl_fields(self) -> dict[str, dict]:
+        """TRL's fields (a subclass's own fields are its script's, never rlvr settings)."""
+        return trl_fields.table()[self._trl_class]
+
+    @staticmethod
+    def _default(f: dataclasses.Field) -> Any:
+        return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+    def _read(self, name: str, value: Any) -> Any:
+        """A mapping given on a command line is a JSON string, as transformers reads it."""
+        spelled = self._trl_fields()[name]["type"]
+        if isinstance(value, str) and value.lstrip().startswith("{") and trl_fields.takes_mapping(spelled):
+            return json.loads(value)
+        return value
+
+    def _rlvr_value(self, name: str, value: Any) -> Any:
+        if name in self._single and isinstance(value, (list, tuple)) and len(value) == 1:
+            return value[0]
+        return value
+
+    def _given(self) -> dict[str, Any]:
+        """The settings given: fields away from their default, then rlvr's own settings."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name not in self._trl_fields():
+                continue
+            value, default = self.__dict__[f.name], self._defaults[f.name]  # TRL's (or rlvr's), not a subclass's
+            if f.name in IGNORED and _unset(value):
+                continue  # a command line's spelling of "not set" (None for "", False for "no")
+            if not _same(value, default) if f.name in self._backed else value != default:
+                out[f.name] = self._rlvr_value(f.name, value)
+        return {**out, **self._extra}
 
     def _resolve(self) -> None:
         ignored: list[str] = []
+        settings = self._given()
         method = methods.get(self._method)
-        cfg = build_config(method.settings({}), method.settings(self._settings), ignored=ignored)
+        cfg = build_config(method.settings({}), method.settings(settings), ignored=ignored)
         # the rules that need a registry, at once too; the functions that reward_weights weigh come with the trainer
-        object.__setattr__(self, "_config", check_settings(cfg, rewards_later=True))
+        cfg = check_settings(cfg, rewards_later=True)
+        for name in self._backed:  # what rlvr made of a field reads back (a placeholder token is unset)
+            ours = getattr(cfg, method.trl_name(name))
+            if not _same(ours, self._rlvr_value(name, self.__dict__[name])):
+                object.__setattr__(self, name, ours)
+        object.__setattr__(self, "_config", cfg)
+        object.__setattr__(self, "_settings", settings)
         object.__setattr__(self, "_ignored", ignored)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # only for names that are not TRL's fields
         if name.startswith("_"):
             raise AttributeError(name)
         own = methods.get(self._method).trl_name(name)
         if hasattr(self._config, own):
             return getattr(self._config, own)
-        if name in self._settings:
-            return self._settings[name]
+        if name in self._extra:
+            return self._extra[name]
         if name in IGNORED or name in UNSUPPORTED:
-            return None  # a TRL setting without effect here, not given
+            return None  # an older TRL's setting without effect here, not given
         raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        settings = {**self._settings, name: value}
-        previous = self._settings
-        object.__setattr__(self, "_settings", settings)
+        if name.startswith("_") or "_config" not in self.__dict__:  # a name of ours, or a subclass's __init__ at work
+            object.__setattr__(self, name, value)
+            return
+        before = (dict(self.__dict__), dict(self._extra))
+        if name in self._names:
+            object.__setattr__(self, name, self._read(name, value) if name in self._trl_fields() else value)
+        else:
+            self._extra[name] = value
         try:
             self._resolve()
         except ConfigError:
-            object.__setattr__(self, "_settings", previous)
+            self.__dict__.clear()
+            self.__dict__.update(before[0])
+            object.__setattr__(self, "_extra", before[1])
             raise
+
+    # --- transformers' TrainingArguments properties that scripts read (open-r1's logging line) --------
+
+    def _world(self):
+        from rlvr.distributed import world_from_env
+
+        return world_from_env(use_cpu=self._config.use_cpu)
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device(self._world().device)
+
+    @property
+    def n_gpu(self) -> int:
+        """GPUs this process uses: 1 on a GPU (rlvr runs one process per GPU), else 0."""
+        return int(self._world().device.startswith("cuda"))
+
+    @property
+    def world_size(self) -> int:
+        return self._world().world_size
+
+    @property
+    def process_index(self) -> int:
+        return self._world().rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self._world().local_rank
+
+    def get_process_log_level(self) -> int:
+        """The logging level of this process: log_level on the first process, log_level_replica on the others
+        (transformers' names: debug, info, warning, error, critical; "passive" is warning)."""
+        import logging
+
+        name = self.log_level if self.process_index == 0 else self.log_level_replica
+        return logging.WARNING if name in (None, "passive") else logging.getLevelName(str(name).upper())
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, a token as "<HUB_TOKEN>" as in TRL (the attribute holds the token itself)."""
@@ -66,13 +189,34 @@ class GRPOConfig:
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
-class SFTConfig(GRPOConfig):
-    """TRL's SFTConfig: max_length, packing, completion_only_loss, and every shared setting."""
+def _make(name: str, method_name: str, doc: str, single: tuple = ()) -> type:
+    """The dataclass of TRL's `name`: TRL's fields, rlvr's default where it deliberately differs."""
+    method = methods.get(method_name)
+    defaults_cfg = build_config(method.settings({}))
+    differ = set(TRL_DEFAULTS_DIFFER) | set(METHOD_DEFAULTS_DIFFER.get(method_name, {}))
+    rows = trl_fields.table()[name]
+    ours, backed = {}, set()
+    for field_name, row in rows.items():
+        own = method.trl_name(field_name)
+        if not hasattr(defaults_cfg, own) or field_name in IGNORED or field_name in UNSUPPORTED:
+            continue
+        value = getattr(defaults_cfg, own)
+        trl_value = row["default"][0] if field_name in single and isinstance(row["default"], list) else row["default"]
+        if field_name in differ or _same(value, trl_value):
+            backed.add(field_name)
+            if field_name in differ and field_name != "output_dir":
+                ours[field_name] = list(value) if isinstance(value, tuple) else value
+    cls = dataclasses.make_dataclass(name, trl_fields.dataclass_fields(name, ours), bases=(_TrlConfig,), init=False,
+                                     repr=False, eq=False, namespace={"__doc__": doc, "__module__": __name__})
+    cls._method, cls._trl_class, cls._backed, cls._single = method_name, name, frozenset(backed), single
+    cls._defaults = {f.name: cls._default(f) for f in dataclasses.fields(cls)}
+    return cls
 
-    _method = "sft"
 
-
-class DPOConfig(GRPOConfig):
-    """TRL's DPOConfig: beta, loss_type (sigmoid, ipo, hinge), label_smoothing, max_length, ..."""
-
-    _method = "dpo"
+GRPOConfig = _make("GRPOConfig", "grpo", """TRL's GRPOConfig: `GRPOConfig(output_dir=..., **settings)`, every field of
+    TRL's with TRL's default (rlvr's where trl_settings.TRL_DEFAULTS_DIFFER says why), attributes read and set by
+    TRL's names, `to_dict()`.  Every setting is checked when it is made or set (a ConfigError says what to fix).""")
+SFTConfig = _make("SFTConfig", "sft", """TRL's SFTConfig: max_length, packing, completion_only_loss, and every shared setting.""")
+DPOConfig = _make("DPOConfig", "dpo", """TRL's DPOConfig: beta, loss_type (sigmoid, ipo, hinge), label_smoothing,
+    max_length, ...  TRL's loss_type is a list of losses to combine; rlvr trains one, given as a list of one.""",
+                  single=("loss_type",))

@@ -1,7 +1,8 @@
 """TRL's GRPOTrainer, SFTTrainer and DPOTrainer: one construction (GRPOTrainer's), each method
 adding what its TRL trainer takes besides (GRPO: reward functions, tools, rollout_func,
 environment_factory; DPO: no ref_model), then the run itself is rlvr's (run.py), with its run
-directory, checkpoints, metrics and report."""
+directory, checkpoints, metrics and report.  What a script calls besides (log_metrics, save_state,
+push_to_hub, accelerator, ...) is outputs.py's."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from rlvr import methods
 from rlvr.api import inputs
+from rlvr.api.outputs import ScriptMethods
 from rlvr.api.configs import DPOConfig, GRPOConfig, SFTConfig
 from rlvr.config import Config, ConfigError, build_config
 from rlvr.events import TrainerEvents
@@ -17,7 +19,7 @@ from rlvr.trl_settings import ignored_line
 __all__ = ["GRPOTrainer", "SFTTrainer", "DPOTrainer"]
 
 
-class GRPOTrainer:
+class GRPOTrainer(ScriptMethods):
     config_class: type[GRPOConfig] = GRPOConfig
     suffix = "GRPO"  # of the default output_dir: <model name>-GRPO
 
@@ -188,9 +190,6 @@ class GRPOTrainer:
             self.callbacks.model, self.callbacks.processing_class = model, self.processing_class or tokenizer
         self.callbacks.evaluated(metrics)  # adds the epoch, as transformers' evaluate() does
         return metrics
-
-    def add_callback(self, callback) -> None:
-        self.callbacks.add(callback)
 
 
 class _FinetuneTrainer(GRPOTrainer):

@@ -49,6 +49,7 @@ from rlvr.rewards.format import boxed_format, format_curriculum, tag_count, thin
 from rlvr.rewards.length import cosine_length, repetition_penalty, soft_overlong
 from rlvr.rewards.math import accuracy, numeric_accuracy, signed_accuracy
 from rlvr.rewards.reasoning_gym import reasoning_gym_score
+from rlvr.rewards.trl_names import get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward  # noqa: F401 - TRL's names
 from rlvr.types import Example, Rollout, ScoreList, TrainerState
 from rlvr.errors import RewardError  # noqa: F401 - raised here, defined in the leaf errors.py
 
@@ -356,7 +357,8 @@ def environment(completions, env_rewards=None, **kwargs) -> list:
     return [None if r is None else float(r) for r in env_rewards]
 
 
-# TRL's name for the math verifier (trl.rewards.accuracy_reward): `from rlvr.rewards import accuracy_reward`.
+# TRL's name for the math verifier (trl.rewards.accuracy_reward): `from rlvr.rewards import accuracy_reward`;
+# TRL's other reward functions under their names (trl_names.py), for TRL's GRPO script.
 accuracy_reward = accuracy
 
 REWARDS: dict[str, RewardFn] = {
