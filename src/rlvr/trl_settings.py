@@ -149,7 +149,7 @@ def translate(key: str, value: Any) -> tuple[str, Any] | None:
     """A TRL setting as (rlvr name, value), or None when it has no effect here (IGNORED, or an
     inert value of UNSUPPORTED, or TRL's to_dict() placeholders).  Raises ValueError for an
     UNSUPPORTED setting at a value that would change training.  Keys unknown to TRL are returned as they are."""
-    if key in IGNORED:
+    if key in IGNORED or (key == "eos_token" and value == "<EOS_TOKEN>"):  # SFTConfig.to_dict()'s placeholder for None
         return None
     if key in UNSUPPORTED:
         allowed, why = UNSUPPORTED[key]
