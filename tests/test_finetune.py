@@ -70,7 +70,7 @@ def test_sft_loss_is_transformers_causal_lm_loss(tiny, completion_only):
     logp, _ = LogProbs(True, 1.0)(model, batch)
     ours = sft_loss(logp, batch.completion_mask, batch.num_tokens)
     ids, labels = [], []
-    for p, c in seqs:
+    for p, c, _ in seqs:
         ids.append(p + c)
         labels.append([-100] * len(p) + c)
     width = max(map(len, ids))
@@ -81,14 +81,14 @@ def test_sft_loss_is_transformers_causal_lm_loss(tiny, completion_only):
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-5)
     # the prompt is trained on only without completion_only_loss: its tokens are then in the completion
     # "5" and "hi there" are 1 and 8 characters, plus the end-of-turn token; else all but the first token
-    assert [len(c) for _, c in seqs] == ([2, 9] if completion_only else [len(x) - 1 for x in ids])
+    assert [len(c) for _, c, _ in seqs] == ([2, 9] if completion_only else [len(x) - 1 for x in ids])
 
 
 def test_sequences_end_with_eos_and_are_cut_at_max_length(tiny):
     _, tokenizer = tiny
     cfg = build_config({"method": "sft", "text_prompts": "raw", "max_length": 8})
     enc = Encoder(cfg.data_settings, tokenizer, tokenizer.eos_token_id, cfg.max_length)
-    (p, c), none = enc.sequences(["abc", "abcdefgh"], ["xyz", "x"])
+    (p, c, _), none = enc.sequences(["abc", "abcdefgh"], ["xyz", "x"])
     assert p == tokenizer("abc", add_special_tokens=False)["input_ids"]
     assert c == tokenizer("xyz", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]  # the model learns to stop
     assert none is None and enc.dropped == 1  # an 8-token prompt leaves no room under max_length=8
@@ -120,7 +120,7 @@ def test_sft_teaches_the_demonstrated_answer(tiny_model_dir, tmp_path, sft_data)
     assert summary["eval_after"]["accuracy"] == 1.0  # greedy "\boxed{42}" on prompts it never saw
     rows = _rows(out)
     assert rows[-1]["loss"] < 0.05 * rows[0]["loss"]
-    assert rows[0]["num_tokens"] == 4 * 11  # 4 completions of "\boxed{42}" + end-of-turn
+    assert rows[0]["num_tokens"] == 4 * 12  # 4 completions of "\boxed{42}" + the template's end of turn "<|im_end|>\n", as TRL
 
 
 @pytest.mark.trains
@@ -169,7 +169,7 @@ def test_rft_keeps_exactly_the_verifier_correct_samples(tiny_model_dir, tmp_path
     expected = {(s["prompt"], s["completion"]) for s in samples if s["reward"] == 1.0}  # distinct per prompt
     assert 0 < len(expected) < 15
     prompts = {p: trainer.encoder.prompts([p])[0] for p, _ in expected}
-    got = sorted((tuple(p), tokenizer.decode(c[:-1])) for p, c in trainer.sequences)
+    got = sorted((tuple(p), tokenizer.decode(c[:-1])) for p, c, _ in trainer.sequences)
     assert got == sorted((tuple(prompts[p]), t) for p, t in expected)
     assert metrics["self/keep_rate"] == pytest.approx(len(expected) / 15)
     trainer.close()
@@ -234,9 +234,9 @@ def test_dpo_names_are_trl_dpoconfig_names():
     from rlvr import DPOConfig, SFTConfig
 
     args = DPOConfig(output_dir="x", beta=0.3, loss_type="ipo", max_length=256)
-    assert (args.beta, args.loss_type, args._config.dpo_beta, args._config.beta) == (0.3, "ipo", 0.3, 0.0)
+    assert (args.beta, args.loss_type, args._config.dpo_beta, args._config.beta) == (0.3, ("ipo",), 0.3, 0.0)
     assert args.learning_rate == 1e-6 and SFTConfig(output_dir="x").learning_rate == 2e-5  # TRL's defaults
-    with pytest.raises(ConfigError, match="loss_type for rlvr dpo must be one of sigmoid, ipo, hinge"):
+    with pytest.raises(ConfigError, match="loss_type 'ipo2' for rlvr dpo is unknown; rlvr has sigmoid, ipo, hinge"):
         DPOConfig(loss_type="ipo2")
     # a GRPO recipe's loss_type (the demo file has loss_type: grpo) stays GRPO's under rlvr dpo demo
     assert method_settings("dpo", {"loss_type": "grpo", "beta": 0.2}) == {"loss_type": "grpo", "dpo_beta": 0.2}

@@ -113,3 +113,44 @@ def test_rlvr_vllm_serve_refuses_a_bad_flag_in_one_line(capsys):
 
     assert main(["vllm-serve", "--model", "m", "--data-parallel-size", "2"]) == 2
     assert "error: --data-parallel-size 2: start 2 `rlvr vllm-serve`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,method", [("SFTConfig", "sft"), ("DPOConfig", "dpo")])
+def test_every_trl_sft_and_dpo_setting_is_classified_and_a_dump_of_them_loads(name, method):
+    """Against the installed TRL's own dataclass: each field is an rlvr setting (of its name, or
+    renamed for the method: loss_type, beta), ignored with a reason, or refused unless inert; and
+    TRL's <Method>Config().to_dict() loads as rlvr's with TRL's loss_type."""
+    import dataclasses
+
+    import rlvr
+    from rlvr import methods
+
+    trl = pytest.importorskip("trl")
+    fields = {f.name for f in dataclasses.fields(getattr(trl, name))}
+    handled = {"activation_checkpointing", "resume_from_checkpoint", "vllm_importance_sampling_cap",
+               "max_tool_calling_iterations"}  # translate()
+    known = (trl_settings.TRL_NAMES | trl_settings.FINETUNE_NAMES | set(trl_settings.IGNORED) | set(trl_settings.UNSUPPORTED)
+             | handled | set(methods.get(method).renames))
+    assert not sorted(fields - known)
+    assert trl_settings.FINETUNE_NAMES <= set(FIELDS) and not trl_settings.FINETUNE_NAMES & set(trl_settings.IGNORED)
+    dumped = getattr(trl, name)(output_dir="x", use_cpu=True).to_dict()
+    ours = getattr(rlvr, name)(**dumped)
+    assert list(ours.loss_type) == dumped["loss_type"] if method == "dpo" else ours.loss_type == dumped["loss_type"] == "nll"
+    for key in ("max_length", "truncation_mode", "completion_only_loss", "assistant_only_loss", "dataset_text_field",
+                "packing", "label_smoothing", "learning_rate"):
+        if key in dumped:
+            assert getattr(ours, key) == dumped[key], key
+
+
+def test_dpo_loss_type_takes_trls_list_and_refuses_what_rlvr_lacks_by_name():
+    import rlvr
+
+    assert rlvr.DPOConfig().loss_type == ("sigmoid",)  # TRL's ["sigmoid"]
+    both = rlvr.DPOConfig(loss_type=["sigmoid", "ipo"], loss_weights=[1.0, 0.5])
+    assert (both.loss_type, both.loss_weights) == (("sigmoid", "ipo"), (1.0, 0.5))
+    with pytest.raises(ConfigError, match="'bco_pair' for rlvr dpo is one of TRL's DPO losses that rlvr does not have yet"):
+        rlvr.DPOConfig(loss_type=["sigmoid", "bco_pair"])
+    with pytest.raises(ConfigError, match="loss_weights needs one weight per loss_type"):
+        rlvr.DPOConfig(loss_type=["sigmoid"], loss_weights=[1.0, 2.0])
+    with pytest.raises(ConfigError, match="use_weighting=True is not supported yet"):
+        rlvr.DPOConfig(use_weighting=True)

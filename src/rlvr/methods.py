@@ -61,7 +61,7 @@ class Method:
         if "loss_type" in renames:  # a GRPO recipe's loss_type (the demo's grpo) stays GRPO's
             from rlvr.losses import LOSS_TYPES
 
-            if values.get("loss_type") in LOSS_TYPES:
+            if isinstance(values.get("loss_type"), str) and values["loss_type"] in LOSS_TYPES:
                 del renames["loss_type"]
         return {renames.get(k, k): v for k, v in values.items()}
 
@@ -85,7 +85,8 @@ class Method:
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("grpo", command="train", trainer="rlvr.trainer:Trainer", progress="reward", reference="beta", online=True),
     Method("sft", command="sft", trainer="rlvr.finetune.trainer:FinetuneTrainer", progress="loss",
-           defaults=_frozen({"learning_rate": 2e-5}), self_samples_command="rft"),
+           defaults=_frozen({"learning_rate": 2e-5}), renames=_frozen({"loss_type": "sft_loss_type"}),
+           self_samples_command="rft"),
     Method("dpo", command="dpo", trainer="rlvr.finetune.trainer:PreferenceTrainer", progress="loss", reference="dpo_beta",
            defaults=_frozen({"learning_rate": 1e-6}), renames=_frozen({"beta": "dpo_beta", "loss_type": "dpo_loss_type"}),
            pairs=True),

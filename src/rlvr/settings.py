@@ -153,7 +153,7 @@ def check_settings(cfg: Config, rewards_later: bool = False) -> Config:
     rewards_later: the reward functions come later (GRPOConfig, whose trainer is given them), so
     reward_weights without reward_funcs are checked then."""
     from rlvr.alerts import RULES
-    from rlvr.finetune.losses import DPO_LOSS_TYPES
+    from rlvr.finetune.losses import DPO_LOSS_TYPES, TRL_ONLY_DPO_LOSS_TYPES
     from rlvr.losses import LOSS_TYPES
     from rlvr.optim import schedule_problems
     from rlvr.rollout import generation_settings
@@ -161,8 +161,11 @@ def check_settings(cfg: Config, rewards_later: bool = False) -> Config:
     problems = []
     if cfg.loss_type not in LOSS_TYPES:
         problems.append(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {cfg.loss_type!r}")
-    if cfg.dpo_loss_type not in DPO_LOSS_TYPES:
-        problems.append(f"loss_type for rlvr dpo must be one of {', '.join(DPO_LOSS_TYPES)}; got {cfg.dpo_loss_type!r}")
+    for name in cfg.dpo_loss_type:
+        if name not in DPO_LOSS_TYPES:
+            known = "is one of TRL's DPO losses that rlvr does not have yet" if name in TRL_ONLY_DPO_LOSS_TYPES else "is unknown"
+            problems.append(f"loss_type {name!r} for rlvr dpo {known}; rlvr has {', '.join(DPO_LOSS_TYPES)} "
+                            "(several as a list, weighted by loss_weights)")
     sampling, bad = generation_settings(cfg.rollout_settings)  # the sampling settings, generation_kwargs applied over them
     problems += bad + (sampling_problems(sampling) if cfg.generation_kwargs else [])
     problems += schedule_problems(cfg.lr_scheduler_type, cfg.lr_scheduler_kwargs, cfg.learning_rate)

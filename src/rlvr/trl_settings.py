@@ -65,6 +65,14 @@ IGNORED = {
     **dict.fromkeys("""sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
         entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target""".split(),
                     "a knob of a loss or feature rlvr does not have (see loss_type, entropy_coef)"),
+    # SFTConfig's and DPOConfig's own (TRL 1.16)
+    "dataset_num_proc": "rlvr tokenises the rows itself, in one process",
+    "eval_packing": "rlvr evaluates held-out accuracy by sampling, not a packed loss",
+    "padding_free": "rlvr's forward keeps the sequences of a row apart already: the loss is the same without it",
+    "pad_token": "only where the padding goes, which no loss reads; rlvr pads with the tokenizer's pad (or end-of-sequence) token",
+    **dict.fromkeys("precompute_ref_log_probs precompute_ref_batch_size".split(),
+                    "the reference's log-probs are computed in each step, the same numbers as precomputed ones"),
+    **dict.fromkeys("discopop_tau f_alpha_divergence_coef".split(), "a knob of a DPO loss rlvr does not have (see loss_type)"),
     # Older TRL / transformers versions' settings that recipes still carry.
     **dict.fromkeys("""logging_dir overwrite_output_dir use_mps_device past_index ray_scope jit_mode_eval use_ipex
         push_to_hub_model_id push_to_hub_organization push_to_hub_token mp_parameters include_inputs_for_metrics
@@ -99,7 +107,21 @@ UNSUPPORTED = {
     "load_in_8bit": ((False,), "quantized (QLoRA) training is not supported yet"),
     "dataset_streaming": ((False,), "streamed datasets from the command line are not supported; GRPOTrainer takes an IterableDataset"),
     "reward_model_name_or_path": ((None,), "reward models are not supported yet: rewards are verifiers and functions"),
+    # SFTConfig's and DPOConfig's own (TRL 1.16)
+    "activation_offloading": ((False,), "offloading activations to the CPU is not supported yet; gradient_checkpointing saves memory"),
+    "chat_template_path": ((None,), "give the tokenizer with its chat template as processing_class (or model=<dir>)"),
+    "eos_token": ((None,), "each completion ends with the tokenizer's own end-of-sequence token"),
+    "dataset_kwargs": ((None,), "skip_prepare_dataset is not supported: rlvr tokenises the rows it is given"),
+    "packing_strategy": (("bfd",), "only bfd packing (best-fit decreasing, whole sequences); wrapped and bfd_split cut sequences"),
+    "ld_alpha": ((None,), "LD-DPO's length weighting is not supported yet"),
+    "f_divergence_type": (("reverse_kl",), "DPO with another f-divergence than reverse KL is not supported yet"),
+    "use_weighting": ((False,), "WPO's weighting of pairs is not supported yet"),
 }
+
+# SFTConfig's and DPOConfig's settings that are rlvr settings of the same name and meaning (with
+# their GRPOConfig ones); `loss_type` and DPO's `beta` are renamed for each method (methods.py).
+FINETUNE_NAMES = frozenset("""max_length truncation_mode completion_only_loss assistant_only_loss dataset_text_field
+packing label_smoothing loss_weights""".split())
 
 # Settings whose rlvr default is deliberately not TRL 1.16's: name -> (TRL's default, why).
 TRL_DEFAULTS_DIFFER = {
@@ -135,7 +157,7 @@ def translate(key: str, value: Any) -> tuple[str, Any] | None:
     """A TRL setting as (rlvr name, value), or None when it has no effect here (IGNORED, or an
     inert value of UNSUPPORTED, or TRL's to_dict() placeholders).  Raises ValueError for an
     UNSUPPORTED setting at a value that would change training.  Keys unknown to TRL are returned as they are."""
-    if key in IGNORED:
+    if key in IGNORED or (key == "eos_token" and value == "<EOS_TOKEN>"):  # SFTConfig.to_dict()'s placeholder for None
         return None
     if key in UNSUPPORTED:
         allowed, why = UNSUPPORTED[key]
@@ -178,7 +200,7 @@ def ignored_line(keys: list[str]) -> str:
 
 def known_names() -> list[str]:
     """Every TRL name rlvr accepts, for "did you mean" hints."""
-    return sorted(TRL_NAMES | set(IGNORED) | set(UNSUPPORTED) | {"activation_checkpointing", "resume_from_checkpoint",
+    return sorted(TRL_NAMES | FINETUNE_NAMES | set(IGNORED) | set(UNSUPPORTED) | {"activation_checkpointing", "resume_from_checkpoint",
                                                                    "vllm_importance_sampling_cap", "evaluation_strategy", "no_cuda",
                                                                    "attn_implementation", "model_revision"})
 

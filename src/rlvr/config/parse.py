@@ -27,7 +27,7 @@ ALIASES = {
 }
 
 _TUPLE_FIELDS = {"stop_strings", "tools", "reward_funcs", "reward_weights", "report_to", "lora_target_modules",
-                 "lora_target_parameters", "lora_modules_to_save"}
+                 "lora_target_parameters", "lora_modules_to_save", "dpo_loss_type", "loss_weights"}
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

@@ -34,6 +34,8 @@ def cross_section_problems(cfg) -> list[str]:
          "not supported with them yet (use torchrun, or vLLM servers, to spread the sampling)"),
         (not (cfg.multi_turn and not online),
          f"tools, environment and rollout_func are for rlvr train (GRPO), not rlvr {method and method.command_for(cfg.self_samples)}"),
+        (not (not online and cfg.sync_ref_model),
+         f"sync_ref_model (TR-DPO) is not supported for rlvr {cfg.method} yet: its reference stays the starting model"),
         (not (not online and (cfg.fsdp or cfg.rollout_workers or cfg.max_staleness)),
          f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train"),
     ]

@@ -168,8 +168,12 @@ class UpdateSettings(OptimizerSettings, KLSettings, LossSettings, AdvantageSetti
 class FinetuneSettings(Section):
     # --- sft and dpo ----------------------------------------------------------------
     method: str = "grpo"  # what is trained; set by the command: grpo (rlvr train) | sft (rlvr sft, rlvr rft) | dpo (rlvr dpo)
-    max_length: int | None = 1024  # sft / dpo: prompt + completion tokens at most; a longer completion loses its end
+    max_length: int | None = 1024  # sft / dpo: prompt + completion tokens at most; a longer sequence is cut as truncation_mode says
+    truncation_mode: str = "keep_start"  # sft / dpo: keep_start cuts a sequence's end | keep_end its start (TRL's)
     completion_only_loss: bool | None = None  # sft: loss on the completion's tokens only (null: true); false: on the prompt's too
+    assistant_only_loss: bool = False  # sft, chat data: loss on the assistant's tokens only, every turn (the chat template's {% generation %} marks them)
+    dataset_text_field: str = "text"  # sft: the column of plain text trained on as a whole (TRL's language-modelling format)
+    sft_loss_type: str = "nll"  # sft: `loss_type` of SFTConfig: nll (negative log-likelihood) | dft (each token's weighted by its probability)
     packing: bool = False  # sft: a micro-batch holds per_device_train_batch_size rows of max_length tokens, each filled with whole sequences
     completion_column: str | None = None  # sft: the demonstration; default the first of completion, solution, answer
     self_samples: bool = False  # sft / dpo: train on the model's own samples scored by the verifier (sft: the correct ones, RFT; dpo: correct vs incorrect pairs)
@@ -177,7 +181,8 @@ class FinetuneSettings(Section):
     self_round_prompts: int = 64  # self_samples: train prompts per round, num_generations samples each
     self_round_steps: int = 20  # self_samples: optimizer steps on each round's data
     dpo_beta: float = 0.1  # dpo: `beta` of rlvr dpo and DPOConfig; how far the policy may move from the reference
-    dpo_loss_type: str = "sigmoid"  # dpo: `loss_type` of rlvr dpo and DPOConfig: sigmoid (DPO) | ipo | hinge
+    dpo_loss_type: tuple = ("sigmoid",)  # dpo: `loss_type` of rlvr dpo and DPOConfig, one or several: sigmoid (DPO) | ipo | hinge
+    loss_weights: tuple | None = None  # dpo: the weight of each of loss_type's losses in their sum; default all 1.0
     label_smoothing: float = 0.0  # dpo sigmoid: the assumed chance that a pair's preference is flipped (cDPO)
 
     @property
@@ -197,8 +202,12 @@ class FinetuneSettings(Section):
             problems.append(f"beta for rlvr dpo must be > 0; got {self.dpo_beta}")
         if not 0 <= self.label_smoothing < 0.5:
             problems.append(f"label_smoothing must be in [0, 0.5); got {self.label_smoothing}")
-        elif self.label_smoothing > 0 and self.dpo_loss_type != "sigmoid":
-            problems.append(f"label_smoothing applies to loss_type=sigmoid only; got loss_type={self.dpo_loss_type}")
+        elif self.label_smoothing > 0 and set(self.dpo_loss_type) != {"sigmoid"}:
+            problems.append(f"label_smoothing applies to loss_type=sigmoid only; got loss_type={list(self.dpo_loss_type)}")
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.dpo_loss_type):
+            problems.append(f"loss_weights needs one weight per loss_type: {len(self.loss_weights)} weights for "
+                            f"loss_type={list(self.dpo_loss_type)}")
+        problems += choices(self, truncation_mode=("keep_start", "keep_end"), sft_loss_type=("nll", "dft"))
         for name in ("self_rounds", "self_round_prompts", "self_round_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1; got {getattr(self, name)}")

@@ -37,20 +37,25 @@ import torch
 import torch.nn.functional as F
 
 
-def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """-sum_it m_it * logp_it / num_tokens over logprobs, mask: [B, T].
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, num_tokens: int, loss_type: str = "nll") -> torch.Tensor:
+    """-sum_it m_it * w_it * logp_it / num_tokens over logprobs, mask: [B, T].
 
-    num_tokens is the number of trained tokens in the whole accumulated batch, so that the losses
-    of its micro-batches add up to the batch's token mean.  num_tokens = 0 (nothing to train on)
-    gives a loss of 0.0 that is still connected to logprobs, so backward runs and yields zeros.
+    w_it is 1 for loss_type="nll"; for "dft" (Dynamic Fine-Tuning, https://arxiv.org/abs/2508.05629,
+    as TRL's SFTTrainer) it is the token's probability exp(logp_it), detached, so a token the model
+    finds unlikely weighs less.  num_tokens is the number of trained tokens in the whole accumulated
+    batch, so that the losses of its micro-batches add up to the batch's token mean.  num_tokens = 0
+    (nothing to train on) gives a loss of 0.0 that is still connected to logprobs, so backward runs
+    and yields zeros.
     """
+    if loss_type not in SFT_LOSS_TYPES:
+        raise ValueError(f"SFT loss_type must be one of {', '.join(SFT_LOSS_TYPES)}; got {loss_type!r}")
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0; got {num_tokens}")
     mask = mask.bool()
     if num_tokens == 0:  # an empty batch: every token is left out
         mask = torch.zeros_like(mask)
-    nll = torch.where(mask, -logprobs, torch.zeros_like(logprobs))
-    return nll.sum() / max(num_tokens, 1)
+    per_token = SFT_LOSS_TYPES[loss_type](logprobs)
+    return torch.where(mask, per_token, torch.zeros_like(per_token)).sum() / max(num_tokens, 1)
 
 
 def sequence_logps(logprobs: torch.Tensor, mask: torch.Tensor, average: bool = False) -> torch.Tensor:
@@ -95,6 +100,28 @@ def dpo_loss(
     return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
 
 
+def combined_dpo_loss(sums: torch.Tensor, ref_sums: torch.Tensor, counts: torch.Tensor, beta: float,
+                      loss_types: tuple[str, ...] = ("sigmoid",), loss_weights: tuple[float, ...] | None = None,
+                      label_smoothing: float = 0.0):
+    """TRL's list of DPO losses: sum_k w_k * mean_pairs(loss_k), each loss on the log-probs it takes
+    (ipo: averaged over the completion's tokens; the others: summed).  sums, ref_sums: [2P] summed
+    log-probs of the policy and the reference, chosen at even rows and rejected at odd; counts:
+    [2P] the completions' token counts.  Returns (loss, chosen_rewards [P], rejected_rewards [P]),
+    the rewards from the summed log-probs, as TRL logs them."""
+    weights = loss_weights or (1.0,) * len(loss_types)
+    if len(weights) != len(loss_types):
+        raise ValueError(f"loss_weights needs one weight per loss type; got {len(weights)} for {list(loss_types)}")
+    means, ref_means = sums / counts.clamp(min=1), ref_sums / counts.clamp(min=1)
+    total = sums.new_zeros(())
+    for name, weight in zip(loss_types, weights):
+        p, r = (means, ref_means) if name in AVERAGED else (sums, ref_sums)
+        losses, _, _ = dpo_loss(p[0::2], p[1::2], r[0::2], r[1::2], beta, name, label_smoothing)
+        total = total + weight * losses.mean()
+    chosen_rewards = beta * (sums[0::2] - ref_sums[0::2]).detach()
+    rejected_rewards = beta * (sums[1::2] - ref_sums[1::2]).detach()
+    return total, chosen_rewards, rejected_rewards
+
+
 # --- DPO variants: margin h (policy log-ratio minus reference log-ratio) -> loss per pair ------
 
 
@@ -112,3 +139,20 @@ def _hinge(h, beta: float, label_smoothing: float):
 
 
 DPO_LOSS_TYPES = {"sigmoid": _sigmoid, "ipo": _ipo, "hinge": _hinge}
+AVERAGED = frozenset({"ipo"})  # the losses that take log-probs averaged over the completion's tokens
+# TRL 1.16's DPO losses that rlvr does not have: refused by name when the settings are checked.
+TRL_ONLY_DPO_LOSS_TYPES = ("exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired", "apo_zero",
+                           "apo_down", "discopop", "sft", "sigmoid_norm")
+
+
+# --- SFT variants: per-token log-probs -> per-token loss ---------------------------------------
+
+def _nll(logprobs):
+    return -logprobs
+
+
+def _dft(logprobs):
+    return -logprobs * logprobs.detach().exp()
+
+
+SFT_LOSS_TYPES = {"nll": _nll, "dft": _dft}

@@ -27,7 +27,7 @@ import torch
 
 from rlvr import distributed
 from rlvr.finetune.data import Demonstration, Encoder, Pair, keep_correct, make_pairs, pack, to_batch
-from rlvr.finetune.losses import dpo_loss, sequence_logps, sft_loss
+from rlvr.finetune.losses import combined_dpo_loss, sequence_logps, sft_loss
 from rlvr.models import eos_token_ids
 from rlvr.reference import KLReference, KLSettings
 from rlvr.tasks import PromptStream, build_rewards, verifier_name
@@ -53,7 +53,8 @@ class FinetuneTrainer(RunCore):
         self.rollout.rewards = build_rewards(cfg.reward_settings, cfg.data_settings, with_verifier=True)  # a round keeps what the task's verifier scores 1
         self.weight_subscribers.append(self.rollout)
         eos = eos_token_ids(model, tokenizer)
-        self.encoder = Encoder(cfg.data_settings, tokenizer, tokenizer.eos_token_id if tokenizer.eos_token_id in eos else eos[0], cfg.max_length)
+        self.encoder = Encoder(cfg.data_settings, tokenizer, tokenizer.eos_token_id if tokenizer.eos_token_id in eos else eos[0],
+                               cfg.max_length, cfg.truncation_mode, cfg.assistant_only_loss, as_sampled=cfg.self_samples)
         self._reference(ref_model)
         self.full_loss = cfg.completion_only_loss is False
         self.units_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
@@ -99,10 +100,11 @@ class FinetuneTrainer(RunCore):
     def _tokenize(self, items: list) -> tuple[list, list[list[int]]]:
         """Demonstrations as (prompt, completion) sequences, grouped into units (packed rows with packing)."""
         cfg = self.cfg
-        seqs = self.encoder.sequences([d.prompt for d in items], [d.completion for d in items], self.full_loss)
+        seqs = self.encoder.sequences([d.prompt for d in items], [d.completion for d in items], self.full_loss,
+                                      [d.whole for d in items])
         sequences = [s for s in seqs if s is not None]
         if cfg.packing:
-            return sequences, pack([len(p) + len(c) for p, c in sequences], cfg.max_length)
+            return sequences, pack([len(p) + len(c) for p, c, _ in sequences], cfg.max_length)
         return sequences, [[i] for i in range(len(sequences))]
 
     def _keep(self, examples: list[Example], texts: list[list[str]], per_prompt: list, scores: list) -> dict:
@@ -113,13 +115,13 @@ class FinetuneTrainer(RunCore):
 
     def _normaliser(self, units: list, rows: list[list[int]]) -> int:
         """What the step's loss is normalised by: its trained tokens."""
-        return sum(len(self.sequences[s][1]) for part in rows for s in part)
+        return sum(len(c) if m is None else sum(m) for part in rows for _, c, m in (self.sequences[s] for s in part))
 
     def _micro(self, part: list[int], total_tokens: int):
         batch = to_batch([self.sequences[s] for s in part], self.rollout.pad_id).to(self.logprobs.device)
         logp, entropy = self.logprobs(self.model, batch)
-        loss = sft_loss(logp, batch.completion_mask, total_tokens)
-        ent = torch.where(batch.completion_mask, entropy, 0.0).sum().item()
+        loss = sft_loss(logp, batch.loss_mask, total_tokens, self.cfg.sft_loss_type)
+        ent = torch.where(batch.loss_mask, entropy, 0.0).sum().item()
         return loss, {"entropy": ent, "sequences": float(len(part))}
 
     def _summary(self, sums: dict, total: int) -> dict:
@@ -129,9 +131,13 @@ class FinetuneTrainer(RunCore):
 
     def _set_data(self, items: list) -> None:
         """Tokenise demonstrations or pairs into sequences and group them into units."""
+        self.encoder.dropped = 0
         self.sequences, self.units = self._tokenize(items)
         if items and not self.sequences:
-            raise ValueError(f"no example fits max_length={self.cfg.max_length} with at least one completion token; raise max_length")
+            raise ValueError(f"no example fits max_length={self.cfg.max_length} with at least one trained token; raise max_length")
+        if self.encoder.dropped and self.world.is_main:  # as TRL, which drops them too: one line, not a traceback
+            print(f"dropped {self.encoder.dropped} of {len(items)} rows: no trained token fits max_length={self.cfg.max_length} "
+                  f"(truncation_mode={self.cfg.truncation_mode}); raise max_length to keep them")
 
     def _new_round(self) -> dict:
         """Sample self_round_prompts prompts x num_generations with the current weights, keep the
@@ -231,10 +237,8 @@ class PreferenceTrainer(FinetuneTrainer):
 
     def _tokenize(self, items: list) -> tuple[list, list[list[int]]]:
         """Pairs as (chosen, rejected) sequence pairs, each pair a unit."""
-        prompts = [p.prompt for p in items]
-        chosen = self.encoder.sequences(prompts, [p.chosen for p in items])
-        rejected = self.encoder.sequences(prompts, [p.rejected for p in items])
-        sequences = [(c, r) for c, r in zip(chosen, rejected) if c is not None and r is not None]
+        pairs = self.encoder.pairs([p.prompt for p in items], [p.chosen for p in items], [p.rejected for p in items])
+        sequences = [pair for pair in pairs if pair is not None]
         return sequences, [[i] for i in range(len(sequences))]
 
     def _keep(self, examples: list[Example], texts: list[list[str]], per_prompt: list, scores: list) -> dict:
@@ -250,21 +254,20 @@ class PreferenceTrainer(FinetuneTrainer):
     def _micro(self, part: list[int], total_pairs: int):
         """Chosen and rejected of each pair as rows 2i and 2i+1, sharing their prompt; TRL's metric names."""
         seqs = [seq for s in part for seq in self.sequences[s]]
-        batch = to_batch(seqs, self.rollout.pad_id, group_size=2).to(self.logprobs.device)
+        shared = all(seqs[i][0] == seqs[i + 1][0] for i in range(0, len(seqs), 2))  # keep_end may cut them apart
+        batch = to_batch(seqs, self.rollout.pad_id, group_size=2 if shared else None).to(self.logprobs.device)
         logp, _ = self.logprobs(self.model, batch)
         ref = self.reference.ref_logprobs(batch).to(logp.device)
-        average = self.cfg.dpo_loss_type == "ipo"  # IPO compares mean per-token log-probs, as TRL does
-        policy = sequence_logps(logp, batch.completion_mask, average)
-        reference = sequence_logps(ref, batch.completion_mask, average)
-        losses, chosen_r, rejected_r = dpo_loss(policy[0::2], policy[1::2], reference[0::2], reference[1::2], self.cfg.dpo_beta,
-                                                self.cfg.dpo_loss_type, self.cfg.label_smoothing)
-        totals = sequence_logps(logp.detach(), batch.completion_mask)
+        policy, reference = sequence_logps(logp, batch.loss_mask), sequence_logps(ref, batch.loss_mask)
+        loss, chosen_r, rejected_r = combined_dpo_loss(policy, reference, batch.loss_mask.sum(-1), self.cfg.dpo_beta,
+                                                       self.cfg.dpo_loss_type, self.cfg.loss_weights, self.cfg.label_smoothing)
+        totals = policy.detach()
         metrics = {"pairs": float(len(part)), "rewards/chosen": chosen_r.sum().item(), "rewards/rejected": rejected_r.sum().item(),
                    "rewards/accuracies": (chosen_r > rejected_r).float().sum().item(),
                    "rewards/margins": (chosen_r - rejected_r).sum().item(),
                    "logps/chosen": totals[0::2].sum().item(), "logps/rejected": totals[1::2].sum().item(),
                    "tokens": float(batch.num_tokens)}
-        return losses.sum() / total_pairs, metrics
+        return loss * len(part) / total_pairs, metrics
 
     def _summary(self, sums: dict, total: int) -> dict:
         n = sums.pop("pairs")
