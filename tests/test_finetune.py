@@ -234,7 +234,7 @@ def test_dpo_names_are_trl_dpoconfig_names():
     from rlvr import DPOConfig, SFTConfig
 
     args = DPOConfig(output_dir="x", beta=0.3, loss_type="ipo", max_length=256)
-    assert (args.beta, args.loss_type, args._config.dpo_beta, args._config.beta) == (0.3, ("ipo",), 0.3, 0.0)
+    assert (args.beta, args.loss_type, args._config.dpo_beta, args._config.beta) == (0.3, ["ipo"], 0.3, 0.0)
     assert args.learning_rate == 1e-6 and SFTConfig(output_dir="x").learning_rate == 2e-5  # TRL's defaults
     with pytest.raises(ConfigError, match="loss_type 'ipo2' for rlvr dpo is unknown; rlvr has sigmoid, ipo, hinge"):
         DPOConfig(loss_type="ipo2")

@@ -54,10 +54,10 @@ def test_every_field_reads_back_trls_default_except_the_documented_differences(n
         assert getattr(args, n) == getattr(build_config(method.settings({})), method.trl_name(n)) or n == "output_dir"
 
 
-def test_trl_settings_of_another_meaning_in_rlvr_are_only_sfts_loss_type_and_fsdps_spelling():
-    """A TRL field whose name is an rlvr setting with another default is either a documented
-    difference (the field then has rlvr's default) or has another meaning: SFT's loss_type (nll,
-    dft) is not GRPO's; given, it goes to rlvr, which refuses what it does not know."""
+def test_the_only_trl_setting_of_another_meaning_in_rlvr_is_fsdps_spelling():
+    """A TRL field whose name is an rlvr setting with another default is a documented difference (the
+    field then has rlvr's default), or has another meaning: only fsdp, whose TRL words rlvr translates.
+    (SFT's and DPO's loss_type are their methods' sft_loss_type and dpo_loss_type, with TRL's defaults.)"""
     found = []
     for name, method_name in CONFIGS.items():
         cls = getattr(rlvr, name)
@@ -67,7 +67,7 @@ def test_trl_settings_of_another_meaning_in_rlvr_are_only_sfts_loss_type_and_fsd
             if hasattr(cfg, own) and f.name not in cls._backed and f.name not in trl_settings.IGNORED:
                 found.append((name, f.name))
     fsdp = [(name, "fsdp") for name in CONFIGS]  # TRL's words ("full_shard auto_wrap"), translated to rlvr's bool
-    assert sorted(found) == sorted([*fsdp, ("SFTConfig", "loss_type")])
+    assert sorted(found) == sorted(fsdp)
 
 
 def test_a_trl_subclass_of_a_config_keeps_its_own_fields():

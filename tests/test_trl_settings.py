@@ -145,9 +145,10 @@ def test_every_trl_sft_and_dpo_setting_is_classified_and_a_dump_of_them_loads(na
 def test_dpo_loss_type_takes_trls_list_and_refuses_what_rlvr_lacks_by_name():
     import rlvr
 
-    assert rlvr.DPOConfig().loss_type == ("sigmoid",)  # TRL's ["sigmoid"]
+    assert rlvr.DPOConfig().loss_type == ["sigmoid"] and rlvr.DPOConfig(loss_type="ipo").loss_type == ["ipo"]  # as TRL's
     both = rlvr.DPOConfig(loss_type=["sigmoid", "ipo"], loss_weights=[1.0, 0.5])
-    assert (both.loss_type, both.loss_weights) == (("sigmoid", "ipo"), (1.0, 0.5))
+    assert (both.loss_type, both.loss_weights) == (["sigmoid", "ipo"], [1.0, 0.5])
+    assert (both._config.dpo_loss_type, both._config.loss_weights) == (("sigmoid", "ipo"), (1.0, 0.5))
     with pytest.raises(ConfigError, match="'bco_pair' for rlvr dpo is one of TRL's DPO losses that rlvr does not have yet"):
         rlvr.DPOConfig(loss_type=["sigmoid", "bco_pair"])
     with pytest.raises(ConfigError, match="loss_weights needs one weight per loss_type"):

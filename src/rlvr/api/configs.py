@@ -46,7 +46,6 @@ class _TrlConfig:
     _trl_class = "GRPOConfig"  # the TRL class whose fields these are (trl_fields.json)
     _backed: frozenset = frozenset()  # the fields that are rlvr settings of the same meaning (set by _make)
     _defaults: dict = {}  # each TRL field's default here (set by _make)
-    _single: tuple = ()  # fields TRL takes as a list and rlvr as one value (DPO's loss_type)
 
     def __init__(self, output_dir: str | None = None, **settings: Any):
         given = {"output_dir": output_dir} if output_dir is not None else {}
@@ -80,11 +79,6 @@ class _TrlConfig:
             return json.loads(value)
         return value
 
-    def _rlvr_value(self, name: str, value: Any) -> Any:
-        if name in self._single and isinstance(value, (list, tuple)) and len(value) == 1:
-            return value[0]
-        return value
-
     def _given(self) -> dict[str, Any]:
         """The settings given: fields away from their default, then rlvr's own settings."""
         out = {}
@@ -95,7 +89,7 @@ class _TrlConfig:
             if f.name in IGNORED and _unset(value):
                 continue  # a command line's spelling of "not set" (None for "", False for "no")
             if not _same(value, default) if f.name in self._backed else value != default:
-                out[f.name] = self._rlvr_value(f.name, value)
+                out[f.name] = value
         return {**out, **self._extra}
 
     def _resolve(self) -> None:
@@ -107,8 +101,8 @@ class _TrlConfig:
         cfg = check_settings(cfg, rewards_later=True)
         for name in self._backed:  # what rlvr made of a field reads back (a placeholder token is unset)
             ours = getattr(cfg, method.trl_name(name))
-            if not _same(ours, self._rlvr_value(name, self.__dict__[name])):
-                object.__setattr__(self, name, ours)
+            if not _same(ours, self.__dict__[name]):
+                object.__setattr__(self, name, list(ours) if isinstance(ours, tuple) else ours)  # TRL's fields hold lists
         object.__setattr__(self, "_config", cfg)
         object.__setattr__(self, "_settings", settings)
         object.__setattr__(self, "_ignored", ignored)
@@ -189,7 +183,7 @@ class _TrlConfig:
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
-def _make(name: str, method_name: str, doc: str, single: tuple = ()) -> type:
+def _make(name: str, method_name: str, doc: str) -> type:
     """The dataclass of TRL's `name`: TRL's fields, rlvr's default where it deliberately differs."""
     method = methods.get(method_name)
     defaults_cfg = build_config(method.settings({}))
@@ -201,14 +195,14 @@ def _make(name: str, method_name: str, doc: str, single: tuple = ()) -> type:
         if not hasattr(defaults_cfg, own) or field_name in IGNORED or field_name in UNSUPPORTED:
             continue
         value = getattr(defaults_cfg, own)
-        trl_value = row["default"][0] if field_name in single and isinstance(row["default"], list) else row["default"]
+        trl_value = row["default"]
         if field_name in differ or _same(value, trl_value):
             backed.add(field_name)
             if field_name in differ and field_name != "output_dir":
                 ours[field_name] = list(value) if isinstance(value, tuple) else value
     cls = dataclasses.make_dataclass(name, trl_fields.dataclass_fields(name, ours), bases=(_TrlConfig,), init=False,
                                      repr=False, eq=False, namespace={"__doc__": doc, "__module__": __name__})
-    cls._method, cls._trl_class, cls._backed, cls._single = method_name, name, frozenset(backed), single
+    cls._method, cls._trl_class, cls._backed = method_name, name, frozenset(backed)
     cls._defaults = {f.name: cls._default(f) for f in dataclasses.fields(cls)}
     return cls
 
@@ -217,6 +211,5 @@ GRPOConfig = _make("GRPOConfig", "grpo", """TRL's GRPOConfig: `GRPOConfig(output
     TRL's with TRL's default (rlvr's where trl_settings.TRL_DEFAULTS_DIFFER says why), attributes read and set by
     TRL's names, `to_dict()`.  Every setting is checked when it is made or set (a ConfigError says what to fix).""")
 SFTConfig = _make("SFTConfig", "sft", """TRL's SFTConfig: max_length, packing, completion_only_loss, and every shared setting.""")
-DPOConfig = _make("DPOConfig", "dpo", """TRL's DPOConfig: beta, loss_type (sigmoid, ipo, hinge), label_smoothing,
-    max_length, ...  TRL's loss_type is a list of losses to combine; rlvr trains one, given as a list of one.""",
-                  single=("loss_type",))
+DPOConfig = _make("DPOConfig", "dpo", """TRL's DPOConfig: beta, loss_type (sigmoid, ipo, hinge, or a list of them
+    weighed by loss_weights), label_smoothing, max_length, ...""")
