@@ -313,6 +313,24 @@ def test_an_empty_demonstration_is_named_by_file_and_line(tiny_model_dir, tmp_pa
 
 
 @pytest.mark.trains
+def test_rows_that_max_length_leaves_without_a_trained_token_are_dropped_in_one_line(tiny_model_dir, tmp_path, capsys):
+    """As TRL: a prompt that fills max_length (keep_start) leaves its completion cut away; the row is
+    dropped and the run says how many, once.  Every row dropped: an error that says what to raise."""
+    rows = [{"prompt": f"what is {i}?", "completion": "\\boxed{42}"} for i in range(8)]
+    rows += [{"prompt": "tell me " * 200, "completion": "\\boxed{42}"} for _ in range(4)]
+    data = tmp_path / "demos"
+    data.mkdir()
+    _write(data / "train.jsonl", rows)
+    _write(data / "test.jsonl", rows[:2])  # so that all 12 train
+    train(_config(tiny_model_dir, tmp_path / "s", "sft", dataset=str(data), max_length=200, max_steps=1, save_strategy="no"))
+    out = capsys.readouterr().out
+    assert out.count("dropped 4 of 12 rows: no trained token fits max_length=200 (truncation_mode=keep_start)") == 1
+    long_only = _write(tmp_path / "long.jsonl", rows[8:])
+    with pytest.raises(ValueError, match="no example fits max_length=200 with at least one trained token; raise max_length"):
+        train(_config(tiny_model_dir, tmp_path / "t", "sft", dataset=long_only, max_length=200, max_steps=1, save_strategy="no"))
+
+
+@pytest.mark.trains
 def test_rlvr_train_refuses_to_continue_an_sft_run(tiny_model_dir, tmp_path, sft_data, capsys):
     from rlvr import cli
 
