@@ -146,7 +146,7 @@ METHOD_DEFAULTS_DIFFER = {
 }
 
 
-def _inert(value: Any, allowed: tuple) -> bool:
+def inert(value: Any, allowed: tuple = ()) -> bool:
     """An unset value (None, False, empty) or one of `allowed`; True is never 1 here."""
     if value is None or value is False or value in ("", [], {}, ()):
         return True
@@ -161,7 +161,7 @@ def translate(key: str, value: Any) -> tuple[str, Any] | None:
         return None
     if key in UNSUPPORTED:
         allowed, why = UNSUPPORTED[key]
-        if _inert(value, allowed):
+        if inert(value, allowed):
             return None
         raise ValueError(f"{key}={value!r} is not supported yet: {why}")
     if key == "activation_checkpointing":  # transformers 5's new name

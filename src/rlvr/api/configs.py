@@ -20,9 +20,10 @@ from typing import Any
 
 from rlvr import methods
 from rlvr.api import trl_fields
+from rlvr.api.outputs import Processes
 from rlvr.config import ConfigError, build_config, hide_secret
 from rlvr.settings import check_settings
-from rlvr.trl_settings import IGNORED, METHOD_DEFAULTS_DIFFER, TRL_DEFAULTS_DIFFER, UNSUPPORTED
+from rlvr.trl_settings import IGNORED, METHOD_DEFAULTS_DIFFER, TRL_DEFAULTS_DIFFER, UNSUPPORTED, inert
 
 __all__ = ["GRPOConfig", "SFTConfig", "DPOConfig"]
 
@@ -33,10 +34,6 @@ def _same(ours: Any, theirs: Any) -> bool:
     if (ours in unset or ours is None) and (theirs in unset or theirs is None):
         return True
     return list(ours) == list(theirs) if isinstance(ours, (tuple, list)) and isinstance(theirs, (tuple, list)) else ours == theirs
-
-
-def _unset(value: Any) -> bool:
-    return value is None or value is False or (isinstance(value, (str, list, dict, tuple)) and value in ("", "no", "none", [], {}, ()))
 
 
 class _TrlConfig:
@@ -86,7 +83,7 @@ class _TrlConfig:
             if f.name not in self._trl_fields():
                 continue
             value, default = self.__dict__[f.name], self._defaults[f.name]  # TRL's (or rlvr's), not a subclass's
-            if f.name in IGNORED and _unset(value):
+            if f.name in IGNORED and inert(value, ("no", "none")):
                 continue  # a command line's spelling of "not set" (None for "", False for "no")
             if not _same(value, default) if f.name in self._backed else value != default:
                 out[f.name] = value
@@ -138,33 +135,29 @@ class _TrlConfig:
 
     # --- transformers' TrainingArguments properties that scripts read (open-r1's logging line) --------
 
-    def _world(self):
-        from rlvr.distributed import world_from_env
-
-        return world_from_env(use_cpu=self._config.use_cpu)
+    def _processes(self) -> Processes:
+        return Processes(self._config.use_cpu)
 
     @property
     def device(self):
-        import torch
-
-        return torch.device(self._world().device)
+        return self._processes().device
 
     @property
     def n_gpu(self) -> int:
         """GPUs this process uses: 1 on a GPU (rlvr runs one process per GPU), else 0."""
-        return int(self._world().device.startswith("cuda"))
+        return int(self._processes().device.type == "cuda")
 
     @property
     def world_size(self) -> int:
-        return self._world().world_size
+        return self._processes().num_processes
 
     @property
     def process_index(self) -> int:
-        return self._world().rank
+        return self._processes().process_index
 
     @property
     def local_process_index(self) -> int:
-        return self._world().local_rank
+        return self._processes().local_process_index
 
     def get_process_log_level(self) -> int:
         """The logging level of this process: log_level on the first process, log_level_replica on the others

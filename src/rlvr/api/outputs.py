@@ -195,7 +195,6 @@ class ScriptMethods:
 
     def end(self) -> None:
         """transformers' Trainer.end(): leave the process group, if this process joined one."""
-        import torch
+        from rlvr.distributed import shutdown
 
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        shutdown(self.accelerator._world)

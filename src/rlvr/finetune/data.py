@@ -171,9 +171,7 @@ def _pair_reader(data: DataSettings, columns: list[str], name: str):
 def implicit_prompt(chosen, rejected) -> tuple:
     """(prompt, chosen, rejected): the longest start the two share (messages of a conversation, or
     characters of a text, less a space it ends with), as TRL's extract_prompt."""
-    n = 0
-    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
-        n += 1
+    n = _common_prefix(chosen, rejected)
     if n and isinstance(chosen, str) and chosen[n - 1] == " ":  # the space goes with the completion
         n -= 1
     return chosen[:n], chosen[n:], rejected[n:]
@@ -335,7 +333,8 @@ class Encoder:
         return ids[:start], ids[start:], None if all(mask) else mask
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def _common_prefix(a, b) -> int:
+    """How many items (token ids, messages, characters) a and b share from the start."""
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
