@@ -334,6 +334,18 @@ def test_a_long_prompt_is_not_cut_and_one_past_the_context_is_refused(tiny, samp
         sampler.generate([long_prompt + [5] * 6], SamplingParams(max_tokens=3, n=1))
 
 
+def test_a_max_prompt_length_past_the_models_context_is_refused_when_the_model_loads(tiny_run_config, tmp_path):
+    """open-r1's recipes set max_prompt_length 512; on a model of 256 positions that cuts nothing and
+    leaves no room to sample: the run says so in one line before any step."""
+    from rlvr.config import ConfigError
+    from rlvr.run import train
+
+    with pytest.raises(ConfigError, match=r"^max_prompt_length=512 leaves no room for a completion in the model's context "
+                                          r"of 256 tokens \(max_position_embeddings\): set it below 256$"):
+        train(tiny_run_config(tmp_path / "run", max_prompt_length=512))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_repetition_penalty_greedy_equals_transformers_generate(tiny, sampler_cls):
     """Greedy with a repetition penalty decodes what transformers' generate decodes with the same
     penalty (over the prompt and the completion so far), also for rows whose neighbours stopped early."""

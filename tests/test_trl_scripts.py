@@ -130,7 +130,38 @@ def test_script_dataclasses_have_trls_fields_and_defaults(name):
         return [(f.name, f.default if f.default_factory is dataclasses.MISSING else f.default_factory())
                 for f in dataclasses.fields(cls)]
 
-    assert shape(getattr(rlvr, name)) == shape(theirs)
+    older = [("torch_dtype", None)] if name == "ModelConfig" else []  # TRL 0.x's name, which open-r1's get_model reads
+    assert shape(getattr(rlvr, name)) == shape(theirs) + older
+
+
+def test_model_config_reads_trl_0x_names_that_older_scripts_use():
+    """open-r1 (written for TRL 0.18) reads model_args.torch_dtype and model_args.trust_remote_code."""
+    assert (rlvr.ModelConfig().torch_dtype, rlvr.ModelConfig(dtype="bfloat16").torch_dtype) == ("float32", "bfloat16")
+    assert rlvr.ModelConfig(torch_dtype="bfloat16").dtype == "bfloat16"
+    with pytest.raises(ValueError, match="disagree"):
+        rlvr.ModelConfig(dtype="float16", torch_dtype="bfloat16")
+    parser = rlvr.TrlParser((rlvr.GRPOConfig, rlvr.ModelConfig))
+    training, model = parser.parse_args_and_config(["--trust_remote_code", "true", "--torch_dtype", "bfloat16"])
+    assert (training.trust_remote_code, model.trust_remote_code, model.dtype) == (True, True, "bfloat16")
+    assert rlvr.ModelConfig().trust_remote_code is False
+
+
+def test_trl_parser_gives_the_config_the_settings_it_takes_besides_its_fields(tmp_path):
+    """A recipe's or command line's key that no dataclass has but GRPOConfig takes (rlvr's own, or an
+    older TRL's) is set on the config, the command line's over the recipe's; any other key is refused."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("max_prompt_length: 512\nwarmup_ratio: 0.1\noverwrite_output_dir: true\n")
+    parser = rlvr.TrlParser((rlvr.ScriptArguments, rlvr.GRPOConfig))
+    _, training = parser.parse_args_and_config(["--config", str(recipe), "--max_prompt_length", "256", "--beta=0.02",
+                                                "--stop_strings", "a", "b"])
+    assert (training.max_prompt_length, training.warmup_ratio, training.beta) == (256, 0.1, 0.02)
+    assert training._ignored == ["overwrite_output_dir"] and training.stop_strings == ("a", "b")
+    with pytest.raises(ValueError, match=r"arguments no dataclass of this script takes: \['--nope', '3'\]"):
+        parser.parse_args_and_config(["--nope", "3"])
+    with pytest.raises(ConfigError, match="max_prompt_length"):
+        parser.parse_args_and_config(["--max_prompt_length", "-5"])
+    *_, rest = parser.parse_args_and_config(["--nope", "3", "--warmup_ratio", "0.2"], return_remaining_strings=True)
+    assert rest == ["--nope", "3"]
 
 
 def test_peft_and_quantization_helpers():
@@ -243,3 +274,63 @@ def test_trls_script_runs_on_rlvr(script, rows, extra, tiny_model_dir, tmp_path)
     weights = "adapter_model.safetensors" if "--use_peft" in extra else "model.safetensors"
     assert (out / weights).is_file() and (out / "tokenizer_config.json").is_file()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+OPEN_R1 = Path(__file__).parent / "data" / "open_r1"
+# What config_demo.yaml asks that this machine cannot give, each overridden on the command line after
+# --config as a user without the hub or a GPU would; every other key of the recipe is read as written.
+OPEN_R1_OFFLINE = [
+    "--use_vllm", "false",  # vLLM lives in its own venv here (make vllm); tests/test_vllm.py covers it
+    "--bf16", "false", "--torch_dtype", "float32", "--attn_implementation", "sdpa",  # no GPU: no bf16 or flash-attention
+    "--push_to_hub", "false", "--report_to", "none",  # no hub and no wandb
+    "--max_steps", "2", "--num_generations", "4", "--per_device_train_batch_size", "4",  # a 2-core CPU's sizes
+    "--per_device_eval_batch_size", "4", "--gradient_accumulation_steps", "1", "--max_completion_length", "16",
+    "--max_prompt_length", "200",  # the tiny model's context is 256 tokens, not 512 + 2048
+]
+
+
+@pytest.mark.trains
+@pytest.mark.processes
+def test_open_r1s_grpo_script_runs_its_demo_recipe_on_rlvr(tiny_model_dir, tmp_path):
+    """open-r1's src/open_r1/grpo.py (tests/data/open_r1: its `trl` imports made `rlvr` ones) with its
+    config_demo.yaml, written for TRL 0.18: the recipe's older keys (torch_dtype, max_prompt_length,
+    warmup_ratio, overwrite_output_dir) and open-r1's own GRPOConfig fields (chat_template, system_prompt)
+    are read; its accuracy, format and tag_count rewards score; the model, metrics and state are saved."""
+    rows = [{"problem": f"What is {a} + 1?", "solution": f"The answer is $\\boxed{{{a + 1}}}$.",
+             "messages": [{"role": "user", "content": "x"}]} for a in range(8)]
+    _write_rows(tmp_path / "data", rows)
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(OPEN_R1 / "src")])}
+    recipe = OPEN_R1 / "recipes" / "DeepSeek-R1-Distill-Qwen-1.5B" / "grpo" / "config_demo.yaml"
+    # open-r1 pins transformers 4.52, whose _is_package_available answers a bool; transformers 5's answers
+    # (False, None), which open-r1's import_utils takes for "e2b is installed" and then fails to import it.
+    # A difference between transformers versions, not TRL's or rlvr's: the script is given 4.52's answer.
+    (tmp_path / "run_open_r1.py").write_text(
+        "import runpy, sys\n"
+        "import open_r1.utils.import_utils as found\n"
+        "for name in ('_e2b_available', '_morph_available'):\n"
+        "    value = getattr(found, name)\n"
+        "    setattr(found, name, value[0] if isinstance(value, tuple) else value)\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "run_open_r1.py"), str(OPEN_R1 / "src" / "open_r1" / "grpo.py"), "--config", str(recipe),
+         "--model_name_or_path", str(tiny_model_dir), "--dataset_name", str(tmp_path / "data"), "--output_dir", str(out),
+         *OPEN_R1_OFFLINE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    log = done.stdout + done.stderr
+    assert ("ignored: 6 TRL settings with no effect in rlvr (see `rlvr train --help`): gradient_checkpointing_kwargs, "
+            "log_level, logging_first_step, overwrite_output_dir, per_device_eval_batch_size, use_liger_kernel") in log
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    for name in ("accuracy_reward", "format_reward", "tag_count_reward"):
+        assert f"rewards/{name}/mean" in rows[0]
+    assert (out / "model.safetensors").is_file() and (out / "train_results.json").is_file()
+    assert (out / "trainer_state.json").is_file() and (out / "README.md").is_file()
+    assert "<｜Assistant｜>" in (out / "chat_template.jinja").read_text()  # the recipe's chat_template, set by open-r1
+    config = json.loads((out / "config.json").read_text())
+    assert config["use_cache"] is True  # the script's last write, after the trainer saved the model
+    settings = (out / "config.yaml").read_text()
+    for line in ("max_prompt_length: 200", "warmup_ratio: 0.1", "lr_scheduler_type: cosine_with_min_lr", "temperature: 0.7"):
+        assert line in settings

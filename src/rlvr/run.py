@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from rlvr import distributed, fsdp, lora, methods
-from rlvr.config import Config, save_config
+from rlvr.config import Config, ConfigError, save_config
 from rlvr.loop import Run
 from rlvr.models import disable_dropout, load_model, load_tokenizer, make_reference
 from rlvr.monitor import build_loggers, make_console
@@ -96,6 +96,10 @@ def _load_model(cfg: Config, world: distributed.World, objects=None):
         model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, world.device, cfg.model_init_kwargs, cfg.trust_remote_code,
                                                   cfg.trust_unverified_checkpoint)
     tokenizer = given_tokenizer or tokenizer or load_tokenizer(model.name_or_path, trust_remote_code=cfg.trust_remote_code)
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and cfg.max_prompt_length and cfg.max_prompt_length >= context:
+        raise ConfigError(f"max_prompt_length={cfg.max_prompt_length} leaves no room for a completion in the model's context "
+                          f"of {context} tokens (max_position_embeddings): set it below {context}")
     return model, tokenizer, model_path
 
 

@@ -61,6 +61,8 @@ IGNORED = {
     **dict.fromkeys("""full_determinism data_seed ignore_data_skip restore_callback_states_from_checkpoint enable_jit_checkpoint
         hub_strategy hub_always_push hub_revision""".split(),
                     "rlvr is deterministic from seed, resumes exactly, saves on SIGTERM and pushes the final model"),
+    "use_liger_kernel": ("rlvr's log-prob pass never holds the full logits (the memory Liger's fused kernels save): "
+                         "it works a few rows at a time with a chunked log-softmax"),
     "optim_args": "transformers passes it to none of torch's AdamW variants (the adam_* settings are theirs)",
     **dict.fromkeys("""sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
         entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target""".split(),
@@ -89,7 +91,6 @@ UNSUPPORTED = {
     "deepspeed": ((None, ""), "DeepSpeed is not supported; for sharding use fsdp=true under torchrun (FSDP2)"),
     "parallelism_config": ((None,), "context / tensor parallelism is not supported; use fsdp=true"),
     "torch_compile": ((False,), "torch.compile of the trained model is not supported yet (rlvr's own forward is used instead)"),
-    "use_liger_kernel": ((False,), "Liger kernels are not supported yet"),
     "neftune_noise_alpha": ((None, 0), "NEFTune noise is not supported"),
     "label_smoothing_factor": ((0.0,), "label smoothing has no meaning for a policy-gradient loss"),
     "optim_target_modules": ((None,), "optimizers for some modules only (GaLore, APOLLO) are not supported"),

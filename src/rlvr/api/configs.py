@@ -21,9 +21,9 @@ from typing import Any
 from rlvr import methods
 from rlvr.api import trl_fields
 from rlvr.api.outputs import Processes
-from rlvr.config import ConfigError, build_config, hide_secret
+from rlvr.config import ALIASES, FIELDS, ConfigError, build_config, hide_secret
 from rlvr.settings import check_settings
-from rlvr.trl_settings import IGNORED, METHOD_DEFAULTS_DIFFER, TRL_DEFAULTS_DIFFER, UNSUPPORTED, inert
+from rlvr.trl_settings import IGNORED, METHOD_DEFAULTS_DIFFER, TRL_DEFAULTS_DIFFER, UNSUPPORTED, inert, known_names
 
 __all__ = ["GRPOConfig", "SFTConfig", "DPOConfig"]
 
@@ -60,6 +60,13 @@ class _TrlConfig:
         for name in self._trl_fields():
             object.__setattr__(self, name, self._read(name, self.__dict__[name]))
         self._resolve()
+
+    @classmethod
+    def takes(cls, name: str) -> bool:
+        """Whether `name` is a setting of this method besides the fields: rlvr's own (max_prompt_length),
+        or an older TRL's or transformers' that recipes still carry (warmup_ratio, overwrite_output_dir)."""
+        own = methods.get(cls._method).trl_name(name)
+        return own in FIELDS or ALIASES.get(own) in FIELDS or name in known_names()
 
     def _trl_fields(self) -> dict[str, dict]:
         """TRL's fields (a subclass's own fields are its script's, never rlvr settings)."""

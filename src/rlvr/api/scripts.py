@@ -20,10 +20,11 @@ import sys
 import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from transformers import HfArgumentParser
 
+from rlvr.api.configs import _TrlConfig
 from rlvr.errors import ConfigError
 from rlvr.trl_settings import UNSUPPORTED
 
@@ -67,8 +68,19 @@ class ModelConfig:
     bnb_4bit_quant_type: str = field(default="nf4", metadata={"help": "4-bit quantization type.", "choices": ["fp4", "nf4"]})
     use_bnb_nested_quant: bool = field(default=False, metadata={"help": "Nested 4-bit quantization."})
     bnb_4bit_quant_storage: str | None = field(default=None, metadata={"help": "4-bit storage dtype."})
+    # TRL 0.x's names, which scripts written for it read (open-r1's get_model): kept beside TRL 1.16's fields
+    torch_dtype: str | None = field(default=None, metadata={
+        "help": "TRL 0.x's name of dtype (read back as dtype when not given).", "choices": ["auto", "bfloat16", "float16", "float32"]})
+    # TRL 0.x's field, now the trainer config's (a field here would clash with it in a parser of both):
+    # TrlParser copies the config's value here, for scripts that pass it to their own from_pretrained calls
+    trust_remote_code: ClassVar[bool] = False
 
     def __post_init__(self):
+        if self.torch_dtype is not None and self.torch_dtype != self.dtype:
+            if self.dtype != "float32":  # TRL 1.16's default: dtype was not given
+                raise ValueError(f"dtype={self.dtype!r} and torch_dtype={self.torch_dtype!r} disagree; give one of them")
+            self.dtype = self.torch_dtype
+        self.torch_dtype = self.dtype
         if self.load_in_8bit and self.load_in_4bit:
             raise ValueError("load_in_8bit and load_in_4bit cannot both be set")
         if isinstance(self.lora_target_modules, list) and len(self.lora_target_modules) == 1:
@@ -198,24 +210,62 @@ class TrlParser(HfArgumentParser):
     def parse_args_and_config(self, args: Iterable[str] | None = None, return_remaining_strings: bool = False,
                               fail_with_unknown_args: bool = True, separate_remaining_strings: bool = False):
         """The dataclasses from the recipe (--config) and the command line; with return_remaining_strings,
-        the strings neither used (the recipe's and the command line's, or both lists with separate_remaining_strings)."""
+        the strings neither used (the recipe's and the command line's, or both lists with separate_remaining_strings).
+
+        A key that no dataclass has but the script's GRPOConfig, SFTConfig or DPOConfig takes as a setting
+        (rlvr's own, such as max_prompt_length, or an older TRL's that recipes carry, such as warmup_ratio)
+        is set on that config after parsing: open-r1's recipes, written for TRL 0.18, run as they are."""
         args = list(sys.argv[1:] if args is None else args)
-        from_recipe: list[str] = []
+        recipe: dict[str, Any] = {}
         if "--config" in args:
             at = args.index("--config")
             if at + 1 >= len(args):
                 raise ValueError("--config needs the path of a YAML recipe")
             path = args[at + 1]
             del args[at: at + 2]
-            from_recipe = self.set_defaults_with_config(**self._read_recipe(path))
-        parsed = self.parse_args_into_dataclasses(args=args, return_remaining_strings=return_remaining_strings)
+            recipe = self._unused(self._read_recipe(path))
+        *parsed, rest = self.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
+        config = next((p for p in parsed if isinstance(p, _TrlConfig)), None)
+        if config is not None:  # the recipe's first, so that the command line overrides it
+            recipe = self._give(config, recipe)
+            rest = self._give_strings(config, rest)
+            for model in (p for p in parsed if isinstance(p, ModelConfig)):
+                model.trust_remote_code = config.trust_remote_code
+        from_recipe = [s for key, value in recipe.items() for s in (f"--{key}", str(value))]
         if return_remaining_strings:
-            rest = parsed[-1]
-            return parsed[:-1] + ((from_recipe, rest) if separate_remaining_strings else (from_recipe + rest,))
-        if fail_with_unknown_args and from_recipe:
-            raise ValueError(f"the recipe has keys no dataclass of this script takes: {from_recipe}; remove them, or "
-                             "parse with fail_with_unknown_args=False")
-        return parsed
+            return (*parsed, *((from_recipe, rest) if separate_remaining_strings else (from_recipe + rest,)))
+        if fail_with_unknown_args and (from_recipe or rest):
+            where = f"the recipe has keys no dataclass of this script takes: {list(recipe)}" if recipe else \
+                f"arguments no dataclass of this script takes: {rest}"
+            raise ValueError(f"{where}; remove them, or parse with fail_with_unknown_args=False")
+        return tuple(parsed)
+
+    @staticmethod
+    def _give(config, values: dict[str, Any]) -> dict[str, Any]:
+        """Set on `config` the values it takes as settings (a wrong value raises its ConfigError); the others back."""
+        for key, value in values.items():
+            if config.takes(key):
+                setattr(config, key, value)
+        return {k: v for k, v in values.items() if not config.takes(k)}
+
+    @classmethod
+    def _give_strings(cls, config, strings: list[str]) -> list[str]:
+        """The command line's `--key value...` (or `--key=value`, or a bare `--flag` for true) that `config`
+        takes, set on it; the other strings back, in their order."""
+        rest, at = [], 0
+        while at < len(strings):
+            key, eq, inline = strings[at].removeprefix("--").partition("=")
+            end = at + 1
+            while not eq and end < len(strings) and not strings[end].startswith("--"):
+                end += 1
+            if not strings[at].startswith("--") or not config.takes(key):
+                rest += strings[at:end]
+            else:
+                words = [inline] if eq else strings[at + 1:end]
+                values = [_word(w) for w in words]
+                setattr(config, key, True if not values else values[0] if len(values) == 1 else values)
+            at = end
+        return rest
 
     @staticmethod
     def _read_recipe(path: str) -> dict:
@@ -234,6 +284,10 @@ class TrlParser(HfArgumentParser):
     def set_defaults_with_config(self, **values) -> list[str]:
         """Make `values` the defaults of the arguments they name (in subcommands too; a required argument
         given a value is no longer required); returns the others as ["--key", "value", ...]."""
+        return [s for key, value in self._unused(values).items() for s in (f"--{key}", str(value))]
+
+    def _unused(self, values: dict[str, Any]) -> dict[str, Any]:
+        """set_defaults_with_config's work: the values that no argument takes are returned."""
         used: set[str] = set()
 
         def apply(parser: argparse.ArgumentParser) -> None:
@@ -246,4 +300,19 @@ class TrlParser(HfArgumentParser):
                     used.add(action.dest)
 
         apply(self)
-        return [s for key, value in values.items() if key not in used for s in (f"--{key}", str(value))]
+        return {key: value for key, value in values.items() if key not in used}
+
+
+def _word(text: str) -> Any:
+    """A command-line value as argparse's types would read it: a number (512, 1e-5), true / false, TRL's
+    "none" for None, or else the text."""
+    if text.lower() in ("none", "null"):
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text

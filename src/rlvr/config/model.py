@@ -65,6 +65,8 @@ class DataSettings(Section):
 
     def _rules(self) -> list[str]:
         problems = choices(self, text_prompts=("chat", "raw"))
+        if self.max_prompt_length is not None and not (isinstance(self.max_prompt_length, int) and self.max_prompt_length >= 1):
+            problems.append(f"max_prompt_length must be a number of tokens >= 1, or null for no limit (got {self.max_prompt_length!r})")
         reserved = sorted({"add_generation_prompt", "tokenize", "conversation"} & set(self.chat_template_kwargs))
         if reserved:
             problems.append(f"chat_template_kwargs cannot set {', '.join(reserved)}: rlvr sets it when it renders a prompt")
