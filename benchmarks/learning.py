@@ -290,33 +290,43 @@ def held_out(cfg):
     return test[: cfg.eval_max_examples or None]
 
 
+def clock_callback(rec, trained: dict):
+    """The same transformers TrainerCallback for both trainers: it starts the recorder's clock, records
+    each logged reward, stops the clock at each step's end (evaluating when due), and keeps the trained
+    model and tokenizer in `trained` for the evaluations."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, processing_class=None, **kw):
+            trained.update(model=model, tokenizer=processing_class)
+            rec.begin()
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "reward" in logs:  # transformers logs a step after its on_step_end
+                rec.write(event="reward", step=state.global_step, reward=logs["reward"])
+
+        def on_step_end(self, args, state, control, **kw):
+            if rec.step_end(state.global_step, None):
+                control.should_training_stop = True
+
+    return Clock()
+
+
 def run_rlvr(args, cfg, recorder_for) -> None:
     import tempfile
 
-    from rlvr.api import RunObjects
+    from rlvr.api import Callbacks, RunObjects
     from rlvr.loop import evaluate_model
     from rlvr.models import load_model
     from rlvr.run import train
 
     model, tokenizer, _ = load_model(cfg.model, cfg.dtype, "cpu", cfg.model_init_kwargs, cfg.trust_remote_code)
     test = held_out(cfg)
-    rec = recorder_for(lambda: evaluate_model(model, tokenizer, test, cfg).accuracy)
-
-    class Clock:  # what run.py calls on RunObjects.callbacks
-        def begin(self, step, total):
-            rec.begin()
-
-        def step_end(self, step, epoch, logged):
-            return rec.step_end(step, (logged or {}).get("reward"))
-
-        def saved(self, path):
-            pass
-
-        def end(self):
-            pass
-
+    trained = {"model": model, "tokenizer": tokenizer}  # trained in place; the callback is given the same objects
+    rec = recorder_for(lambda: evaluate_model(trained["model"], trained["tokenizer"], test, cfg).accuracy)
+    events = Callbacks([clock_callback(rec, trained)])
     with tempfile.TemporaryDirectory(dir=args.out, prefix=f"scratch-seed{args.seed}-") as out:  # in OUT: a killed run leaves nothing in /tmp
-        train(dataclasses.replace(cfg, output_dir=str(Path(out) / "run")), objects=RunObjects(model, tokenizer, callbacks=Clock()))
+        train(dataclasses.replace(cfg, output_dir=str(Path(out) / "run")), objects=RunObjects(model, tokenizer, callbacks=events))
     rec.end("max_steps")
 
 
@@ -325,7 +335,6 @@ def run_trl(args, cfg, recorder_for) -> None:
     import tempfile
 
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     import rlvr.rollout.engine
@@ -339,21 +348,8 @@ def run_trl(args, cfg, recorder_for) -> None:
     train_examples, _ = load_splits(cfg.data_settings, cfg.seed)
     test = held_out(cfg)
     data = Dataset.from_list([{"prompt": to_messages(ex.prompt, cfg.system_prompt), "answer": ex.answer} for ex in train_examples])
-    trainer_box = {}
-    rec = recorder_for(lambda: evaluate_model(trainer_box["model"], trainer_box["tokenizer"], test, cfg).accuracy)
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, processing_class=None, **kw):
-            trainer_box.update(model=model, tokenizer=processing_class)
-            rec.begin()
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "reward" in logs:  # transformers logs a step after its on_step_end
-                rec.write(event="reward", step=state.global_step, reward=logs["reward"])
-
-        def on_step_end(self, args, state, control, **kw):
-            if rec.step_end(state.global_step, None):
-                control.should_training_stop = True
+    trained = {}
+    rec = recorder_for(lambda: evaluate_model(trained["model"], trained["tokenizer"], test, cfg).accuracy)
 
     with tempfile.TemporaryDirectory(dir=args.out, prefix=f"scratch-seed{args.seed}-") as out:  # in OUT: a killed run leaves nothing in /tmp
         settings = {name: getattr(cfg, name) for name in TRL_SETTINGS}
@@ -361,7 +357,7 @@ def run_trl(args, cfg, recorder_for) -> None:
                             use_cpu=True, disable_tqdm=True, log_completions=False,
                             generation_kwargs={"stop_strings": list(cfg.stop_strings)} if cfg.stop_strings else None, **settings)
         trainer = GRPOTrainer(model=str(resolve_model_path(cfg.model)), reward_funcs=numeric_accuracy, args=config,
-                              train_dataset=data, callbacks=[Clock()])
+                              train_dataset=data, callbacks=[clock_callback(rec, trained)])
         if cfg.stop_strings:  # transformers' generate needs the tokenizer to find stop strings; TRL does not pass it
             trainer.model.generate = functools.partial(trainer.model.generate, tokenizer=trainer.processing_class)
         rec.write(event="meta", trl_args={name: getattr(trainer.args, name) for name in TRL_SETTINGS},

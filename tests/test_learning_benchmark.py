@@ -118,3 +118,25 @@ def test_read_log_of_a_run_cut_short(tmp_path):
     run = learning.read_log(log)
     assert run["curve"] == curve((0, 0, 0.35)) and run["meta"] == {"framework": "trl"}
     assert run["stopped_by"].startswith("cut short")
+
+
+@pytest.mark.trains
+@pytest.mark.processes
+def test_the_benchmark_runs_both_trainers_end_to_end(tiny_model_dir, tmp_path):
+    """benchmarks/learning.py on the tiny model, 2 steps each, evaluated after every step: both
+    frameworks' workers run through their callback and the report has every point (the benchmark is
+    not in any other test, and a change to the callbacks once broke it unseen)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("trl")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "learning.py"
+    done = subprocess.run([sys.executable, str(script), "--seeds", "7", "--max-steps", "2", "--eval-every", "1",
+                           "--model", str(tiny_model_dir), "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "learning.json").read_text())
+    assert sorted(report["runs"]) == ["rlvr", "trl"]
+    for framework in ("rlvr", "trl"):
+        log = learning.read_log(tmp_path / f"{framework}-seed7.jsonl")
+        assert [p["step"] for p in log["curve"]] == [0, 1, 2], framework
+        assert [r["step"] for r in log["rewards"]] == [1, 2] and log["stopped_by"] == "max_steps", framework
