@@ -137,6 +137,37 @@ def test_linear_logprobs_gradcheck_and_chunking():
     assert torch.allclose(ent.double(), -(p * torch.log(p)).sum(-1), atol=1e-5)
 
 
+def test_token_stats_are_the_argmax_hit_and_the_mean_logit_on_both_paths(tiny):
+    """SFT's mean_token_accuracy and DPO's logits/* (TRL's): whether each target is the most likely
+    token and the mean of its position's logits, by the chunked pass (chunks of 3 over 7 rows) and by
+    the padded one, against the full logits; targets are made the argmax on some rows, so that both
+    answers occur."""
+    from rlvr.logprobs import selective_logprobs
+
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(7, 5, dtype=torch.float64), torch.randn(11, 5, dtype=torch.float64)
+    logits = hidden @ weight.T
+    targets = torch.randint(0, 11, (7,))
+    targets[::2] = logits.argmax(-1)[::2]
+    hit = targets == logits.argmax(-1)
+    assert hit.any() and not hit.all()
+    logp, ent, found = linear_logprobs(hidden, weight, targets, 1.0, chunk=3, stats=True)
+    assert torch.equal(found[:, 0].bool(), hit) and torch.allclose(found[:, 1], logits.mean(-1))
+    assert torch.equal(logp, linear_logprobs(hidden, weight, targets, 1.0, chunk=3)[0])  # the same log-probs either way
+    _, _, top1, means = selective_logprobs(logits[None], targets[None], stats=True)
+    assert torch.equal(top1[0], hit) and torch.allclose(means[0].double(), logits.mean(-1), atol=1e-6)  # in fp32
+    model, _ = tiny  # the fast path scatters them into the padded layout as it does log-probs
+    rollouts = [Rollout(PROMPTS[g], c, [0.0] * len(c), "stop", "") for g, c in zip(GROUP, COMPLETIONS)]
+    batch = Batch.from_rollouts(rollouts, torch.zeros(6), torch.ones(6, dtype=torch.bool), 0, False)
+    from rlvr.logprobs import padded_logprobs
+
+    with torch.no_grad():
+        fast = batch_logprobs(LlamaRunner(model), batch, 1.0, stats=True)
+        slow = padded_logprobs(model, batch, 1.0, stats=True)
+    mask = batch.completion_mask
+    assert torch.equal(fast[2], slow[2] & mask) and torch.allclose(fast[3], torch.where(mask, slow[3], 0.0), atol=1e-5)
+
+
 def test_bf16_logprobs_stay_close(tiny):
     model, _ = tiny
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):

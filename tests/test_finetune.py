@@ -120,7 +120,11 @@ def test_sft_teaches_the_demonstrated_answer(tiny_model_dir, tmp_path, sft_data)
     assert summary["eval_after"]["accuracy"] == 1.0  # greedy "\boxed{42}" on prompts it never saw
     rows = _rows(out)
     assert rows[-1]["loss"] < 0.05 * rows[0]["loss"]
-    assert rows[0]["num_tokens"] == 4 * 12  # 4 completions of "\boxed{42}" + the template's end of turn "<|im_end|>\n", as TRL
+    # TRL's num_tokens: every token of the rows trained on so far, prompt included. The first step's 4 rows
+    # are a 29-token chat prompt ("what is 3?", one digit) and "\boxed{42}" with the end of turn "<|im_end|>\n" (12)
+    assert rows[0]["num_tokens"] == 4 * (29 + 12)
+    assert all(b["num_tokens"] - a["num_tokens"] >= 4 * 41 for a, b in zip(rows, rows[1:]))  # adding up over the run
+    assert 0 <= rows[0]["mean_token_accuracy"] < rows[-1]["mean_token_accuracy"] == 1.0  # it learned to predict every token
 
 
 @pytest.mark.trains

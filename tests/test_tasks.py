@@ -174,3 +174,16 @@ def test_epochs_completed_counts_a_pass_when_its_last_prompt_is_taken():
         stream.take(2)
         seen.append(stream.epochs_completed)
     assert seen == [0, 0, 1, 1, 2]  # 2, 4, 6 (one pass + 1), 8, 10 prompts taken of 5
+
+
+def test_prompt_stream_within_an_epoch_gives_a_short_last_batch_then_the_next_epoch():
+    from rlvr.types import Example
+
+    """SFT's and DPO's steps, as transformers' dataloader: 5 rows in batches of 2 are 2, 2, 1, then a new epoch."""
+    examples = [Example(prompt=str(i), answer=str(i)) for i in range(5)]
+    stream = PromptStream(examples, seed=0, shuffle=False)
+    sizes = [len(stream.take(2, within_epoch=True)) for _ in range(4)]
+    assert sizes == [2, 2, 1, 2] and stream.epoch == 1 and stream.index == 2
+    wrapped = PromptStream(examples, seed=0, shuffle=False)  # GRPO's: a step's prompts run on into the next epoch
+    assert [e.prompt for e in wrapped.take(3) + wrapped.take(3)] == ["0", "1", "2", "3", "4", "0"]
+

@@ -87,12 +87,19 @@ def _rlvr(kind: str, model_dir, out, rows: list, settings: dict):
     return grab.grads, logged
 
 
+SFT_METRICS = ("loss", "grad_norm", "entropy", "mean_token_accuracy", "num_tokens")  # every metric TRL's SFT step logs
+DPO_METRICS = ("loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+               "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "entropy", "mean_token_accuracy",
+               "num_tokens")
+
+
 def _compare(theirs, ours, metrics=("loss", "grad_norm")):
     (trl_grads, trl_rows), (our_grads, our_rows) = theirs, ours
     assert len(our_grads) == len(trl_grads) == 1
     assert set(our_grads[0]) == set(trl_grads[0]), "the trained parameters differ"
     for name, grad in trl_grads[0].items():
         torch.testing.assert_close(our_grads[0][name], grad, atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    assert set(metrics) <= set(trl_rows[0]), "TRL does not log one of these"
     for key in metrics:
         assert our_rows[0][key] == pytest.approx(trl_rows[0][key], rel=1e-4, abs=1e-6), key
 
@@ -118,7 +125,18 @@ def test_one_sft_step_agrees_with_trl(case, tiny_model_dir, tmp_path):
         rows = [{settings["dataset_text_field"]: r["text"]} for r in rows]
     theirs = _trl("sft", tiny_model_dir, tmp_path / "trl", rows, settings)
     ours = _rlvr("sft", tiny_model_dir, tmp_path / "rlvr", rows, settings)
-    _compare(theirs, ours, ("loss", "grad_norm", "entropy"))
+    _compare(theirs, ours, SFT_METRICS)
+
+
+def test_an_epochs_last_sft_step_is_short_as_in_trl(tiny_model_dir, tmp_path):
+    """3 rows in batches of 2 for one epoch: two steps, the second of one row, in both (TRL's dataloader
+    keeps its short last batch); every row's tokens counted once (num_tokens).  TRL draws the rows in a
+    random order, so the steps' gradients are not compared here."""
+    rows, settings = SFT_ROWS["text"], {"per_device_train_batch_size": 2, "max_steps": -1, "num_train_epochs": 1}
+    (_, trl_rows), (_, our_rows) = (run("sft", tiny_model_dir, tmp_path / name, rows, settings)
+                                    for run, name in ((_trl, "trl"), (_rlvr, "rlvr")))
+    assert len(our_rows) == len(trl_rows) == 2
+    assert our_rows[-1]["num_tokens"] == trl_rows[-1]["num_tokens"]
 
 
 GENERATION_TEMPLATE = (  # conftest's ChatML with the assistant's tokens marked, as assistant_only_loss needs
@@ -142,7 +160,7 @@ def test_assistant_only_loss_trains_every_assistant_turn_as_trl(tiny_model_dir, 
     settings = {"assistant_only_loss": True}
     theirs = _trl("sft", model_dir, tmp_path / "trl", SFT_ROWS["messages"], settings)
     ours = _rlvr("sft", model_dir, tmp_path / "rlvr", SFT_ROWS["messages"], settings)
-    _compare(theirs, ours, ("loss", "grad_norm", "entropy"))
+    _compare(theirs, ours, SFT_METRICS)
 
 
 DPO_CASES = {
@@ -162,5 +180,4 @@ def test_one_dpo_step_agrees_with_trl(case, tiny_model_dir, tmp_path):
     rows = DPO_ROWS[data]
     theirs = _trl("dpo", tiny_model_dir, tmp_path / "trl", rows, settings)
     ours = _rlvr("dpo", tiny_model_dir, tmp_path / "rlvr", rows, settings)
-    _compare(theirs, ours, ("loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/margins",
-                            "rewards/accuracies", "logps/chosen", "logps/rejected"))
+    _compare(theirs, ours, DPO_METRICS)

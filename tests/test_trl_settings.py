@@ -155,3 +155,13 @@ def test_dpo_loss_type_takes_trls_list_and_refuses_what_rlvr_lacks_by_name():
         rlvr.DPOConfig(loss_type=["sigmoid"], loss_weights=[1.0, 2.0])
     with pytest.raises(ConfigError, match="use_weighting=True is not supported yet"):
         rlvr.DPOConfig(use_weighting=True)
+
+
+def test_a_value_that_trains_otherwise_than_in_trl_is_named_at_start():
+    """DPO's label_smoothing with the sigmoid loss is cDPO here; TRL 1.16's sigmoid loss ignores it."""
+    note = trl_settings.meaning_note("dpo", ("sigmoid",), 0.1)
+    assert note == ("label_smoothing=0.1 smooths the sigmoid DPO loss (cDPO), as TRL before 1.0 did; "
+                    "TRL 1.16 reads it only for its robust and exo_pair losses")
+    assert trl_settings.meaning_note("dpo", ("sigmoid",), 0.0) is None  # the default: TRL's loss
+    assert trl_settings.meaning_note("dpo", ("ipo",), 0.0) is None
+    assert trl_settings.meaning_note("grpo", ("sigmoid",), 0.1) is None

@@ -18,7 +18,9 @@ keeps only logp, the entropy and logsumexp; the backward recomputes each
 chunk's logits and uses d logp / d z = onehot(y) - softmax(z), so the gradients
 of h and W are accumulated chunk by chunk.  Every pass over a chunk is in
 place: on CPU, allocating a fresh 100 MB tensor costs more than the arithmetic.
-The entropy is a metric and carries no gradient.
+The entropy is a metric and carries no gradient; so are the token statistics that SFT and DPO log
+as TRL does (`stats=True`): whether the target is the most likely token (mean_token_accuracy) and
+the mean of the position's logits over the vocabulary (DPO's logits/chosen, logits/rejected).
 """
 
 from __future__ import annotations
@@ -43,20 +45,21 @@ class LogProbs:
         self.micro_batch_size, self.device = micro_batch_size, device
         self._runners: dict = {}
 
-    def __call__(self, model, batch):
-        """(logp [B, T], entropy [B, T]) of `batch`'s completion tokens under `model`, with gradients."""
+    def __call__(self, model, batch, stats: bool = False):
+        """(logp [B, T], entropy [B, T]) of `batch`'s completion tokens under `model`, with gradients;
+        with stats, also (top1 [B, T] bool, mean_logit [B, T]) (see TokenStats)."""
         if self.fast:
             from rlvr.llama import LlamaRunner
 
             runner = self._runners.setdefault(id(model), LlamaRunner(model))
             with self.autocast(model):
-                return batch_logprobs(runner, batch, self.temperature, self.autocast_dtype)
-        return self.padded(model, batch)
+                return batch_logprobs(runner, batch, self.temperature, self.autocast_dtype, stats=stats)
+        return self.padded(model, batch, stats=stats)
 
-    def padded(self, model, batch):
+    def padded(self, model, batch, stats: bool = False):
         """The straightforward computation: the model's own forward over padded prompt + completion."""
         with self.autocast(model):
-            return padded_logprobs(model, batch, self.temperature)
+            return padded_logprobs(model, batch, self.temperature, stats=stats)
 
     def with_router_loss(self, model, batch):
         """(logp, entropy, aux) of a Mixture-of-Experts model: its own forward, which also returns
@@ -81,9 +84,10 @@ class LogProbs:
         return torch.autocast(device_type=next(model.parameters()).device.type, dtype=self.autocast_dtype)
 
 
-def padded_logprobs(model, batch, temperature: float, router_loss: bool = False):
+def padded_logprobs(model, batch, temperature: float, router_loss: bool = False, stats: bool = False):
     """(logp, entropy) [B, T] by the model's own forward over left-padded prompt + right-padded completion;
-    with router_loss, a Mixture-of-Experts model's load-balancing loss as a third value."""
+    with router_loss, a Mixture-of-Experts model's load-balancing loss as a third value; with stats,
+    (logp, entropy, top1, mean_logit)."""
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
     mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -91,38 +95,45 @@ def padded_logprobs(model, batch, temperature: float, router_loss: bool = False)
     extra = {"output_router_logits": True} if router_loss else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=width + 1, **extra)
     logits = out.logits[:, :-1] / temperature  # position t predicts token t + 1
-    logp, entropy = selective_logprobs(logits, batch.completion_ids)
-    return (logp, entropy, out.aux_loss) if router_loss else (logp, entropy)
+    found = selective_logprobs(logits, batch.completion_ids, stats=stats)
+    return (*found, out.aux_loss) if router_loss else found
 
 
-def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8):
+def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8, stats: bool = False):
     """log softmax(logits)[ids] and the entropy of each position, computed a few rows
     at a time so that the full [B, T, V] log-softmax is never held at once.
 
-    logits [B, T, V], ids [B, T] -> (logprobs [B, T], entropy [B, T]); entropy has no grad.
+    logits [B, T, V], ids [B, T] -> (logprobs [B, T], entropy [B, T]); entropy has no grad.  With
+    stats, also top1 [B, T] (the target is the most likely token) and mean_logit [B, T].
     """
-    logps, ents = [], []
+    logps, ents, top1, means = [], [], [], []
     for lo in range(0, logits.shape[0], chunk):
         block = logits[lo : lo + chunk].float()
         lse = torch.logsumexp(block, dim=-1)
-        logps.append(block.gather(-1, ids[lo : lo + chunk, :, None]).squeeze(-1) - lse)
+        chosen = block.gather(-1, ids[lo : lo + chunk, :, None]).squeeze(-1)
+        logps.append(chosen - lse)
         with torch.no_grad():
             probs = torch.softmax(block, dim=-1)
             ents.append(lse - (probs * block).sum(-1))
+            if stats:
+                top1.append(chosen >= block.amax(-1))
+                means.append(block.mean(-1))
+    if stats:
+        return torch.cat(logps), torch.cat(ents), torch.cat(top1), torch.cat(means)
     return torch.cat(logps), torch.cat(ents)
 
 
-def batch_logprobs(runner, batch, temperature: float, dtype: torch.dtype | None = None):
+def batch_logprobs(runner, batch, temperature: float, dtype: torch.dtype | None = None, stats: bool = False):
     """Per-token log-probs and entropies [B, T] of a Batch's completion tokens (zero where masked)
     by rlvr's forward (a llama.LlamaRunner): each group's prompt run once, no padding, the output
-    layer only where a token is predicted."""
+    layer only where a token is predicted.  With stats, also top1 and mean_logit [B, T]."""
     mask = batch.completion_mask
     lengths = mask.sum(1).tolist()
     rows = [i for i, n in enumerate(lengths) if n > 0]  # a fully masked row contributes nothing
     logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     entropy = torch.zeros_like(logp)
     if not rows:
-        return logp, entropy
+        return (logp, entropy, torch.zeros_like(mask), torch.zeros_like(logp)) if stats else (logp, entropy)
     gids = batch.group_ids[rows] if batch.group_ids is not None else torch.tensor(rows)
     unique, group = torch.unique(gids, return_inverse=True)
     first = [rows[(gids == g).nonzero()[0].item()] for g in unique.tolist()]
@@ -130,25 +141,33 @@ def batch_logprobs(runner, batch, temperature: float, dtype: torch.dtype | None 
     completions = [batch.completion_ids[r, : lengths[r]].tolist() for r in rows]
     hidden = runner.completion_hidden(prompts, completions, group.tolist())
     targets = torch.tensor([t for c in completions for t in c], device=hidden.device)
-    flat_logp, flat_entropy = linear_logprobs(hidden, runner.model.lm_head.weight, targets, temperature, dtype)
-    return logp.masked_scatter(mask, flat_logp), entropy.masked_scatter(mask, flat_entropy)
+    found = linear_logprobs(hidden, runner.model.lm_head.weight, targets, temperature, dtype, stats=stats)
+    out = (logp.masked_scatter(mask, found[0]), entropy.masked_scatter(mask, found[1]))
+    if not stats:
+        return out
+    top1, means = found[2].unbind(-1)
+    return (*out, torch.zeros_like(mask).masked_scatter(mask, top1.bool()), torch.zeros_like(logp).masked_scatter(mask, means.float()))
 
 
-def linear_logprobs(hidden, weight, targets, temperature: float = 1.0, dtype: torch.dtype | None = None, chunk: int = DEFAULT_CHUNK):
-    """(logp [M], entropy [M]) of `targets` under softmax(hidden @ weight.T / temperature).
+def linear_logprobs(hidden, weight, targets, temperature: float = 1.0, dtype: torch.dtype | None = None, chunk: int = DEFAULT_CHUNK,
+                    stats: bool = False):
+    """(logp [M], entropy [M]) of `targets` under softmax(hidden @ weight.T / temperature); with stats,
+    also [M, 2]: whether the target is the most likely token (1.0 or 0.0), and the mean logit.
 
     dtype: the precision of the matmuls (e.g. bfloat16); the softmax is fp32 or wider."""
-    return _LinearLogprobs.apply(hidden, weight, targets, 1.0 / temperature, dtype or hidden.dtype, chunk)
+    logp, entropy, found = _LinearLogprobs.apply(hidden, weight, targets, 1.0 / temperature, dtype or hidden.dtype, chunk, stats)
+    return (logp, entropy, found) if stats else (logp, entropy)
 
 
 class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, inv_temp, dtype, chunk):
+    def forward(ctx, hidden, weight, targets, inv_temp, dtype, chunk, stats=False):
         acc = torch.promote_types(dtype, torch.float32)
         scaled = (hidden * inv_temp).to(dtype)
         w = weight.to(dtype)
         logp = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
         entropy, lse = torch.empty_like(logp), torch.empty_like(logp)
+        found = torch.empty((hidden.shape[0] if stats else 0, 2), dtype=acc, device=hidden.device)
         logits = exps = None
         for lo in range(0, hidden.shape[0], chunk):
             hi = min(lo + chunk, hidden.shape[0])
@@ -157,15 +176,19 @@ class _LinearLogprobs(torch.autograd.Function):
             exps = torch.sub(logits, top, out=_buffer(exps, logits.shape, acc, logits.device)).exp_()
             total = exps.sum(-1)
             lse[lo:hi] = top.squeeze(-1) + total.log()
-            logp[lo:hi] = logits.gather(-1, targets[lo:hi, None]).squeeze(-1) - lse[lo:hi]
+            chosen = logits.gather(-1, targets[lo:hi, None]).squeeze(-1)
+            logp[lo:hi] = chosen - lse[lo:hi]
+            if stats:  # before exps is overwritten; logits stay as they are
+                found[lo:hi, 0] = (chosen >= top.squeeze(-1)).to(acc)
+                found[lo:hi, 1] = logits.mean(-1)
             entropy[lo:hi] = lse[lo:hi] - exps.mul_(logits).sum(-1) / total
         ctx.save_for_backward(scaled, w, targets, lse)
         ctx.inv_temp, ctx.dtype, ctx.chunk, ctx.weight_dtype, ctx.hidden_dtype = inv_temp, dtype, chunk, weight.dtype, hidden.dtype
-        ctx.mark_non_differentiable(entropy)
-        return logp, entropy
+        ctx.mark_non_differentiable(entropy, found)
+        return logp, entropy, found
 
     @staticmethod
-    def backward(ctx, grad_logp, grad_entropy):
+    def backward(ctx, grad_logp, grad_entropy, grad_found):
         scaled, w, targets, lse = ctx.saved_tensors
         acc = lse.dtype
         grad_hidden = torch.empty(scaled.shape, dtype=ctx.hidden_dtype, device=scaled.device) if ctx.needs_input_grad[0] else None
@@ -185,7 +208,7 @@ class _LinearLogprobs(torch.autograd.Function):
                 grad_weight += (d.t() @ scaled[lo:hi]).to(acc)
         if grad_weight is not None:
             grad_weight = grad_weight.to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def _logits(h, w, acc, buffer):

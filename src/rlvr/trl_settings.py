@@ -188,6 +188,14 @@ def translate(key: str, value: Any) -> tuple[str, Any] | None:
     return key, value
 
 
+def meaning_note(method: str, dpo_loss_type: tuple, label_smoothing: float) -> str | None:
+    """One line when a value given does what TRL 1.16 does not (docs/finetune.md's table), else None."""
+    if method == "dpo" and label_smoothing > 0 and "sigmoid" in dpo_loss_type:
+        return (f"label_smoothing={label_smoothing} smooths the sigmoid DPO loss (cDPO), as TRL before 1.0 did; "
+                "TRL 1.16 reads it only for its robust and exo_pair losses")
+    return None
+
+
 def ignored_keys(*sources: dict[str, Any]) -> list[str]:
     """The keys of these mappings that rlvr accepts without effect, for the one line printed at the start
     (an UNSUPPORTED key that got this far had its inert value)."""

@@ -253,7 +253,9 @@ class Encoder:
             p_c, c_ids, _ = self._prompt_and_full(prompt, c)
             p_r, r_ids, _ = self._prompt_and_full(prompt, r)
             start = min(len(p_c), len(p_r))
+            before = self.dropped
             seqs = [self._cut(ids, [i >= start for i in range(len(ids))], start) for ids in (c_ids, r_ids)]
+            self.dropped = min(self.dropped, before + 1)  # a pair is one row, however many of its sides are left empty
             out.append(None if None in seqs else (seqs[0], seqs[1]))
         return out
 

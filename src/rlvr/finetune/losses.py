@@ -100,23 +100,25 @@ def dpo_loss(
     return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
 
 
-def combined_dpo_loss(sums: torch.Tensor, ref_sums: torch.Tensor, counts: torch.Tensor, beta: float,
+def combined_dpo_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, beta: float,
                       loss_types: tuple[str, ...] = ("sigmoid",), loss_weights: tuple[float, ...] | None = None,
                       label_smoothing: float = 0.0):
-    """TRL's list of DPO losses: sum_k w_k * mean_pairs(loss_k), each loss on the log-probs it takes
-    (ipo: averaged over the completion's tokens; the others: summed).  sums, ref_sums: [2P] summed
-    log-probs of the policy and the reference, chosen at even rows and rejected at odd; counts:
-    [2P] the completions' token counts.  Returns (loss, chosen_rewards [P], rejected_rewards [P]),
-    the rewards from the summed log-probs, as TRL logs them."""
+    """TRL's list of DPO losses: sum_k w_k * mean_pairs(loss_k), each loss on the sequence log-probs it
+    takes (ipo: averaged over the completion's tokens; the others: summed; `sequence_logps`).
+    logprobs, ref_logprobs, mask: [2P, T] per-token log-probs of the policy and the reference, chosen
+    at even rows and rejected at odd.  Returns (loss, chosen_rewards [P], rejected_rewards [P]), the
+    rewards from the summed log-probs, as TRL logs them."""
     weights = loss_weights or (1.0,) * len(loss_types)
     if len(weights) != len(loss_types):
         raise ValueError(f"loss_weights needs one weight per loss type; got {len(weights)} for {list(loss_types)}")
-    means, ref_means = sums / counts.clamp(min=1), ref_sums / counts.clamp(min=1)
-    total = sums.new_zeros(())
+    sequences = {average: (sequence_logps(logprobs, mask, average), sequence_logps(ref_logprobs, mask, average))
+                 for average in {name in AVERAGED for name in loss_types} | {False}}
+    total = logprobs.new_zeros(())
     for name, weight in zip(loss_types, weights):
-        p, r = (means, ref_means) if name in AVERAGED else (sums, ref_sums)
+        p, r = sequences[name in AVERAGED]
         losses, _, _ = dpo_loss(p[0::2], p[1::2], r[0::2], r[1::2], beta, name, label_smoothing)
         total = total + weight * losses.mean()
+    sums, ref_sums = sequences[False]
     chosen_rewards = beta * (sums[0::2] - ref_sums[0::2]).detach()
     rejected_rewards = beta * (sums[1::2] - ref_sums[1::2]).detach()
     return total, chosen_rewards, rejected_rewards

@@ -119,13 +119,17 @@ class FinetuneTrainer(RunCore):
 
     def _micro(self, part: list[int], total_tokens: int):
         batch = to_batch([self.sequences[s] for s in part], self.rollout.pad_id).to(self.logprobs.device)
-        logp, entropy = self.logprobs(self.model, batch)
+        logp, entropy, top1, _ = self.logprobs(self.model, batch, stats=True)
         loss = sft_loss(logp, batch.loss_mask, total_tokens, self.cfg.sft_loss_type)
-        ent = torch.where(batch.loss_mask, entropy, 0.0).sum().item()
-        return loss, {"entropy": ent, "sequences": float(len(part))}
+        mask = batch.loss_mask
+        return loss, {"entropy": torch.where(mask, entropy, 0.0).sum().item(), "correct": (top1 & mask).sum().item(),
+                      "sequences": float(len(part)), "input_tokens": _input_tokens(batch)}
 
     def _summary(self, sums: dict, total: int) -> dict:
-        return {"num_tokens": float(total), "entropy": sums["entropy"] / max(total, 1), "sequences": sums["sequences"]}
+        """TRL's SFT metrics over the step's trained tokens: the entropy and how often the most likely
+        token was the demonstrated one (mean_token_accuracy)."""
+        return {"entropy": sums["entropy"] / max(total, 1), "mean_token_accuracy": sums["correct"] / max(total, 1),
+                "sequences": sums["sequences"]}
 
     # --- data and rounds -----------------------------------------------------------------------
 
@@ -184,7 +188,8 @@ class FinetuneTrainer(RunCore):
             lr = self.scheduler.get_last_lr()[0]
             skip_step(self.scheduler)
             return {"learning_rate": lr, "skipped_update": 1.0, "loss": 0.0}
-        units = self.stream.take(self.units_per_step)
+        # a dataset epoch's last step may be short, as in TRL; a round of self-samples fills its steps from them
+        units = self.stream.take(self.units_per_step, within_epoch=not cfg.self_samples)
         size = cfg.per_device_train_batch_size
         rows = [[s for u in units[i:i + size] for s in u] for i in range(0, len(units), size)]
         total = self._normaliser(units, rows)
@@ -205,9 +210,20 @@ class FinetuneTrainer(RunCore):
             self.poisoned = getattr(e, "poisoned", None)
             raise
         out = {"loss": sums.pop("loss"), "grad_norm": grad_norm, "learning_rate": lr, "timing/update": time.perf_counter() - t0}
+        self._count_input_tokens(sums.pop("input_tokens", 0.0))
+        out["num_tokens"] = self.extra_state["num_input_tokens_seen"]
         out.update(self._summary(sums, total))
         out["tokens_per_second"] = sums.get("tokens", total) / out["timing/update"]
         return out
+
+    def _count_input_tokens(self, tokens: float) -> None:
+        """TRL's num_tokens: the tokens of every sequence trained on so far (prompt and completion, no
+        padding; over all processes), kept across resumes."""
+        [here] = distributed.sum_counts([int(tokens)], self.world)
+        seen = self.extra_state.get("num_input_tokens_seen", 0.0) + here
+        self.extra_state["num_input_tokens_seen"] = seen
+        if self.events is not None:
+            self.events.state.num_input_tokens_seen = int(seen)
 
     # --- checkpoints: the stream of a round's units, and the round itself ---------------------
 
@@ -256,19 +272,37 @@ class PreferenceTrainer(FinetuneTrainer):
         seqs = [seq for s in part for seq in self.sequences[s]]
         shared = all(seqs[i][0] == seqs[i + 1][0] for i in range(0, len(seqs), 2))  # keep_end may cut them apart
         batch = to_batch(seqs, self.rollout.pad_id, group_size=2 if shared else None).to(self.logprobs.device)
-        logp, _ = self.logprobs(self.model, batch)
+        logp, entropy, top1, mean_logit = self.logprobs(self.model, batch, stats=True)
         ref = self.reference.ref_logprobs(batch).to(logp.device)
-        policy, reference = sequence_logps(logp, batch.loss_mask), sequence_logps(ref, batch.loss_mask)
-        loss, chosen_r, rejected_r = combined_dpo_loss(policy, reference, batch.loss_mask.sum(-1), self.cfg.dpo_beta,
+        loss, chosen_r, rejected_r = combined_dpo_loss(logp, ref, batch.loss_mask, self.cfg.dpo_beta,
                                                        self.cfg.dpo_loss_type, self.cfg.loss_weights, self.cfg.label_smoothing)
-        totals = policy.detach()
+        totals = sequence_logps(logp.detach(), batch.loss_mask)
         metrics = {"pairs": float(len(part)), "rewards/chosen": chosen_r.sum().item(), "rewards/rejected": rejected_r.sum().item(),
                    "rewards/accuracies": (chosen_r > rejected_r).float().sum().item(),
                    "rewards/margins": (chosen_r - rejected_r).sum().item(),
                    "logps/chosen": totals[0::2].sum().item(), "logps/rejected": totals[1::2].sum().item(),
-                   "tokens": float(batch.num_tokens)}
+                   "tokens": float(batch.num_tokens), "input_tokens": _input_tokens(batch)}
+        mask = batch.loss_mask
+        for side, rows in (("chosen", slice(0, None, 2)), ("rejected", slice(1, None, 2))):  # sums over tokens
+            metrics[f"per_token/{side}/tokens"] = mask[rows].sum().item()
+            metrics[f"per_token/{side}/entropy"] = torch.where(mask[rows], entropy[rows], 0.0).sum().item()
+            metrics[f"per_token/{side}/logits"] = torch.where(mask[rows], mean_logit[rows], 0.0).sum().item()
+        metrics["per_token/chosen/correct"] = (top1[0::2] & mask[0::2]).sum().item()
         return loss * len(part) / total_pairs, metrics
 
     def _summary(self, sums: dict, total: int) -> dict:
+        """TRL's DPO metrics: rewards and log-probs averaged over pairs; the entropy over every completion
+        token, the mean logit over each side's tokens, mean_token_accuracy over the chosen ones."""
         n = sums.pop("pairs")
-        return {**{k: v / n for k, v in sums.items()}, "num_pairs": n}
+        t = {k.removeprefix("per_token/"): sums.pop(k) for k in list(sums) if k.startswith("per_token/")}
+        chosen, rejected = max(t["chosen/tokens"], 1), max(t["rejected/tokens"], 1)
+        return {**{k: v / n for k, v in sums.items()}, "num_pairs": n,
+                "entropy": (t["chosen/entropy"] + t["rejected/entropy"]) / max(t["chosen/tokens"] + t["rejected/tokens"], 1),
+                "logits/chosen": t["chosen/logits"] / chosen, "logits/rejected": t["rejected/logits"] / rejected,
+                "mean_token_accuracy": t["chosen/correct"] / chosen}
+
+
+def _input_tokens(batch) -> float:
+    """The batch's prompt and completion tokens without padding (a shared prompt counted in each row), as
+    TRL counts its inputs' attention mask."""
+    return float(batch.prompt_mask.sum().item() + batch.completion_mask.sum().item())

@@ -128,15 +128,22 @@ class PromptStream:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
-    def take(self, k: int) -> list[Example]:
+    def take(self, k: int, within_epoch: bool = False) -> list[Example]:
+        """The next k examples; within_epoch: no further than the epoch's end (fewer at its last batch,
+        as transformers' dataloader gives SFT and DPO a short last batch)."""
         out = []
-        while len(out) < k:
+        if within_epoch and self.index == len(self._order):
+            self._next_epoch()
+        while len(out) < k and not (within_epoch and out and self.index == len(self._order)):
             if self.index == len(self._order):
-                self.epoch, self.index = self.epoch + 1, 0
-                self._order = self._shuffle(self.epoch)
+                self._next_epoch()
             out.append(self.examples[self._order[self.index]])
             self.index += 1
         return out
+
+    def _next_epoch(self) -> None:
+        self.epoch, self.index = self.epoch + 1, 0
+        self._order = self._shuffle(self.epoch)
 
     @property
     def epochs_done(self) -> float:
