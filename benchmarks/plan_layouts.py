@@ -45,7 +45,7 @@ ROWS = [
      "The guide's number is one GPU; here the sampler's copy and KV cache move to the vLLM GPU, whose KV cache is what "
      "is left of 0.9 x 40 GiB."),
     ("7B full", "-", "fsdp over 4 H100 80GB, rlvr's sampler, checkpointing",
-     "$Q7 gpus=4 fsdp=true gradient_accumulation_steps=8 gpu_memory_gb=80 gradient_checkpointing=true",
+     "$Q7 gpus=4 fsdp=true gpu_memory_gb=80 gradient_checkpointing=true",
      "No guide row; FSDP shards weights, gradients and AdamW state to {shards:.1f} GiB per GPU, but every GPU also "
      "holds rlvr's unsharded full copy ({full copy:.1f}), the reference ({reference:.1f}) and the sampler's copy "
      "({rollout weights:.1f})."),
@@ -61,12 +61,12 @@ ROWS = [
      "In the range ({total GB:.1f} GB), though not for the guide's reason: its node holds a 64 GB reference (64 + 64 + 2 "
      "GB, more than its own 64-80), while rlvr's LoRA reference is the policy with the adapter off."),
     ("32B full", "-", "fsdp over 8 H200, checkpointing; vLLM server on 2 H200",
-     f"$Q32 gpus=8 fsdp=true gradient_accumulation_steps=16 gpu_memory_gb=140 gradient_checkpointing=true {SERVER} "
+     f"$Q32 gpus=8 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} "
      "vllm_tensor_parallel_size=2",
      "No guide row; rlvr shards only what trains ({shards:.1f} GiB per GPU), while the unsharded full copy "
      "({full copy:.1f}) and reference ({reference:.1f}) sit whole on every GPU."),
     ("32B full", "-", "the same with beta=0 (no reference)",
-     f"$Q32 gpus=8 fsdp=true gradient_accumulation_steps=16 gpu_memory_gb=140 gradient_checkpointing=true {SERVER} "
+     f"$Q32 gpus=8 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} "
      "vllm_tensor_parallel_size=2 beta=0",
      "No guide row; without a reference it fits with {free:.1f} GiB free, the full copy still {full copy:.1f} GiB per GPU."),
 ]

@@ -34,12 +34,12 @@ def silent_on_rank_1(completions, **kwargs):  # rank 1's groups never carry sign
 """
 
 
-def _settings(model_dir, plugin, reward: str, output_dir, loss_type: str) -> list[str]:
-    # 4 prompts x 4 completions a step: 2 groups per rank, one micro-batch of 8 on each rank,
-    # two micro-batches in the single process.
+def _settings(model_dir, plugin, reward: str, output_dir, loss_type: str, processes: int = 1) -> list[str]:
+    # 4 prompts x 4 completions a step: two micro-batches of 8 in the single process; on two processes
+    # (per_device_train_batch_size is per process, as in TRL) 2 groups per rank, one micro-batch of 8 on each.
     return [
         f"model={model_dir}", "task_args.num_train=50", "task_args.num_test=4", f"reward_funcs=[{plugin}:{reward}]",
-        "num_generations=4", "per_device_train_batch_size=8", "gradient_accumulation_steps=2", "max_completion_length=4",
+        "num_generations=4", "per_device_train_batch_size=8", f"gradient_accumulation_steps={2 // processes}", "max_completion_length=4",
         "learning_rate=1e-2", "lr_scheduler_type=constant", "max_steps=3", "logging_steps=1", "save_steps=1000",
         "eval_on_start=false", "eval_on_end=false", "report_steps=0", f"loss_type={loss_type}", f"output_dir={output_dir}",
         "use_cpu=true",  # gloo between CPU processes, on a machine with GPUs too
@@ -79,7 +79,7 @@ def test_two_processes_train_to_the_weights_of_one(tiny_model_dir, tmp_path, los
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)
     _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", loss_type), processes=1)
-    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "two", loss_type), processes=2)
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "two", loss_type, processes=2), processes=2)
     start, one, two = _weights(tiny_model_dir), _weights(tmp_path / "one"), _weights(tmp_path / "two")
     moved = max((one[k] - start[k]).abs().max().item() for k in one)
     gap = max((one[k] - two[k]).abs().max().item() for k in one)
@@ -119,7 +119,7 @@ def test_two_processes_with_multi_turn_rollouts_train_to_the_weights_of_one(tiny
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     turns = ["environment=echo_env:Echo", "max_turns=3", "max_completion_length=24", "stop_strings=[a,e,i,o,u,' ']"]
     _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo") + turns, processes=1)
-    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "two", "grpo") + turns, processes=2)
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "two", "grpo", processes=2) + turns, processes=2)
     one, two = _weights(tmp_path / "one"), _weights(tmp_path / "two")
     assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-5
     m1, m2 = _metrics(tmp_path / "one"), _metrics(tmp_path / "two")
@@ -132,7 +132,7 @@ def test_two_processes_with_multi_turn_rollouts_train_to_the_weights_of_one(tiny
 def test_a_rank_without_signal_takes_part_without_hanging(tiny_model_dir, tmp_path):
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)
-    _run(_settings(tiny_model_dir, plugin, "silent_on_rank_1", tmp_path / "two", "grpo"), processes=2, timeout=120)
+    _run(_settings(tiny_model_dir, plugin, "silent_on_rank_1", tmp_path / "two", "grpo", processes=2), processes=2, timeout=120)
     lines = _metrics(tmp_path / "two")
     assert len(lines) == 3
     assert all(m["frac_reward_zero_std"] >= 0.5 for m in lines)  # rank 1's two groups of four had none
@@ -150,7 +150,7 @@ def test_fsdp_trains_to_the_weights_of_one_process(tiny_model_dir, tmp_path):
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)
     _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo"), processes=1, generic=True)
-    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo") + ["fsdp=true"], processes=2)
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo", processes=2) + ["fsdp=true"], processes=2)
     start, one, two = _weights(tiny_model_dir), _weights(tmp_path / "one"), _weights(tmp_path / "fsdp")
     assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-3
     gap = max((one[k] - two[k]).abs().max().item() for k in one)
@@ -164,8 +164,8 @@ def test_fsdp_rank_without_signal_runs_empty_micro_batches(tiny_model_dir, tmp_p
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)
     # Micro-batches of 4: rank 0 has two, rank 1 none, so rank 1 runs two empty ones beside them.
-    args = _settings(tiny_model_dir, plugin, "silent_on_rank_1", tmp_path / "fsdp", "grpo")
-    _run(args + ["fsdp=true", "per_device_train_batch_size=4", "gradient_accumulation_steps=4"], processes=2, timeout=120)
+    args = _settings(tiny_model_dir, plugin, "silent_on_rank_1", tmp_path / "fsdp", "grpo", processes=2)
+    _run(args + ["fsdp=true", "per_device_train_batch_size=4", "gradient_accumulation_steps=2"], processes=2, timeout=120)
     lines = _metrics(tmp_path / "fsdp")
     assert len(lines) == 3 and any(m["frac_reward_zero_std"] < 1 for m in lines)
     start, end = _weights(tiny_model_dir), _weights(tmp_path / "fsdp")
@@ -203,11 +203,13 @@ def test_groups_are_split_whole_and_contiguous():
     assert list(distributed.shard(6, distributed.SINGLE)) == [0, 1, 2, 3, 4, 5]
 
 
-def test_prompts_per_step_must_divide_by_the_number_of_processes():
-    cfg = build_config({"num_generations": 4, "per_device_train_batch_size": 12})  # 3 prompts a step
-    check_runnable(cfg, World(0, 3))
-    with pytest.raises(ConfigError, match="prompts_per_step=3 must be divisible by the number of processes \\(2\\)"):
-        check_runnable(cfg, World(0, 2))
+def test_each_process_gets_whole_groups():
+    cfg = build_config({"num_generations": 4, "per_device_train_batch_size": 4, "generation_batch_size": 12})  # 3 prompts
+    check_runnable(cfg.for_processes(3), World(0, 3))
+    assert cfg.for_processes(3).prompts_per_step == 3  # generation_batch_size is the whole run's
+    with pytest.raises(ConfigError, match=r"each of the 2 processes gets 6 completions of a generation .*not a whole number "
+                                          r"of groups of num_generations=4"):
+        check_runnable(build_config({"num_generations": 4, "per_device_train_batch_size": 6, "num_processes": 2}), World(0, 2))
     with pytest.raises(ConfigError, match="rollout_workers is not supported with several training processes: .* `rlvr vllm-serve`"):
         check_runnable(build_config({"rollout_workers": 2, "num_generations": 4, "per_device_train_batch_size": 16}), World(0, 2))
 
@@ -270,7 +272,7 @@ def test_fsdp_with_lora_trains_the_adapter_of_one_process_and_resumes_exactly(ti
     plugin.write_text(REWARD)
     lora = ["use_peft=true", "lora_r=4", "lora_alpha=8", "beta=0.1"]
     _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo") + lora, processes=1, generic=True)
-    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo") + lora + ["fsdp=true", "save_steps=2", "lora_save=merged"]
+    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo", processes=2) + lora + ["fsdp=true", "save_steps=2", "lora_save=merged"]
     _run(args, processes=2)
     one, two = _adapter(tmp_path / "one"), _adapter(tmp_path / "fsdp" / "checkpoint-3")
     assert sorted(one) == sorted(two) and all("lora_" in k for k in one)
@@ -332,7 +334,7 @@ def test_two_processes_sampling_ahead_train_to_the_weights_of_one_and_resume_exa
     plugin.write_text(REWARD)
     ahead = ["max_staleness=1", "save_steps=1"]
     _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo") + ahead, processes=1)
-    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "two", "grpo") + ahead
+    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "two", "grpo", processes=2) + ahead
     out = _launch(args, processes=2, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     start, one, two = _weights(tiny_model_dir), _weights(tmp_path / "one"), _weights(tmp_path / "two")
@@ -364,7 +366,7 @@ def test_fsdp_sampling_ahead_trains_to_the_weights_of_one_process_and_resumes_ex
     plugin.write_text(REWARD)
     ahead = ["max_staleness=1", "save_steps=1"]
     _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo") + ahead, processes=1, generic=True)
-    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo") + ahead + ["fsdp=true"]
+    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo", processes=2) + ahead + ["fsdp=true"]
     out = _launch(args, processes=2, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     start, one, two = _weights(tiny_model_dir), _weights(tmp_path / "one"), _weights(tmp_path / "fsdp")
@@ -418,6 +420,36 @@ def test_an_update_that_fails_on_one_process_while_sampling_ahead_ends_the_run(t
     plugin, script = tmp_path / "reward.py", tmp_path / "fails_on_rank_1.py"
     plugin.write_text(REWARD)
     script.write_text(FAILS_ON_RANK_1)
-    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "two", "grpo") + ["max_staleness=1"]
+    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "two", "grpo", processes=2) + ["max_staleness=1"]
     out = _launch(args, processes=2, timeout=240, script=script)
     assert out.returncode != 0 and "rank 1's update failed (on purpose)" in out.stderr, out.stderr[-3000:]
+
+
+def test_per_device_train_batch_size_is_each_processs_as_in_trl(monkeypatch):
+    """TRL's batch: per_device_train_batch_size x processes x steps_per_generation.  The issue's case:
+    2 processes of per_device_train_batch_size=4 with num_generations=4 train 2 groups a step."""
+    cfg = build_config({"num_generations": 4, "per_device_train_batch_size": 4})
+    assert (cfg.num_processes, cfg.prompts_per_step) == (None, 1)
+    two = cfg.for_processes(2)
+    assert (two.num_processes, two.completions_per_generation, two.prompts_per_step, two.steps_per_optimizer_step) == (2, 8, 2, 1)
+    check_runnable(two, World(0, 2))
+    spg = build_config({"num_generations": 4, "per_device_train_batch_size": 4, "steps_per_generation": 4,
+                        "gradient_accumulation_steps": 2}).for_processes(2)
+    assert (spg.completions_per_generation, spg.steps_per_optimizer_step) == (32, 2)  # as TRL: 4 x 2 x 4; 2 optimizer steps
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun the settings are read for its processes, as TRL reads them
+    assert build_config({"num_generations": 4, "per_device_train_batch_size": 2}).prompts_per_step == 1  # valid for 2 only
+    with pytest.raises(ConfigError, match=r"num_processes=3, but 2 processes were launched: per_device_train_batch_size is per "
+                                          r"process.*torchrun --nproc_per_node 3"):
+        build_config({"num_processes": 3}).for_processes(2)
+
+
+def test_resuming_on_another_number_of_processes_is_refused(tmp_path):
+    """The batch is per process, so a run resumed on another count would train another course."""
+    from rlvr.config import save_config
+    from rlvr.rundir import SettingsChanged, compare_settings
+
+    cfg = build_config({"num_generations": 4, "per_device_train_batch_size": 4})
+    save_config(cfg, tmp_path / "config.yaml")  # trained in one process
+    with pytest.raises(SettingsChanged, match=r"num_processes: None -> 2"):
+        compare_settings(cfg.for_processes(2).to_dict(), tmp_path, 3, override=False, say=lambda text: None)
+    assert compare_settings(cfg.for_processes(1).to_dict(), tmp_path, 3, override=False) is False

@@ -78,7 +78,7 @@ def test_fsdp_over_four_gpus_shards_what_trains_and_keeps_a_full_copy():
     from rlvr.plan import Layout, trainer_gpu
 
     size = ModelSize.from_config(TINY)
-    cfg = _cfg(fsdp=True, gradient_accumulation_steps=4)  # 16 completions: 4 prompts, one per process
+    cfg = _cfg(fsdp=True, gradient_accumulation_steps=1)  # 4 completions a process: 16 over 4, 4 prompts, one per process
     one, four = estimate(size, cfg), trainer_gpu(size, cfg, Layout(gpus=4))
     for row in ("policy", "gradients", "optimizer"):
         assert four[row] == one[row] / 4
@@ -97,7 +97,7 @@ def test_fsdp_over_four_gpus_shards_what_trains_and_keeps_a_full_copy():
 def test_lora_under_fsdp_has_no_reference_and_a_full_copy_with_its_adapter():
     from rlvr.plan import Layout, trainer_gpu
 
-    est = trainer_gpu(ModelSize.from_config(TINY), _cfg(fsdp=True, use_peft=True, lora_r=4, lora_target_modules=["all-linear"]), Layout(gpus=2))
+    est = trainer_gpu(ModelSize.from_config(TINY), _cfg(fsdp=True, use_peft=True, lora_r=4, lora_target_modules=["all-linear"], gradient_accumulation_steps=1), Layout(gpus=2))
     assert est["reference"] == 0
     assert est["full copy"] == 20352 * 4 + 4096 * 4 == 2 * est["policy"]
     assert est["FSDP gathered"] == 81408  # the weights only: the frozen ones have no gradients
@@ -198,8 +198,8 @@ def test_bad_layouts_are_clear_errors(capsys):
 
 
 def test_layouts_rlvr_train_refuses_are_planned_with_a_note(capsys):
-    # 2 prompts per step over 3 processes, and fsdp in one process
-    code, out = _plan_output(capsys, "gpus=3")
-    assert code == 0 and "prompts_per_step=2 is not divisible by gpus=3" in out
+    # 2 completions a process (per_device_train_batch_size is per process) are not a group of 4; fsdp in one process
+    code, out = _plan_output(capsys, "gpus=2", "per_device_train_batch_size=2", "gradient_accumulation_steps=1")
+    assert code == 0 and "each GPU's 2 completions of a generation are not whole groups of num_generations=4" in out
     code, out = _plan_output(capsys, "fsdp=true", "gpu_memory_gb=80")
     assert code == 0 and "fsdp=true shards across several processes" in out

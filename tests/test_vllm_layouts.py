@@ -84,7 +84,9 @@ def servers(tmp_path_factory):
 def train(out: Path, processes: int, *settings: str, timeout: int = 900) -> list[dict]:
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 \
         else [sys.executable]
-    cmd = launch + ["-m", "rlvr.cli", "train", *SETTINGS, f"output_dir={out}", *settings]
+    # 16 completions a step however many processes: per_device_train_batch_size is per process (as in TRL),
+    # so two processes accumulate one micro-batch of 8 each where one process accumulates two
+    cmd = launch + ["-m", "rlvr.cli", "train", *SETTINGS, f"gradient_accumulation_steps={2 // processes}", f"output_dir={out}", *settings]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})

@@ -275,8 +275,14 @@ class Layout:
         return None if self.gpu_memory_gb is None else self.gpu_memory_gb * GIB
 
 
+def for_layout(cfg, layout: Layout):
+    """The settings as a launch on the layout's GPUs runs them (per_device_train_batch_size is per process)."""
+    return cfg if cfg.processes == layout.gpus else cfg.for_processes(layout.gpus)
+
+
 def trainer_gpu(size: ModelSize, cfg, layout: Layout) -> dict[str, float]:
     """Bytes per row on one training GPU of the layout (module docstring, Layouts), and the total."""
+    cfg = for_layout(cfg, layout)
     base = estimate(size, cfg, sampling_prompts=math.ceil(cfg.prompts_per_step / layout.gpus))
     shards = layout.gpus if cfg.fsdp else 1
     elsewhere = cfg.use_vllm or cfg.rollout_workers > 0  # no in-process sampler on this GPU
@@ -332,6 +338,7 @@ def rollout_worker(size: ModelSize, cfg) -> dict[str, float]:
 def layout_estimate(size: ModelSize, cfg, layout: Layout) -> dict[str, dict]:
     """Per GPU of each node: "trainer"; "vllm" with use_vllm (a GPU of the server, of a rollout
     worker, or the colocated share); "worker" with rollout_workers and no vLLM (per worker, in RAM)."""
+    cfg = for_layout(cfg, layout)
     out = {"trainer": trainer_gpu(size, cfg, layout)}
     if cfg.use_vllm:
         out["vllm"] = vllm_gpu(size, cfg, layout)
@@ -342,13 +349,14 @@ def layout_estimate(size: ModelSize, cfg, layout: Layout) -> dict[str, dict]:
 
 def refusals(cfg, layout: Layout) -> list[str]:
     """The launch rules of settings.check_runnable that this layout breaks: `rlvr train` would refuse it."""
-    n, out = layout.gpus, []
+    n, out, cfg = layout.gpus, [], for_layout(cfg, layout)
     if cfg.fsdp and n == 1:
         out.append("fsdp=true shards across several processes (gpus > 1)")
     if n > 1 and cfg.rollout_workers:
         out.append("rollout_workers with several training processes")
     if cfg.prompts_per_step % n:
-        out.append(f"prompts_per_step={cfg.prompts_per_step} is not divisible by gpus={n}")
+        out.append(f"each GPU's {cfg.completions_per_generation / n:g} completions of a generation are not whole groups "
+                   f"of num_generations={cfg.num_generations}")
     return out
 
 
@@ -444,9 +452,11 @@ def plan(args: list[str]) -> tuple[ModelSize, object, Layout | None]:
 
     own = SIZE_KEYS + LAYOUT_KEYS
     given = parse_overrides([x for x in args if "=" in x and x.split("=", 1)[0] in own])
-    cfg = resolve_config([x for x in args if not ("=" in x and x.split("=", 1)[0] in own)])
     placed = {k: v for k, v in given.items() if k in LAYOUT_KEYS}
     layout = Layout(**placed) if placed else None
+    # per_device_train_batch_size is per training process, as in TRL: the settings are checked for the layout's
+    processes = [f"num_processes={layout.gpus}"] if layout is not None and layout.gpus > 1 else []
+    cfg = resolve_config([x for x in args if not ("=" in x and x.split("=", 1)[0] in own)] + processes)
     sizes = {k: v for k, v in given.items() if k in SIZE_KEYS}
     needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     config = sizes if all(k in sizes for k in needed) else {**read_model_config(cfg.model), **sizes}

@@ -30,7 +30,7 @@ def train(cfg: Config, console=None, objects=None) -> dict:
     model and tokenizer are left in it."""
     world = distributed.init(use_cpu=cfg.use_cpu)
     try:
-        summary = _train(cfg, console, world, objects)
+        summary = _train(cfg.for_processes(world.world_size), console, world, objects)
         distributed.wait_for_all(world)  # rank 0 is still writing the final model when the others finish
         return summary
     finally:

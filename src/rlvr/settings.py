@@ -109,9 +109,12 @@ def check_runnable(cfg: Config, world: World) -> None:
                           f"{' (use_cpu=true)' if cfg.use_cpu else ''}; on a CPU use bf16=true")
     if world.enabled:
         if cfg.prompts_per_step % world.world_size:
+            each = cfg.completions_per_generation / world.world_size
             raise ConfigError(
-                f"prompts_per_step={cfg.prompts_per_step} must be divisible by the number of processes ({world.world_size}): "
-                "each process samples and trains on whole groups"
+                f"each of the {world.world_size} processes gets {each:g} completions of a generation (per_device_train_batch_size x "
+                f"steps_per_generation), not a whole number of groups of num_generations={cfg.num_generations}: each process "
+                "samples and trains on whole groups; make per_device_train_batch_size x steps_per_generation a multiple of "
+                f"{cfg.num_generations}"
             )
         if cfg.rollout_workers > 0:
             raise ConfigError(

@@ -92,10 +92,20 @@ def build_config(*sources: dict[str, Any], ignored: list[str] | None = None) -> 
         values["greater_is_better"] = not str(values["metric_for_best_model"]).endswith("loss")  # ... and this one
     if isinstance(values.get("resume"), str):  # TRL's resume_from_checkpoint=<path>
         values["resume_checkpoint"], values["resume"] = values["resume"], True
+    if values.get("num_processes") is None and _launched() > 1:  # as TRL reads it: the launcher's processes
+        values["num_processes"] = _launched()
     _check_types(values)
     cfg = Config(**values)
     validate(cfg)
     return cfg
+
+
+def _launched() -> int:
+    """The training processes the launcher started (torchrun's and accelerate's WORLD_SIZE), 1 without one."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1  # distributed.world_from_env says what is wrong with it
 
 
 _MAPPINGS = {"task_args", "reward_args", "on_alert", "model_init_kwargs", "chat_template_kwargs", "generation_kwargs",

@@ -74,30 +74,37 @@ def best_model_problems(cfg) -> list[str]:
 def generation_batch_problems(cfg) -> list[str]:
     """TRL's rules: generation_batch_size or steps_per_generation (not both) sets the completions of one
     generation, a whole number of optimizer steps' batches and of groups."""
+    batch, each = cfg.per_device_train_batch_size * cfg.processes, _per_device(cfg)
     if cfg.generation_batch_size is not None and cfg.steps_per_generation is not None and \
-            cfg.generation_batch_size != cfg.per_device_train_batch_size * cfg.steps_per_generation:
+            cfg.generation_batch_size != batch * cfg.steps_per_generation:
         return [f"generation_batch_size={cfg.generation_batch_size} and steps_per_generation={cfg.steps_per_generation} disagree "
-                f"(per_device_train_batch_size x steps_per_generation = {cfg.per_device_train_batch_size * cfg.steps_per_generation}); "
+                f"({each} x steps_per_generation = {batch * cfg.steps_per_generation}); "
                 "set one of them: the other follows"]
     if cfg.per_device_train_batch_size < 1 or cfg.gradient_accumulation_steps < 1 or cfg.num_generations < 2:
         return []  # reported by the sections
     if (cfg.generation_batch_size or 1) < 1 or (cfg.steps_per_generation or 1) < 1:
         return ["generation_batch_size and steps_per_generation must be at least 1"]
-    b, g, step = cfg.completions_per_generation, cfg.num_generations, cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    b, g, step = cfg.completions_per_generation, cfg.num_generations, batch * cfg.gradient_accumulation_steps
     problems = []
     if b % step:
-        what = "generation_batch_size" if cfg.generation_batch_size is not None else \
-            "per_device_train_batch_size x steps_per_generation"
-        problems.append(f"{what} = {b} completions is not a whole number of optimizer steps of per_device_train_batch_size x "
+        what = "generation_batch_size" if cfg.generation_batch_size is not None else f"{each} x steps_per_generation"
+        problems.append(f"{what} = {b} completions is not a whole number of optimizer steps of {each} x "
                         f"gradient_accumulation_steps = {step} completions; make it a multiple of {step}")
     if b % g:
         if cfg.generation_batch_size is None and cfg.steps_per_generation is None:
+            n = cfg.per_device_train_batch_size  # the next micro-batch size that makes whole groups
+            per_device = next(k for k in range(n, n + g + 1) if k * cfg.processes * cfg.gradient_accumulation_steps % g == 0)
             problems.append(
-                f"per_device_train_batch_size x gradient_accumulation_steps = {b} completions is not divisible by "
-                f"num_generations = {g}; make it a multiple of {g}, e.g. per_device_train_batch_size={-(-b // g) * g}")
+                f"{each} x gradient_accumulation_steps = {b} completions is not divisible by "
+                f"num_generations = {g}; make it a multiple of {g}, e.g. per_device_train_batch_size={per_device}")
         else:
             problems.append(f"a generation of {b} completions is not divisible by num_generations = {g}; make it a multiple of {g}")
     return problems
+
+
+def _per_device(cfg) -> str:
+    """How the rules name the batch of one micro-batch step over every process."""
+    return "per_device_train_batch_size" + (f" x {cfg.processes} processes" if cfg.processes > 1 else "")
 
 
 def lora_beyond_vllm(cfg) -> str | None:

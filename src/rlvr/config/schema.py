@@ -11,6 +11,7 @@ from rlvr.config.model import DataSettings, ModelSettings
 from rlvr.config.rollout import RolloutSettings
 from rlvr.config.run import RunSettings
 from rlvr.config.update import FinetuneSettings, RewardSettings, UpdateSettings
+from rlvr.errors import ConfigError
 
 
 @dataclass(frozen=True, repr=False)
@@ -46,12 +47,30 @@ class Config(RunSettings, FinetuneSettings, UpdateSettings, RewardSettings, Roll
     def finetune_settings(self) -> FinetuneSettings:
         return self.section(FinetuneSettings)
 
+    def for_processes(self, launched: int) -> Config:
+        """These settings for the processes launched: as in TRL, per_device_train_batch_size is each
+        one's, so the run's batch is per_device_train_batch_size x processes x steps_per_generation.
+        A num_processes given must be the launch's (a resumed run whose count differs is refused by
+        rundir.compare_settings: its batch would change)."""
+        if self.num_processes is not None and self.num_processes != launched:
+            raise ConfigError(
+                f"num_processes={self.num_processes}, but {launched} {'processes were' if launched > 1 else 'process was'} launched: "
+                "per_device_train_batch_size is per process, so the run's batch depends on how many; launch "
+                f"{self.num_processes} (torchrun --nproc_per_node {self.num_processes}) or leave num_processes unset")
+        return dataclasses.replace(self, num_processes=launched if launched > 1 else None)
+
+    @property
+    def processes(self) -> int:
+        """The training processes the run's batch is for (num_processes, 1 when not filled in)."""
+        return self.num_processes or 1
+
     @property
     def completions_per_generation(self) -> int:
-        """Completions sampled in one generation (TRL's generation_batch_size, over all processes)."""
+        """Completions sampled in one generation (TRL's generation_batch_size, over all processes):
+        per_device_train_batch_size x processes x steps_per_generation, as TRL computes it."""
         if self.generation_batch_size is not None:
             return self.generation_batch_size
-        return self.per_device_train_batch_size * (self.steps_per_generation or self.gradient_accumulation_steps)
+        return self.per_device_train_batch_size * self.processes * (self.steps_per_generation or self.gradient_accumulation_steps)
 
     @property
     def prompts_per_step(self) -> int:
@@ -61,7 +80,7 @@ class Config(RunSettings, FinetuneSettings, UpdateSettings, RewardSettings, Roll
     @property
     def steps_per_optimizer_step(self) -> int:
         """Optimizer steps one generation feeds (per use, see num_iterations): steps_per_generation / gradient_accumulation_steps."""
-        return self.completions_per_generation // (self.per_device_train_batch_size * self.gradient_accumulation_steps)
+        return self.completions_per_generation // (self.per_device_train_batch_size * self.processes * self.gradient_accumulation_steps)
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, tuples as lists and secrets hidden (hide_secret); the token itself is cfg.hub_token."""

@@ -132,6 +132,7 @@ class OptimizerSettings(Section):
     max_grad_norm: float = 1.0  # 0 = no clipping
     per_device_train_batch_size: int = 8  # completions per micro-batch
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
+    num_processes: int | None = None  # training processes (torchrun's WORLD_SIZE), filled in when a run starts: as in TRL, per_device_train_batch_size is per process, so the batch grows with them; given, it must match the launch
     max_steps: int = -1  # optimizer steps; -1 = derive from num_train_epochs
     num_train_epochs: float = 3.0  # passes over the train prompts when max_steps is -1
     bf16: bool = False  # bf16 autocast for forward passes; weights and optimizer stay fp32
@@ -147,6 +148,7 @@ class OptimizerSettings(Section):
         rules = [
             (self.per_device_train_batch_size >= 1, "per_device_train_batch_size must be at least 1"),
             (self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be at least 1"),
+            (self.num_processes is None or self.num_processes >= 1, "num_processes must be at least 1 (or null: the launch's)"),
             (self.learning_rate > 0 and math.isfinite(self.learning_rate), f"learning_rate must be a finite number > 0; got {self.learning_rate}"),
             (0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)"),
             (self.warmup_steps >= 0, "warmup_steps must be >= 0"),
