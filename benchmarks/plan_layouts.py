@@ -46,8 +46,8 @@ ROWS = [
      "is left of 0.9 x 40 GiB."),
     ("7B full", "-", "fsdp over 4 H100 80GB, rlvr's sampler, checkpointing",
      "$Q7 gpus=4 fsdp=true gpu_memory_gb=80 gradient_checkpointing=true",
-     "No guide row; FSDP shards weights, gradients and AdamW state to {shards:.1f} GiB per GPU, but every GPU also "
-     "holds rlvr's unsharded full copy ({full copy:.1f}), the reference ({reference:.1f}) and the sampler's copy "
+     "No guide row; FSDP shards weights, gradients and AdamW state to {shards:.1f} GiB per GPU and the reference to "
+     "{reference:.1f}, but every GPU also holds rlvr's unsharded full copy ({full copy:.1f}) and the sampler's copy "
      "({rollout weights:.1f})."),
     ("32B LoRA", "100-120 GB", "1 H200, rlvr's sampler", "$Q32 use_peft=true gpu_memory_gb=140",
      "Over the range and the GPU: the weights ({policy:.1f} GiB), the sampler's merged copy ({rollout weights:.1f}) "
@@ -63,12 +63,12 @@ ROWS = [
     ("32B full", "-", "fsdp over 8 H200, checkpointing; vLLM server on 2 H200",
      f"$Q32 gpus=8 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} "
      "vllm_tensor_parallel_size=2",
-     "No guide row; rlvr shards only what trains ({shards:.1f} GiB per GPU), while the unsharded full copy "
-     "({full copy:.1f}) and reference ({reference:.1f}) sit whole on every GPU."),
+     "No guide row; fits with {free:.1f} GiB free: rlvr shards what trains ({shards:.1f} GiB per GPU) and the "
+     "reference ({reference:.1f}), while the unsharded full copy ({full copy:.1f}) sits whole on every GPU."),
     ("32B full", "-", "the same with beta=0 (no reference)",
      f"$Q32 gpus=8 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} "
      "vllm_tensor_parallel_size=2 beta=0",
-     "No guide row; without a reference it fits with {free:.1f} GiB free, the full copy still {full copy:.1f} GiB per GPU."),
+     "No guide row; without a reference {free:.1f} GiB free, the full copy still {full copy:.1f} GiB per GPU."),
 ]
 
 

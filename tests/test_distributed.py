@@ -299,6 +299,36 @@ def test_fsdp_with_lora_trains_the_adapter_of_one_process_and_resumes_exactly(ti
     assert max((_weights(tmp_path / "fsdp")[k] - final[k]).abs().max().item() for k in final) == 0.0
 
 
+@pytest.mark.slow  # three launches
+@pytest.mark.trains
+@pytest.mark.processes
+def test_fsdp_with_a_kl_reference_shards_it_trains_to_the_weights_of_one_process_and_resumes_exactly(tiny_model_dir, tmp_path):
+    """fsdp=true with beta > 0 and full fine-tuning: the reference is sharded like the policy (each rank
+    1/2 of it, its forwards in lockstep also when one rank has fewer rows), moved toward the policy
+    every 2 steps (sync_ref_model, each rank mixing into its own shard), gathered whole into the
+    checkpoint and scattered again on resume: the weights and the KL of one process."""
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(REWARD)
+    kl = ["beta=0.1", "sync_ref_model=true", "ref_model_sync_steps=2", "ref_model_mixup_alpha=0.5", "save_steps=2", "max_steps=4"]
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo") + kl, processes=1, generic=True)
+    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo", processes=2) + kl + ["fsdp=true"]
+    _run(args, processes=2)
+    start, one, two = _weights(tiny_model_dir), _weights(tmp_path / "one"), _weights(tmp_path / "fsdp")
+    assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-3
+    gap = max((one[k] - two[k]).abs().max().item() for k in one)
+    assert gap < 1e-5, gap  # measured: 0.0
+    m1, m2 = _metrics(tmp_path / "one"), _metrics(tmp_path / "fsdp")
+    assert m2[0]["kl"] == 0.0 and m2[-1]["kl"] > 0.0  # the reference is the starting model, then the policy moves away
+    assert [m["kl"] for m in m1] == pytest.approx([m["kl"] for m in m2], rel=1e-4, abs=1e-9)
+    # Resumed from checkpoint-2, whose state holds the moved reference gathered whole: the same end.
+    for stale in ("checkpoint-4", "metrics.jsonl", "model.safetensors"):
+        path = tmp_path / "fsdp" / stale
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    _run(args + ["resume=true"], processes=2)
+    resumed = _weights(tmp_path / "fsdp")
+    assert max((resumed[k] - two[k]).abs().max().item() for k in two) == 0.0
+
+
 def _launch(args: list[str], processes: int, timeout: int, script=None) -> subprocess.CompletedProcess:
     """`rlvr train args` (or `script args`) in `processes` processes under torchrun, not asserting
     success; a launch that hangs is killed whole, torchrun and its processes (subprocess.run's

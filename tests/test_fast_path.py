@@ -449,3 +449,22 @@ def test_a_model_off_the_fast_path_says_once_which_path_and_why(tiny, caplog, mo
         "mistral: sliding-window attention is not implemented on rlvr's fast path; rollout and update use the model's own forward (slower)"]
     with pytest.raises(ValueError, match="mistral: sliding-window"):
         LlamaRunner(windowed)
+
+
+def test_in_chunks_runs_at_least_the_forwards_asked_for_with_the_same_log_probs(tiny):
+    """A sharded reference's forwards are collectives: a rank with fewer rows runs empty ones (at_least)."""
+    from rlvr.logprobs import LogProbs
+
+    model, _ = tiny
+    rollouts = [Rollout(PROMPTS[g], c, [0.0] * len(c), "stop", "") for g, c in zip(GROUP, COMPLETIONS)]
+    batch = Batch.from_rollouts(rollouts, torch.zeros(6), torch.ones(6, dtype=torch.bool), 0, False)
+    logprobs, calls = LogProbs(fast=False, temperature=1.0, micro_batch_size=4), []
+    hook = model.register_forward_hook(lambda module, args, out: calls.append(1))
+    try:
+        plain = logprobs.in_chunks(model, batch)
+        assert (logprobs.chunks(batch), len(calls)) == (2, 2)  # 6 rows, 4 at a time
+        more = logprobs.in_chunks(model, batch, at_least=5)
+    finally:
+        hook.remove()
+    assert len(calls) == 2 + 5 and torch.equal(plain, more)
+

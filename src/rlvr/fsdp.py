@@ -11,9 +11,12 @@ How it fits the trainer:
   parameters per process, while the gradients and the optimizer state (3x the parameters with
   AdamW) stay sharded;
 - every forward and backward of the sharded model is a collective, so every rank runs the same
-  number of micro-batches (`empty_micro_batch` on the ranks with fewer);
+  number of micro-batches (`Batch.empty` on the ranks with fewer);
 - gradients are summed across ranks (divide factor 1), as the loss is already normalised by
   the totals over all ranks;
+- the KL reference (beta > 0, full fine-tuning) is sharded the same way (`shard_frozen`): every rank
+  keeps 1/N of it, and its forwards run in lockstep like the update's; the TR-DPO sync mixes the
+  policy into each rank's shard locally (`mix_into`), and a checkpoint gathers it whole (`full_state`);
 - with LoRA (use_peft) the peft model is sharded by the decoder layers of the model inside it,
   each layer's frozen weights and its adapter in one group; only the adapter is trained, so the
   full copy (a peft model too) is refreshed with the adapter alone, and the reference (adapter
@@ -26,7 +29,6 @@ import torch
 
 from rlvr.lora import unwrap
 from rlvr.models import WeightCopy
-from rlvr.types import Batch
 
 
 def shard(model, device: str, world_size: int):
@@ -86,9 +88,28 @@ class FullCopy(WeightCopy):
         self.load({name: p.full_tensor() for name, p in sharded.named_parameters() if p.requires_grad})
 
 
-def empty_micro_batch(pad_id: int) -> Batch:
-    """One row with no completion token: a forward and backward that contribute zero loss and
-    zero gradient, for a rank with fewer micro-batches than the others."""
-    one = torch.full((1, 1), pad_id, dtype=torch.long)
-    return Batch(one, torch.ones((1, 1), dtype=torch.bool), one.clone(), torch.zeros((1, 1), dtype=torch.bool),
-                 torch.zeros(1), group_ids=torch.zeros(1, dtype=torch.long), sampler_logprobs=torch.zeros((1, 1)))
+def shard_frozen(model, device: str, world_size: int):
+    """A frozen model (the KL reference) sharded as the trained one is: each process keeps 1/N of it,
+    and each forward gathers a layer at a time (a collective: every rank runs as many, see
+    logprobs.LogProbs.in_chunks(at_least=...))."""
+    return shard(model, device, world_size)
+
+
+@torch.no_grad()
+def mix_into(sharded, policy, alpha: float) -> None:
+    """sharded <- (1 - alpha) x sharded + alpha x policy, each rank on its own shard with no
+    communication: `policy` is the trained model, sharded the same way (shard())."""
+    for model in (sharded, policy):
+        model.reshard()  # every parameter in its sharded form (a forward leaves the root's gathered)
+    source = dict(policy.named_parameters())
+    for name, param in sharded.named_parameters():
+        param.mul_(1.0 - alpha).add_(source[name].detach().to(param.dtype), alpha=alpha)
+
+
+def full_state(model) -> dict:
+    """A model's weights whole, on the CPU; a sharded one's gathered (a collective: every rank calls it)."""
+    if not hasattr(model, "reshard"):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

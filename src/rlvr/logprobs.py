@@ -29,6 +29,8 @@ import contextlib
 
 import torch
 
+from rlvr.types import Batch
+
 DEFAULT_CHUNK = 512
 
 
@@ -67,15 +69,23 @@ class LogProbs:
         with self.autocast(model):
             return padded_logprobs(model, batch, self.temperature, router_loss=True)
 
+    def chunks(self, batch) -> int:
+        """The forwards in_chunks runs for `batch`."""
+        return -(-len(batch) // self.micro_batch_size)
+
     @torch.no_grad()
-    def in_chunks(self, model, batch) -> torch.Tensor:
-        """Log-probs [B, T] on the CPU, micro_batch_size rows at a time (old and reference log-probs)."""
+    def in_chunks(self, model, batch, at_least: int = 0) -> torch.Tensor:
+        """Log-probs [B, T] on the CPU, micro_batch_size rows at a time (old and reference log-probs).
+        at_least: run that many forwards, the ones past the batch on an empty row (a sharded model,
+        whose every forward is a collective: each rank runs as many as the busiest)."""
         out = torch.zeros(batch.completion_ids.shape)
         size = self.micro_batch_size
         for lo in range(0, len(batch), size):
             sub = batch.select(slice(lo, lo + size)).to(self.device)
             logprobs, _ = self(model, sub)
             out[lo : lo + size, : logprobs.shape[1]] = logprobs.float().cpu()
+        for _ in range(at_least - self.chunks(batch)):
+            self(model, Batch.empty().to(self.device))
         return out
 
     def autocast(self, model):

@@ -51,7 +51,7 @@ what rlvr does with fsdp, vLLM and rollout workers.  On one training GPU:
     policy, gradients, optimizer   the rows above / N with fsdp=true (FSDP2 shards them)
     full copy          with fsdp: the policy row whole, the unsharded model each process keeps
                        to sample, to compute old log-probs and to save (fsdp.FullCopy)
-    reference          as above, whole: with fsdp a copy of the unsharded model (with LoRA the
+    reference          as above, divided by N with fsdp: sharded like the policy (with LoRA the
                        full copy with its adapter disabled: 0)
     rollout weights, KV cache, rollout logits, sampler copy
                        as above with ceil(prompts per step / N) prompts per process; 0 with
@@ -288,7 +288,7 @@ def trainer_gpu(size: ModelSize, cfg, layout: Layout) -> dict[str, float]:
     elsewhere = cfg.use_vllm or cfg.rollout_workers > 0  # no in-process sampler on this GPU
     out = {k: base[k] / shards for k in ("policy", "gradients", "optimizer")}
     out["full copy"] = base["policy"] if cfg.fsdp else 0  # with LoRA a peft model too, its adapter in fp32
-    out["reference"] = base["reference"]
+    out["reference"] = base["reference"] / shards  # with fsdp sharded like the policy (fsdp.shard_frozen)
     for k in ("rollout weights", "KV cache", "rollout logits", "sampler copy"):
         out[k] = 0 if elsewhere else base[k]
     for k in ("activations", "activations, checkpointed", "logits chunk", "bf16 casts"):
@@ -388,7 +388,7 @@ def _trainer_notes(cfg, layout: Layout) -> dict[str, str]:
     elif cfg.use_peft:
         notes["reference"] = "LoRA: the policy with its adapter disabled"
     elif cfg.fsdp:
-        notes["reference"] = "unsharded: a copy of the full model"
+        notes["reference"] = f"1/{layout.gpus}: sharded like the policy (fsdp.shard_frozen)"
     notes["vLLM, colocated"] = "vLLM's share, below"
     return notes
 

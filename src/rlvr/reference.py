@@ -3,7 +3,8 @@ the loss or to the reward, and the coefficient beta with its adaptive controller
 formulas).
 
 The reference is a frozen copy of the starting model, or with LoRA the policy itself with its
-adapter switched off (no copy).  With `kl_penalty="loss"` each update adds beta x the per-token
+adapter switched off (no copy).  With fsdp the frozen copy is sharded like the policy (fsdp.py):
+each process keeps 1/N of it, and its forwards run in lockstep, every rank as many as the busiest.  With `kl_penalty="loss"` each update adds beta x the per-token
 estimate (`kl_estimator`) to the loss (GRPO); with `kl_penalty="reward"` each completion's reward
 is lowered by beta x its summed estimate before the advantages (RLHF with PPO).  With `kl_target`,
 beta moves after every step toward the value that keeps the measured KL near it, over about
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr import distributed, fsdp
 from rlvr.config import KLSettings
 from rlvr.kl import AdaptiveKL, sequence_kl
 from rlvr.lora import is_peft, reference_off
@@ -25,10 +27,15 @@ from rlvr.types import Batch, Rollout
 
 
 class KLReference:
-    def __init__(self, settings: KLSettings, policy, ref_model, logprobs):
+    def __init__(self, settings: KLSettings, policy, ref_model, logprobs, world: distributed.World = distributed.SINGLE,
+                 trained=None):
         """policy: the trained model, or with fsdp its full copy (its adapter is switched off when
-        there is no ref_model); logprobs: a logprobs.LogProbs, how log-probs are computed."""
+        there is no ref_model); logprobs: a logprobs.LogProbs, how log-probs are computed; trained:
+        with fsdp the sharded model being trained, and then ref_model is sharded the same way
+        (fsdp.shard_frozen)."""
         self.settings, self.policy, self.ref_model, self.logprobs = settings, policy, ref_model, logprobs
+        self.world, self.trained = world, trained if trained is not None else policy
+        self.sharded = trained is not None and ref_model is not None
         self.beta = settings.beta
         self.control = AdaptiveKL(settings.beta, settings.kl_target, settings.kl_horizon) if settings.kl_target else None
         # optimizer steps between moves of the reference toward the policy; 0: it never moves
@@ -50,7 +57,11 @@ class KLReference:
     def ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """Log-probs [B, T] under the reference: the frozen copy, or the policy with its adapter off."""
         if self.ref_model is not None:
-            return self.logprobs.in_chunks(self.ref_model, batch)
+            if not self.sharded:
+                return self.logprobs.in_chunks(self.ref_model, batch)
+            out = self.logprobs.in_chunks(self.ref_model, batch, at_least=distributed.max_count(self.logprobs.chunks(batch), self.world))
+            self.ref_model.reshard()  # FSDP keeps the root module's parameters gathered after a forward: free them
+            return out
         if not is_peft(self.policy):
             raise ValueError("beta > 0 needs a reference model: pass make_reference(model, beta) to Trainer")
         with reference_off(self.policy):
@@ -91,11 +102,14 @@ class KLReference:
     @torch.no_grad()
     def sync(self) -> None:
         """reference <- alpha x policy + (1 - alpha) x reference, parameter by parameter (TRL's
-        SyncRefModelCallback).  A sharded (fsdp) policy parameter is gathered whole first, on every rank."""
-        alpha, policy = self.settings.ref_model_mixup_alpha, dict(self.policy.named_parameters())
+        SyncRefModelCallback), from the model being trained, whose step has just been taken (with fsdp
+        the full copy is refreshed only after this): a sharded reference mixes shard by shard."""
+        alpha = self.settings.ref_model_mixup_alpha
+        if self.sharded:
+            return fsdp.mix_into(self.ref_model, self.trained, alpha)
+        policy = dict(self.trained.named_parameters())
         for name, ref in self.ref_model.named_parameters():
-            p = policy[name].full_tensor() if hasattr(policy[name], "full_tensor") else policy[name]
-            ref.mul_(1.0 - alpha).add_(p.to(ref.device, ref.dtype), alpha=alpha)
+            ref.mul_(1.0 - alpha).add_(policy[name].to(ref.device, ref.dtype), alpha=alpha)
 
     @property
     def synced(self) -> bool:
@@ -105,7 +119,7 @@ class KLReference:
     def state_dict(self) -> dict:
         state = {"beta": self.beta, "kl_control": self.control.state_dict() if self.control else None, "steps": self.steps}
         if self.synced:  # else the reference is the starting model, which a resumed run loads anyway
-            state["ref_model"] = {k: v.detach().cpu() for k, v in self.ref_model.state_dict().items()}
+            state["ref_model"] = fsdp.full_state(self.ref_model)  # sharded: gathered whole (every rank calls this)
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -114,4 +128,7 @@ class KLReference:
             self.control.load_state_dict(state["kl_control"])
         self.steps = state.get("steps", self.steps)
         if state.get("ref_model") is not None and self.ref_model is not None:
-            self.ref_model.load_state_dict(state["ref_model"])
+            if self.sharded:
+                fsdp.load_full_state_dict(self.ref_model, state["ref_model"])
+            else:
+                self.ref_model.load_state_dict(state["ref_model"])

@@ -274,7 +274,8 @@ class Trainer(RunCore):
         self.weight_subscribers.append(self.rollout)
         # With LoRA the reference is the policy with its adapter off: with fsdp, the full copy's, whose
         # forward is no collective (the ranks' batches differ in size), as for the old log-probs.
-        self.kl = KLReference(cfg.section(KLSettings), self.full_model, ref_model, self.logprobs)
+        self.kl = KLReference(cfg.section(KLSettings), self.full_model, ref_model, self.logprobs, world,
+                              trained=model if cfg.fsdp else None)
         self._plan(train_examples, total_steps)
         generation = GenerationSettings.of(cfg.rollout_settings, cfg.update_settings, cfg.prompts_per_step,
                                            cfg.num_completions_to_print, cfg.steps_per_optimizer_step)

@@ -139,6 +139,15 @@ class Batch:
                    sampler_logprobs=sampler_logprobs, policy_mask=policy_mask, skipped_rows=len(left_out),
                    skipped_tokens=skipped_tokens)
 
+    @classmethod
+    def empty(cls, pad_id: int = 0) -> "Batch":
+        """One row with no completion token: a forward (and backward) that contributes zero loss and
+        zero gradient, for a rank with fewer micro-batches than the others where every forward of a
+        sharded model is a collective (fsdp)."""
+        one = torch.full((1, 1), pad_id, dtype=torch.long)
+        return cls(one, torch.ones((1, 1), dtype=torch.bool), one.clone(), torch.zeros((1, 1), dtype=torch.bool),
+                   torch.zeros(1), group_ids=torch.zeros(1, dtype=torch.long), sampler_logprobs=torch.zeros((1, 1)))
+
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr import config, distributed, fsdp
+from rlvr import config, distributed
 from rlvr.losses import LossNorm, entropy_threshold, high_entropy_mask, policy_loss, sampler_importance_weights
 from rlvr.types import Batch
 from rlvr.errors import NonFinite  # noqa: F401 - raised here, defined in the leaf errors.py
@@ -314,7 +314,7 @@ class PolicyUpdate:
 
     def _empty_micro_batch(self) -> Batch:
         """A micro-batch without tokens (zero loss and gradient) for a rank with fewer than the others (fsdp)."""
-        empty = fsdp.empty_micro_batch(self.pad_id)
+        empty = Batch.empty(self.pad_id)
         if self.kl.loss_beta > 0:
             empty.ref_logprobs = torch.zeros((1, 1))
         return empty
