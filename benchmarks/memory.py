@@ -3,8 +3,10 @@
     python benchmarks/memory.py                      # tiny and default model, full and LoRA
     python benchmarks/memory.py --model default --lora --steps 2
     python benchmarks/memory.py --model default --steps 3 --max-staleness 1
+    python benchmarks/memory.py --model default --processes 2 --fsdp   # per rank, 2 gloo processes
 
-Each configuration runs in its own process (peak RSS is per process).  The measured number
+Each configuration runs in its own process (peak RSS is per process); with --processes N, under
+torchrun, each rank measures its own and the plan is the per-GPU one for N GPUs (plan.trainer_gpu).  The measured number
 is the peak resident set (ru_maxrss) minus the RSS just before the model loads, i.e. what
 the run added on top of Python, torch and transformers; the plan is sized with the longest
 prompt the run really sees (not max_prompt_length), since both are upper bounds.
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANDOM_REWARD = "import random\ndef noisy(completions, **kw):\n    return [random.random() for _ in completions]\n"
 
 
-def settings(model: str, lora: bool, steps: int, out: str, staleness: int = 0) -> dict:
+def settings(model: str, lora: bool, steps: int, out: str, staleness: int = 0, fsdp: bool = False) -> dict:
     # Random rewards: every group carries signal, so every step really updates (gradients, AdamW state).
     plugin = Path(out).parent / "noisy.py"
     plugin.parent.mkdir(parents=True, exist_ok=True)
@@ -34,15 +36,18 @@ def settings(model: str, lora: bool, steps: int, out: str, staleness: int = 0) -
     return {"model": model, "use_peft": lora, "reward_funcs": [f"{plugin}:noisy"], "num_generations": 4, "per_device_train_batch_size": 8,
             "gradient_accumulation_steps": 1, "max_completion_length": 32, "max_steps": steps, "beta": 0.04,
             "save_steps": 1000, "logging_steps": 1, "eval_on_start": False, "eval_on_end": False,
-            "report_steps": 0, "output_dir": out, "max_staleness": staleness}
+            "report_steps": 0, "output_dir": out, "max_staleness": staleness, "fsdp": fsdp, "use_cpu": True}
 
 
-def child(model: str, lora: bool, steps: int, staleness: int = 0) -> dict:
+def child(model: str, lora: bool, steps: int, staleness: int = 0, fsdp: bool = False, scratch: str | None = None) -> dict:
+    if scratch is not None:  # several processes: one run directory for all, made by the parent
+        return _measure(model, lora, steps, Path(scratch), staleness, fsdp)
     with tempfile.TemporaryDirectory(prefix="rlvr-mem-") as scratch:  # the run's checkpoints go with it
-        return _measure(model, lora, steps, Path(scratch), staleness)
+        return _measure(model, lora, steps, Path(scratch), staleness, fsdp)
 
 
-def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int) -> dict:
+def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, fsdp: bool = False) -> dict:
+    import os
     from rlvr.chat import render_prompts, tokenize_prompts
     from rlvr.config import build_config
     from rlvr.models import load_tokenizer, resolve_model_path
@@ -51,14 +56,10 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int) 
     from rlvr.tasks import load_splits
 
     if model == "tiny":
-        sys.path.insert(0, str(ROOT / "tests"))
-        from conftest import make_tiny_model, make_tokenizer
-
         model = str(scratch / "tiny-llama")
-        tok = make_tokenizer()
-        make_tiny_model(len(tok)).save_pretrained(model)
-        tok.save_pretrained(model)
-    cfg = build_config(settings(model, lora, steps, str(scratch / "run"), staleness))
+        if not Path(model).is_dir():
+            _make_tiny(model)
+    cfg = build_config(settings(model, lora, steps, str(scratch / "run"), staleness, fsdp))
     tokenizer = load_tokenizer(resolve_model_path(cfg.model))
     train_examples, _ = load_splits(cfg.data_settings, cfg.seed)
     texts = render_prompts(tokenizer, [e.prompt for e in train_examples[:200]], cfg.system_prompt, cfg.chat_template_kwargs,
@@ -66,12 +67,26 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int) 
     longest = max(len(p) for p in tokenize_prompts(tokenizer, texts, cfg.max_prompt_length))
     import dataclasses
 
-    planned = estimate(ModelSize.from_config(read_model_config(cfg.model)), dataclasses.replace(cfg, max_prompt_length=longest))
+    from rlvr.plan import Layout, trainer_gpu
+
+    size, sized = ModelSize.from_config(read_model_config(cfg.model)), dataclasses.replace(cfg, max_prompt_length=longest)
+    planned = estimate(size, sized) if cfg.processes == 1 else trainer_gpu(size, sized, Layout(gpus=cfg.processes))
     baseline = _rss()
     train(cfg)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"model": "tiny" if "tiny-llama" in str(model) else model, "lora": lora, "plan_bytes": planned["total"],
-            "measured_bytes": peak - baseline, "baseline_bytes": baseline, "longest_prompt": longest}
+            "measured_bytes": peak - baseline, "baseline_bytes": baseline, "longest_prompt": longest,
+            "rank": int(os.environ.get("RANK", "0")), "processes": cfg.processes, "fsdp": fsdp,
+            "plan_rows": {k: v for k, v in planned.items() if k != "total"}}
+
+
+def _make_tiny(path: str) -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import make_tiny_model, make_tokenizer
+
+    tok = make_tokenizer()
+    make_tiny_model(len(tok)).save_pretrained(path)
+    tok.save_pretrained(path)
 
 
 def _rss() -> int:
@@ -87,22 +102,43 @@ def main() -> None:
     ap.add_argument("--lora", action="store_true", help="only LoRA (default: full and LoRA)")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--max-staleness", type=int, default=0, choices=[0, 1], help="sample the next batch during the update")
+    ap.add_argument("--processes", type=int, default=1, help="training processes under torchrun (gloo, CPU)")
+    ap.add_argument("--fsdp", action="store_true", help="fsdp=true (needs --processes > 1)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--scratch", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.child:
-        print("RESULT " + json.dumps(child(ns.model, ns.lora, ns.steps, ns.max_staleness)), flush=True)
+        print("RESULT " + json.dumps(child(ns.model, ns.lora, ns.steps, ns.max_staleness, ns.fsdp, ns.scratch)), flush=True)
         return
     models = ["tiny", "default"] if ns.model == "both" else [ns.model]
-    print(f"{'model':<8} {'mode':<5} {'plan MiB':>9} {'measured MiB':>13} {'measured/plan':>14}")
+    print(f"{'model':<8} {'mode':<5} {'rank':>4} {'plan MiB':>9} {'measured MiB':>13} {'measured/plan':>14}")
     for model in models:
         for lora in ([True] if ns.lora else [False, True]):
-            cmd = [sys.executable, __file__, "--child", "--model", model, "--steps", str(ns.steps),
-                   "--max-staleness", str(ns.max_staleness)] + (["--lora"] if lora else [])
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            r = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[7:])
-            mib = 2**20
-            print(f"{model:<8} {'lora' if lora else 'full':<5} {r['plan_bytes'] / mib:9.1f} {r['measured_bytes'] / mib:13.1f} "
-                  f"{r['measured_bytes'] / r['plan_bytes']:14.2f}", flush=True)
+            for r in _run(model, lora, ns):
+                mib = 2**20
+                print(f"{model:<8} {'lora' if lora else 'full':<5} {r['rank']:>4} {r['plan_bytes'] / mib:9.1f} "
+                      f"{r['measured_bytes'] / mib:13.1f} {r['measured_bytes'] / r['plan_bytes']:14.2f}", flush=True)
+
+
+def _run(model: str, lora: bool, ns) -> list[dict]:
+    """Each rank's result of one configuration, in its own process(es)."""
+    args = ["--child", "--model", model, "--steps", str(ns.steps), "--max-staleness", str(ns.max_staleness)]
+    args += (["--lora"] if lora else []) + (["--fsdp"] if ns.fsdp else [])
+    if ns.processes == 1:
+        out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True).stdout
+        return [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+    import os
+
+    with tempfile.TemporaryDirectory(prefix="rlvr-mem-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None) as scratch:
+        if model == "tiny":
+            _make_tiny(str(Path(scratch) / "tiny-llama"))
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ns.processes}"]
+        done = subprocess.run(launch + [__file__, *args, "--scratch", scratch], capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if done.returncode:
+            raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
+        found = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    return sorted(found, key=lambda r: r["rank"])
 
 
 if __name__ == "__main__":
