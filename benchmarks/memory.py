@@ -134,7 +134,7 @@ def _run(model: str, lora: bool, ns) -> list[dict]:
             _make_tiny(str(Path(scratch) / "tiny-llama"))
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ns.processes}"]
         done = subprocess.run(launch + [__file__, *args, "--scratch", scratch], capture_output=True, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": scratch})  # torchrun's logs go with it
         if done.returncode:
             raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
         found = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
