@@ -4,11 +4,11 @@
     python benchmarks/plan_layouts.py --full    # and each command's whole `rlvr plan` output
 
 Each row is one `rlvr plan` command, printed under the table to be run by hand.  The models are
-Qwen2.5-7B and Qwen2.5-32B, given by their sizes (nothing is downloaded); the settings are the
+Qwen2.5-7B, Qwen2.5-32B and Qwen2.5-72B, given by their sizes (nothing is downloaded); the settings are the
 guide's (G=8, micro-batch 4, 2 accumulation steps, completions up to 256 tokens, beta 0.04,
 bf16 weights and autocast) with rlvr's default LoRA rank, 16 (the guide gives none).  The
 guide's table: 7B LoRA 32-40 GB (A100 40GB / L40S), 32B LoRA 100-120 GB (H200), 32B
-disaggregated 64-80 GB (H100 / H200); its disaggregated trainer node holds the policy and a
+disaggregated 64-80 GB (H100 / H200), 70B disaggregated 140-160 GB (2 H200 / B200); its disaggregated trainer node holds the policy and a
 reference in bf16 (64 GB each) and a LoRA optimizer (~2 GB), with vLLM on 2 H200 rollout nodes.
 """
 
@@ -23,6 +23,8 @@ SIZES = {
     "Q7": "hidden_size=3584 intermediate_size=18944 num_hidden_layers=28 num_attention_heads=28 "
           "num_key_value_heads=4 head_dim=128 vocab_size=152064 tie_word_embeddings=false",
     "Q32": "hidden_size=5120 intermediate_size=27648 num_hidden_layers=64 num_attention_heads=40 "
+           "num_key_value_heads=8 head_dim=128 vocab_size=152064 tie_word_embeddings=false",
+    "Q72": "hidden_size=8192 intermediate_size=29568 num_hidden_layers=80 num_attention_heads=64 "
            "num_key_value_heads=8 head_dim=128 vocab_size=152064 tie_word_embeddings=false",
 }
 GUIDE = ("dtype=bfloat16 bf16=true num_generations=8 per_device_train_batch_size=4 gradient_accumulation_steps=2 "
@@ -69,6 +71,15 @@ ROWS = [
      f"$Q32 gpus=8 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} "
      "vllm_tensor_parallel_size=2 beta=0",
      "No guide row; without a reference {free:.1f} GiB free, the full copy still {full copy:.1f} GiB per GPU."),
+    ("70B disaggregated", "140-160 GB", "LoRA: fsdp over the guide's 2 H200, checkpointing; vLLM server on 4 H200",
+     f"$Q72 use_peft=true gpus=2 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} vllm_tensor_parallel_size=4",
+     "Over the GPU: the LoRA policy is sharded ({policy:.1f} GiB per GPU), but rlvr's unsharded full copy ({full copy:.1f}) "
+     "alone fills an H200. The guide's 140-160 GB is about the policy's bf16 weights (145 GB) over its 2 GPUs, a layout "
+     "rlvr reaches only without the permanent full copy (not built yet)."),
+    ("70B full", "-", "fsdp over 8 H200, checkpointing; vLLM server on 4 H200",
+     f"$Q72 gpus=8 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} vllm_tensor_parallel_size=4",
+     "No guide row; the shards ({shards:.1f} GiB) and the reference ({reference:.1f}) fit, the unsharded full copy "
+     "({full copy:.1f}) does not."),
 ]
 
 
