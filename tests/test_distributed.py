@@ -329,6 +329,45 @@ def test_fsdp_with_a_kl_reference_shards_it_trains_to_the_weights_of_one_process
     assert max((resumed[k] - two[k]).abs().max().item() for k in two) == 0.0
 
 
+KILLS_RANK_0 = """
+import os, signal
+from pathlib import Path
+
+def distinct(completions, trainer_state=None, **kwargs):
+    marker = Path(os.environ["RLVR_TEST_KILL_MARKER"])
+    if os.environ.get("RANK") == "0" and trainer_state.global_step == 3 and not marker.exists():
+        marker.write_text("killed")
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9 of rank 0 while it samples step 4; torchrun ends rank 1
+    return [len(set(c)) / 4 for c in completions]
+"""
+
+
+@pytest.mark.slow  # three launches
+@pytest.mark.trains
+@pytest.mark.processes
+def test_fsdp_killed_with_sigkill_resumes_on_the_same_ranks_to_the_weights_of_a_run_that_never_stopped(tiny_model_dir, tmp_path, monkeypatch):
+    """kill -9 of one rank of a sharded run (beta > 0: a sharded reference, synced every 2 steps), then
+    resume=true on 2 processes again: the final weights and the metrics of a run that never stopped."""
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(KILLS_RANK_0)
+    monkeypatch.setenv("RLVR_TEST_KILL_MARKER", str(tmp_path / "killed"))
+    extra = ["fsdp=true", "beta=0.1", "sync_ref_model=true", "ref_model_sync_steps=2", "save_steps=2", "max_steps=6",
+             "reward_isolation=inline"]
+    (tmp_path / "killed").write_text("not this run")  # the straight run is never killed
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "straight", "grpo", processes=2) + extra, processes=2)
+    (tmp_path / "killed").unlink()
+    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo", processes=2) + extra
+    killed = _launch(args, processes=2, timeout=300)
+    assert killed.returncode != 0 and (tmp_path / "killed").is_file(), killed.stderr[-3000:]
+    assert not (tmp_path / "fsdp" / "model.safetensors").exists() and (tmp_path / "fsdp" / "checkpoint-2").is_dir()
+    assert "resumed from" in _run(args + ["resume=true"], processes=2).stdout
+    straight, resumed = _weights(tmp_path / "straight"), _weights(tmp_path / "fsdp")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    timed = ("step_time", "tokens_per_second")
+    same = lambda rows: [{k: v for k, v in r.items() if not k.startswith("timing/") and k not in timed} for r in rows]  # noqa: E731
+    assert same(_metrics(tmp_path / "fsdp")) == same(_metrics(tmp_path / "straight"))
+
+
 def _launch(args: list[str], processes: int, timeout: int, script=None) -> subprocess.CompletedProcess:
     """`rlvr train args` (or `script args`) in `processes` processes under torchrun, not asserting
     success; a launch that hangs is killed whole, torchrun and its processes (subprocess.run's
