@@ -14,8 +14,8 @@ How it fits the trainer:
   number of micro-batches (`Batch.empty` on the ranks with fewer);
 - gradients are summed across ranks (divide factor 1), as the loss is already normalised by
   the totals over all ranks;
-- the KL reference (beta > 0, full fine-tuning) is sharded the same way (`shard_frozen`): every rank
-  keeps 1/N of it, and its forwards run in lockstep like the update's; the TR-DPO sync mixes the
+- the KL reference (beta > 0, full fine-tuning) is sharded the same way (`shard`): every rank
+  keeps 1/N of it, and its forwards run in lockstep like the update's (LogProbs.in_chunks(at_least=...)); the TR-DPO sync mixes the
   policy into each rank's shard locally (`mix_into`), and a checkpoint gathers it whole (`full_state`);
 - with LoRA (use_peft) the peft model is sharded by the decoder layers of the model inside it,
   each layer's frozen weights and its adapter in one group; only the adapter is trained, so the
@@ -86,13 +86,6 @@ class FullCopy(WeightCopy):
     @torch.no_grad()
     def update_weights(self, sharded) -> None:
         self.load({name: p.full_tensor() for name, p in sharded.named_parameters() if p.requires_grad})
-
-
-def shard_frozen(model, device: str, world_size: int):
-    """A frozen model (the KL reference) sharded as the trained one is: each process keeps 1/N of it,
-    and each forward gathers a layer at a time (a collective: every rank runs as many, see
-    logprobs.LogProbs.in_chunks(at_least=...))."""
-    return shard(model, device, world_size)
 
 
 @torch.no_grad()

@@ -49,7 +49,7 @@ class LogProbs:
 
     def __call__(self, model, batch, stats: bool = False):
         """(logp [B, T], entropy [B, T]) of `batch`'s completion tokens under `model`, with gradients;
-        with stats, also (top1 [B, T] bool, mean_logit [B, T]) (see TokenStats)."""
+        with stats, also (top1 [B, T] bool, mean_logit [B, T]) (see the module docstring)."""
         if self.fast:
             from rlvr.llama import LlamaRunner
 

@@ -275,20 +275,15 @@ class Layout:
         return None if self.gpu_memory_gb is None else self.gpu_memory_gb * GIB
 
 
-def for_layout(cfg, layout: Layout):
-    """The settings as a launch on the layout's GPUs runs them (per_device_train_batch_size is per process)."""
-    return cfg if cfg.processes == layout.gpus else cfg.for_processes(layout.gpus)
-
-
 def trainer_gpu(size: ModelSize, cfg, layout: Layout) -> dict[str, float]:
     """Bytes per row on one training GPU of the layout (module docstring, Layouts), and the total."""
-    cfg = for_layout(cfg, layout)
+    cfg = cfg.for_processes(layout.gpus)
     base = estimate(size, cfg, sampling_prompts=math.ceil(cfg.prompts_per_step / layout.gpus))
     shards = layout.gpus if cfg.fsdp else 1
     elsewhere = cfg.use_vllm or cfg.rollout_workers > 0  # no in-process sampler on this GPU
     out = {k: base[k] / shards for k in ("policy", "gradients", "optimizer")}
     out["full copy"] = base["policy"] if cfg.fsdp else 0  # with LoRA a peft model too, its adapter in fp32
-    out["reference"] = base["reference"] / shards  # with fsdp sharded like the policy (fsdp.shard_frozen)
+    out["reference"] = base["reference"] / shards  # with fsdp sharded like the policy (fsdp.shard)
     for k in ("rollout weights", "KV cache", "rollout logits", "sampler copy"):
         out[k] = 0 if elsewhere else base[k]
     for k in ("activations", "activations, checkpointed", "logits chunk", "bf16 casts"):
@@ -338,7 +333,7 @@ def rollout_worker(size: ModelSize, cfg) -> dict[str, float]:
 def layout_estimate(size: ModelSize, cfg, layout: Layout) -> dict[str, dict]:
     """Per GPU of each node: "trainer"; "vllm" with use_vllm (a GPU of the server, of a rollout
     worker, or the colocated share); "worker" with rollout_workers and no vLLM (per worker, in RAM)."""
-    cfg = for_layout(cfg, layout)
+    cfg = cfg.for_processes(layout.gpus)
     out = {"trainer": trainer_gpu(size, cfg, layout)}
     if cfg.use_vllm:
         out["vllm"] = vllm_gpu(size, cfg, layout)
@@ -349,7 +344,7 @@ def layout_estimate(size: ModelSize, cfg, layout: Layout) -> dict[str, dict]:
 
 def refusals(cfg, layout: Layout) -> list[str]:
     """The launch rules of settings.check_runnable that this layout breaks: `rlvr train` would refuse it."""
-    n, out, cfg = layout.gpus, [], for_layout(cfg, layout)
+    n, out, cfg = layout.gpus, [], cfg.for_processes(layout.gpus)
     if cfg.fsdp and n == 1:
         out.append("fsdp=true shards across several processes (gpus > 1)")
     if n > 1 and cfg.rollout_workers:
@@ -388,7 +383,7 @@ def _trainer_notes(cfg, layout: Layout) -> dict[str, str]:
     elif cfg.use_peft:
         notes["reference"] = "LoRA: the policy with its adapter disabled"
     elif cfg.fsdp:
-        notes["reference"] = f"1/{layout.gpus}: sharded like the policy (fsdp.shard_frozen)"
+        notes["reference"] = f"1/{layout.gpus}: sharded like the policy (fsdp.shard)"
     notes["vLLM, colocated"] = "vLLM's share, below"
     return notes
 

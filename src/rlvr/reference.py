@@ -32,7 +32,7 @@ class KLReference:
         """policy: the trained model, or with fsdp its full copy (its adapter is switched off when
         there is no ref_model); logprobs: a logprobs.LogProbs, how log-probs are computed; trained:
         with fsdp the sharded model being trained, and then ref_model is sharded the same way
-        (fsdp.shard_frozen)."""
+        (fsdp.shard)."""
         self.settings, self.policy, self.ref_model, self.logprobs = settings, policy, ref_model, logprobs
         self.world, self.trained = world, trained if trained is not None else policy
         self.sharded = trained is not None and ref_model is not None

@@ -133,7 +133,7 @@ def _make_trainer(cfg: Config, method: methods.Method, model, tokenizer, data: R
     trained = _shard(cfg, model, world)
     reference = make_reference(model, method.reference_beta(cfg))
     if cfg.fsdp and reference is not None:  # 1/N of the reference on each process, as of the policy
-        reference = fsdp.shard_frozen(reference, world.device, world.world_size)
+        reference = fsdp.shard(reference, world.device, world.world_size)
     return method.trainer_class().for_run(cfg, trained, tokenizer, data, output_dir, reference, world, full_model=model)
 
 

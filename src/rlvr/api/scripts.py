@@ -243,13 +243,16 @@ class TrlParser(HfArgumentParser):
     @staticmethod
     def _give(config, values: dict[str, Any]) -> dict[str, Any]:
         """Set on `config` the values it takes as settings (a wrong value raises its ConfigError); the others back."""
+        rest = {}
         for key, value in values.items():
             if config.takes(key):
                 setattr(config, key, value)
-        return {k: v for k, v in values.items() if not config.takes(k)}
+            else:
+                rest[key] = value
+        return rest
 
-    @classmethod
-    def _give_strings(cls, config, strings: list[str]) -> list[str]:
+    @staticmethod
+    def _give_strings(config, strings: list[str]) -> list[str]:
         """The command line's `--key value...` (or `--key=value`, or a bare `--flag` for true) that `config`
         takes, set on it; the other strings back, in their order."""
         rest, at = [], 0

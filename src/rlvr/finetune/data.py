@@ -220,7 +220,7 @@ class Encoder:
         rollout stage had them: the prompt as sampled from, then the completion's text and eos_id."""
         self.data, self.tokenizer, self.eos_id, self.max_length = data, tokenizer, eos_id, max_length
         self.truncation_mode, self.assistant_only_loss, self.as_sampled = truncation_mode, assistant_only_loss, as_sampled
-        self.dropped = 0  # sequences left without a trained token by max_length
+        self.dropped = 0  # rows (demonstrations or pairs) left without a trained token by max_length
 
     def prompts(self, prompts: list[Prompt]) -> list[list[int]]:
         """The prompts' ids as the rollout stage samples from them (chat template, system prompt, max_prompt_length)."""
@@ -243,6 +243,7 @@ class Encoder:
                 start = 1 if full_loss else len(p)
                 trained = [i >= start and a for i, a in enumerate(assistant)]
             out.append(self._cut(ids, trained, start))
+        self.dropped += out.count(None)
         return out
 
     def pairs(self, prompts: list[Prompt], chosen: list, rejected: list) -> list[tuple[Sequence, Sequence] | None]:
@@ -253,10 +254,9 @@ class Encoder:
             p_c, c_ids, _ = self._prompt_and_full(prompt, c)
             p_r, r_ids, _ = self._prompt_and_full(prompt, r)
             start = min(len(p_c), len(p_r))
-            before = self.dropped
             seqs = [self._cut(ids, [i >= start for i in range(len(ids))], start) for ids in (c_ids, r_ids)]
-            self.dropped = min(self.dropped, before + 1)  # a pair is one row, however many of its sides are left empty
             out.append(None if None in seqs else (seqs[0], seqs[1]))
+        self.dropped += out.count(None)  # a pair is one row, however many of its sides are left empty
         return out
 
     # --- TRL's tokenisation ---------------------------------------------------------------------
@@ -330,7 +330,6 @@ class Encoder:
         start = max(1, min(start, len(ids)))
         mask = trained[start:]
         if not any(mask):
-            self.dropped += 1
             return None
         return ids[:start], ids[start:], None if all(mask) else mask
 
