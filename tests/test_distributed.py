@@ -329,6 +329,129 @@ def test_fsdp_with_a_kl_reference_shards_it_trains_to_the_weights_of_one_process
     assert max((resumed[k] - two[k]).abs().max().item() for k in two) == 0.0
 
 
+# Records, on each rank, how many elements the unsharded copy holds while the sampler generates and
+# while the update runs (fsdp.GatheredCopy), into held-<rank>.json in the run's directory.
+RECORDS_WHAT_IS_HELD = """
+import json, os, sys
+from pathlib import Path
+
+import rlvr.fsdp, rlvr.rollout.engine, rlvr.update
+
+copies, seen = [], {"sampling": set(), "update": set()}
+init, generate, accumulate = rlvr.fsdp.GatheredCopy.__init__, rlvr.rollout.engine.HFSampler.generate, rlvr.update.PolicyUpdate.accumulate_gradients
+
+def held():
+    return sum(p.numel() for c in copies for p in c.full.parameters())
+
+def registered(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    copies.append(self)
+
+def sampling(self, *args, **kwargs):
+    seen["sampling"].add(held())
+    return generate(self, *args, **kwargs)
+
+def updating(self, *args, **kwargs):
+    seen["update"].add(held())
+    return accumulate(self, *args, **kwargs)
+
+rlvr.fsdp.GatheredCopy.__init__, rlvr.rollout.engine.HFSampler.generate = registered, sampling
+rlvr.update.PolicyUpdate.accumulate_gradients = updating
+from rlvr.cli import main
+code = main(["train", *sys.argv[1:]])
+out = Path([a for a in sys.argv if a.startswith("output_dir=")][0].split("=", 1)[1])
+(out / f"held-{os.environ['RANK']}.json").write_text(json.dumps({k: sorted(v) for k, v in seen.items()}))
+sys.exit(code)
+"""
+
+
+@pytest.mark.trains
+@pytest.mark.processes
+def test_fsdp_holds_the_whole_weights_only_while_it_samples(tiny_model_dir, tmp_path):
+    """No permanent unsharded copy: each rank's copy of the whole model has its weights while the
+    in-process sampler generates (gathered from the shards) and none while the update runs."""
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(REWARD)
+    args = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo", processes=2) + ["fsdp=true", "beta=0.1"]
+    script = tmp_path / "records_what_is_held.py"
+    script.write_text(RECORDS_WHAT_IS_HELD)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    out = subprocess.run(launch + args, capture_output=True, text=True, timeout=150, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    whole = sum(t.numel() for k, t in _weights(tiny_model_dir).items() if k != "lm_head.weight")  # tied: one tensor
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / "fsdp" / f"held-{rank}.json").read_text())
+        assert seen == {"sampling": [whole], "update": [0]}, seen
+
+
+# Rank 0 streams a sharded model's weight update twice (a retry), as it does to vLLM servers, and once
+# more gathers two tensors out of order; rank 1 only follows.  Every rank also loads the update pair by
+# pair, as colocated vLLM does.  What rank 0 decoded is saved to compare with the unsharded weights.
+STREAMS_SHARDS = """
+import sys
+import torch
+from transformers import AutoModelForCausalLM
+from rlvr import distributed, fsdp
+from rlvr.rollout.weights import Relay, decode, encode, weight_update
+
+world = distributed.init(use_cpu=True)
+model = fsdp.shard(AutoModelForCausalLM.from_pretrained(sys.argv[1]), world.device, world.world_size)
+update = weight_update(model, False, 1)
+assert update.sharded and all(hasattr(t, "full_tensor") for t in update.tensors.values())
+local = {name: t.to_local().numel() for name, t in update.tensors.items()}
+assert sum(local.values()) < 0.6 * sum(t.numel() for t in update.tensors.values())  # each rank holds about half
+colocated = dict(update.pairs())  # every rank, the same order
+relay = Relay(update, world)
+if world.is_main:
+    relay.lead()
+    streams = []
+    for attempt in range(2):
+        total, pieces = encode(update, torch.float32)
+        data = b"".join(pieces)
+        assert len(data) == total
+        offset = 0
+        def read(n):
+            global offset
+            offset += n
+            return data[offset - n : offset]
+        meta, tensors = decode(read)
+        streams.append(dict(tensors))
+    names = list(update.tensors)
+    late = {name: update.value(name) for name in (names[-1], names[0])}
+    relay.done()
+    assert all(torch.equal(streams[0][k], streams[1][k]) for k in streams[0])
+    assert all(torch.equal(late[k], streams[0][k]) and torch.equal(colocated[k], streams[0][k]) for k in late)
+    torch.save({"streamed": streams[0], "colocated": colocated, "aliases": meta["aliases"]}, sys.argv[2])
+else:
+    relay.follow()
+distributed.wait_for_all(world)
+distributed.shutdown(world)
+"""
+
+
+@pytest.mark.processes
+def test_a_sharded_models_weights_stream_one_gathered_tensor_at_a_time(tiny_model_dir, tmp_path):
+    """vLLM servers and colocated engines are sent the weights of a sharded model (fsdp) as each
+    tensor is gathered: rank 0 sends, the other ranks join each gather it asks for, also when it
+    sends the update twice (a failed server, a relay) or a tensor out of order; what arrives is the
+    unsharded model's weights exactly."""
+    from transformers import AutoModelForCausalLM
+
+    script = tmp_path / "streams_shards.py"
+    script.write_text(STREAMS_SHARDS)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    out = subprocess.run(launch + [str(tiny_model_dir), str(tmp_path / "got.pt")], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    got = torch.load(tmp_path / "got.pt")
+    expected = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
+    assert sorted(got["streamed"]) == sorted(expected)
+    for name, value in expected.items():
+        assert torch.equal(got["streamed"][name], value.detach()), name
+        assert torch.equal(got["colocated"][name], value.detach()), name
+    assert got["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}  # tied: sent once, named twice
+
+
 KILLS_RANK_0 = """
 import os, signal
 from pathlib import Path

@@ -25,8 +25,11 @@ How it fits the trainer:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+from rlvr import distributed
 from rlvr.lora import unwrap
 from rlvr.models import WeightCopy
 
@@ -80,12 +83,74 @@ class FullOptimizerState:
 
 
 class FullCopy(WeightCopy):
-    """A weight subscriber: keeps an unsharded model equal to the sharded one after each step.
-    Only the trained parameters are gathered (collectives): frozen ones (LoRA's base) never change."""
+    """A weight subscriber: keeps an unsharded model equal to the sharded one after each step, for a
+    sampler that runs while the policy trains (max_staleness): the one layout that holds a whole copy
+    for good.  Only the trained parameters are gathered (collectives): frozen ones (LoRA's base) never change."""
 
     @torch.no_grad()
     def update_weights(self, sharded) -> None:
         self.load({name: p.full_tensor() for name, p in sharded.named_parameters() if p.requires_grad})
+
+
+class GatheredCopy:
+    """The unsharded model that samples and evaluates, holding its weights only inside `gathered()`.
+
+    Outside it every parameter of `full` is an empty tensor (its module structure, buffers and
+    config stay), so the whole model exists on a rank only while it samples: the peak is the larger
+    of sampling (the whole weights, the KV cache) and the update (the shards, one layer gathered at
+    a time), not their sum.  Entering gathers every parameter from the sharded model one tensor at a
+    time (`DTensor.full_tensor()`, a collective: every rank enters together, also the ranks that do
+    not evaluate); leaving drops them and tells `on_release` (the samplers' caches built from them).
+    A tied output layer is the embedding's parameter, so it is gathered once, as it is listed once."""
+
+    def __init__(self, full, sharded):
+        self.full, self.sharded, self.depth = full, sharded, 0
+        self.on_release: list = []
+        self._params = dict(full.named_parameters())
+        missing = set(self._params) ^ {name for name, _ in sharded.named_parameters()}
+        if missing:
+            raise ValueError(f"the sharded model and its unsharded copy differ in parameters: {sorted(missing)[:5]}")
+        self._free()
+
+    @contextlib.contextmanager
+    def gathered(self):
+        """The whole weights in `full` for the body (nested uses gather once)."""
+        if self.depth == 0:
+            self._fill()
+        self.depth += 1
+        try:
+            yield self.full
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self._free()
+
+    def hold(self) -> None:
+        """Gather the whole weights and keep them (a collective): the run is over and hands the model back."""
+        if self.depth == 0:
+            self._fill()
+        self.depth += 1
+
+    @torch.no_grad()
+    def _fill(self) -> None:
+        for name, shard in self.sharded.named_parameters():
+            self._params[name].data = shard.full_tensor().detach()
+
+    def _free(self) -> None:
+        for param in self._params.values():
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+        for release in self.on_release:
+            release()
+
+
+@torch.no_grad()
+def lockstep_logprobs(logprobs, model, batch, world) -> torch.Tensor:
+    """Log-probs of `batch` under a sharded model (logprobs.LogProbs): its forwards are collectives,
+    so every rank runs as many as the busiest (empty ones past its batch); its parameters are left
+    sharded again (FSDP keeps the root module's gathered after a forward)."""
+    out = logprobs.in_chunks(model, batch, at_least=distributed.max_count(logprobs.chunks(batch), world))
+    model.reshard()
+    return out
 
 
 @torch.no_grad()

@@ -278,6 +278,10 @@ class LlamaRunner:
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         return torch.matmul(probs, v).reshape(rows, self.heads * self.head_dim)
 
+    def release(self) -> None:
+        """Forget the sampling weights (InferenceWeights) built from the model's parameters."""
+        self._weights = None
+
     def _inference_weights(self, dtype: torch.dtype, rows: int) -> "InferenceWeights":
         cached = getattr(self, "_weights", None)
         if cached is None or cached.dtype != dtype or cached.version != _version(self.model) or cached.adapters != adapters_enabled(self.model):

@@ -104,10 +104,12 @@ class Run:
         self._note_best()  # a resumed run's best checkpoint, if it is still there
         try:
             self.callbacks.fire("on_train_begin")
-            if cfg.eval_on_start and "eval_before" not in trainer.extra_state and self.world.is_main:
-                before = self.held_out("before")
-                trainer.extra_state["eval_before"] = _brief(before)
-                self.callbacks.evaluated(_prefixed(before))
+            if cfg.eval_on_start and "eval_before" not in trainer.extra_state:
+                with trainer.whole_weights():  # every rank gathers (fsdp), rank 0 evaluates
+                    if self.world.is_main:
+                        before = self.held_out("before")
+                        trainer.extra_state["eval_before"] = _brief(before)
+                        self.callbacks.evaluated(_prefixed(before))
                 self.started = time.perf_counter()  # the evaluation before training is not training time
             with interrupts.handling(self.say), make_progress(self.console) as self.progress:
                 self.bar = self.progress.add_task("train", total=trainer.total_steps, completed=trainer.step,
@@ -176,8 +178,10 @@ class Run:
         evaluates = cfg.eval_strategy == "steps" and (step % (cfg.eval_steps or cfg.logging_steps) == 0 or step == total)
         self.callbacks.step_end(step, metrics.get("epoch"), log=step % cfg.logging_steps == 0 or step == total,
                                 evaluate=evaluates, save=checkpoint_due(cfg, step, total))
-        if self.callbacks.control.should_evaluate and self.data.test_examples and world.is_main:
-            metrics.update({f"eval/{k}": v for k, v in self.held_out(out=progress.console).logged().items()})
+        if self.callbacks.control.should_evaluate and self.data.test_examples:
+            with trainer.whole_weights():  # every rank gathers (fsdp), rank 0 evaluates
+                if world.is_main:
+                    metrics.update({f"eval/{k}": v for k, v in self.held_out(out=progress.console).logged().items()})
         if world.enabled:  # rank 0's metrics (with its evaluation), so every rank's alerts agree
             main_metrics = dict(distributed.broadcast(metrics, world))  # rank 0 gets its own dict back
             metrics.clear()
@@ -252,11 +256,14 @@ class Run:
         if cfg.load_best_model_at_end:
             self._load_best()
         summary = {"output_dir": str(self.output_dir), "steps": trainer.step, "train_seconds": round(train_seconds, 1)}
+        if objects is not None:  # the trained model handed back whole (with fsdp: gathered, and kept so)
+            trainer.hold_whole_weights()
+            objects.model, objects.tokenizer = trainer.full_model, trainer.tokenizer
+        with trainer.whole_weights():  # every rank gathers (fsdp), rank 0 saves and evaluates
+            if self.world.is_main:
+                save_final_model(trainer.full_model, trainer.tokenizer, self.output_dir, cfg.lora_save)
+                after = self.held_out("after") if cfg.eval_on_end else None  # rlvr's own (TRL has none): no event, no log_history row
         if self.world.is_main:
-            save_final_model(trainer.full_model, trainer.tokenizer, self.output_dir, cfg.lora_save)
-            if objects is not None:
-                objects.model, objects.tokenizer = trainer.full_model, trainer.tokenizer
-            after = self.held_out("after") if cfg.eval_on_end else None  # rlvr's own (TRL has none): no event, no log_history row
             summary.update({
                 "device": self.world.device,
                 **({"stopped_by": trainer.extra_state["stopped_by"]} if "stopped_by" in trainer.extra_state else {}),
@@ -288,9 +295,10 @@ class Run:
             return
         self.console.print(f"load_best_model_at_end: the final model is {best.name} "
                            f"({self.cfg.metric_for_best_model} {state.best_metric:.4g})")
-        load_weights(best, trainer.full_model)
-        if trainer.sharded:
-            fsdp.load_full_state_dict(trainer.model, trainer.full_model.state_dict())
+        with trainer.whole_weights():
+            load_weights(best, trainer.full_model)
+            if trainer.sharded:
+                fsdp.load_full_state_dict(trainer.model, trainer.full_model.state_dict())
         if self.cfg.save_total_limit == 1 and self.world.is_main:
             for path in checkpoints(self.output_dir):
                 if path.name != best.name:

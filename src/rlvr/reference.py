@@ -4,7 +4,8 @@ formulas).
 
 The reference is a frozen copy of the starting model, or with LoRA the policy itself with its
 adapter switched off (no copy).  With fsdp the frozen copy is sharded like the policy (fsdp.py):
-each process keeps 1/N of it, and its forwards run in lockstep, every rank as many as the busiest.  With `kl_penalty="loss"` each update adds beta x the per-token
+each process keeps 1/N of it; its forwards, and those of the sharded policy with its adapter off,
+run in lockstep, every rank as many as the busiest.  With `kl_penalty="loss"` each update adds beta x the per-token
 estimate (`kl_estimator`) to the loss (GRPO); with `kl_penalty="reward"` each completion's reward
 is lowered by beta x its summed estimate before the advantages (RLHF with PPO).  With `kl_target`,
 beta moves after every step toward the value that keeps the measured KL near it, over about
@@ -28,14 +29,12 @@ from rlvr.types import Batch, Rollout
 
 class KLReference:
     def __init__(self, settings: KLSettings, policy, ref_model, logprobs, world: distributed.World = distributed.SINGLE,
-                 trained=None):
-        """policy: the trained model, or with fsdp its full copy (its adapter is switched off when
-        there is no ref_model); logprobs: a logprobs.LogProbs, how log-probs are computed; trained:
-        with fsdp the sharded model being trained, and then ref_model is sharded the same way
-        (fsdp.shard)."""
+                 sharded: bool = False):
+        """policy: the trained model (its adapter is switched off when there is no ref_model);
+        logprobs: a logprobs.LogProbs, how log-probs are computed; sharded: with fsdp, `policy` is
+        sharded (fsdp.shard) and so is ref_model: their forwards are collectives."""
         self.settings, self.policy, self.ref_model, self.logprobs = settings, policy, ref_model, logprobs
-        self.world, self.trained = world, trained if trained is not None else policy
-        self.sharded = trained is not None and ref_model is not None
+        self.world, self.sharded = world, sharded
         self.beta = settings.beta
         self.control = AdaptiveKL(settings.beta, settings.kl_target, settings.kl_horizon) if settings.kl_target else None
         # optimizer steps between moves of the reference toward the policy; 0: it never moves
@@ -57,15 +56,16 @@ class KLReference:
     def ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """Log-probs [B, T] under the reference: the frozen copy, or the policy with its adapter off."""
         if self.ref_model is not None:
-            if not self.sharded:
-                return self.logprobs.in_chunks(self.ref_model, batch)
-            out = self.logprobs.in_chunks(self.ref_model, batch, at_least=distributed.max_count(self.logprobs.chunks(batch), self.world))
-            self.ref_model.reshard()  # FSDP keeps the root module's parameters gathered after a forward: free them
-            return out
+            return self._logprobs(self.ref_model, batch)
         if not is_peft(self.policy):
             raise ValueError("beta > 0 needs a reference model: pass make_reference(model, beta) to Trainer")
         with reference_off(self.policy):
-            return self.logprobs.in_chunks(self.policy, batch)
+            return self._logprobs(self.policy, batch)
+
+    def _logprobs(self, model, batch: Batch) -> torch.Tensor:
+        if not self.sharded:
+            return self.logprobs.in_chunks(model, batch)
+        return fsdp.lockstep_logprobs(self.logprobs, model, batch, self.world)
 
     def fill(self, batch: Batch) -> None:
         """Reference log-probs for the loss, once per batch (before its first update)."""
@@ -102,12 +102,12 @@ class KLReference:
     @torch.no_grad()
     def sync(self) -> None:
         """reference <- alpha x policy + (1 - alpha) x reference, parameter by parameter (TRL's
-        SyncRefModelCallback), from the model being trained, whose step has just been taken (with fsdp
-        the full copy is refreshed only after this): a sharded reference mixes shard by shard."""
+        SyncRefModelCallback), from the model being trained, whose step has just been taken: a sharded
+        reference mixes shard by shard."""
         alpha = self.settings.ref_model_mixup_alpha
         if self.sharded:
-            return fsdp.mix_into(self.ref_model, self.trained, alpha)
-        policy = dict(self.trained.named_parameters())
+            return fsdp.mix_into(self.ref_model, self.policy, alpha)
+        policy = dict(self.policy.named_parameters())
         for name, ref in self.ref_model.named_parameters():
             ref.mul_(1.0 - alpha).add_(policy[name].to(ref.device, ref.dtype), alpha=alpha)
 

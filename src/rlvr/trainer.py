@@ -11,6 +11,7 @@ save_steps mean what they mean there.  The settings are read here, once, and eac
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -43,13 +44,17 @@ __all__ = ["RunCore", "RunData", "StepRecord", "Trainer", "rollout_stage", "step
 
 
 def rollout_stage(cfg: Config, model, sampler_model, tokenizer, world: distributed.World = distributed.SINGLE,
-                  home: HomeThread | None = None) -> RolloutStage:
+                  home: HomeThread | None = None, gathered=None) -> RolloutStage:
     """Stages 1 and 2 with the sampler the settings pick: vLLM (in this process or a server), sent
     the weights after every update; else the in-process engine on `sampler_model` (the trained model,
     or with fsdp its unsharded copy), from a copy of its own when sampling ahead (max_staleness);
-    plus Ray rollout workers that sample and score when rollout_workers > 0 (vLLM then runs in each)."""
+    plus Ray rollout workers that sample and score when rollout_workers > 0 (vLLM then runs in each).
+    `gathered`: with fsdp, the fsdp.GatheredCopy whose weights exist only while the in-process
+    engine samples; the engines outside (vLLM, a copy sampling ahead) are sent them from the shards."""
     eos = eos_token_ids(model, tokenizer)
-    source, subscribers, workers = sampler_model, [], None
+    source, subscribers, workers, window = sampler_model, [], None, None
+    if gathered is not None:
+        source = model  # sharded: what a subscriber is sent is gathered a tensor at a time
     if cfg.use_vllm and cfg.rollout_workers == 0:
         from rlvr.models import resolve_model_path
         from rlvr.rollout.vllm import make_vllm_sampler
@@ -60,9 +65,14 @@ def rollout_stage(cfg: Config, model, sampler_model, tokenizer, world: distribut
         subscribers.append(sampler)
     else:
         if cfg.max_staleness:  # it samples while the policy trains: from a copy, refreshed after each update
-            sampler_model = copy.deepcopy(sampler_model).eval()
-            subscribers.append(WeightCopy(sampler_model))
+            with gathered.gathered() if gathered is not None else contextlib.nullcontext():
+                sampler_model = copy.deepcopy(sampler_model).eval()
+            subscribers.append(fsdp.FullCopy(sampler_model) if gathered is not None else WeightCopy(sampler_model))
+        elif gathered is not None:
+            window = gathered.gathered
         sampler = make_sampler(sampler_model, tokenizer, eos, bf16=cfg.bf16, cuda_graphs=cfg.cuda_graphs)
+        if window is not None:  # the fused weights the fast sampler builds go with the gathered ones
+            gathered.on_release.append(getattr(sampler, "release", lambda: None))
     if cfg.rollout_workers > 0:
         from rlvr.rollout.workers import RolloutWorkers
 
@@ -73,7 +83,7 @@ def rollout_stage(cfg: Config, model, sampler_model, tokenizer, world: distribut
     path = RolloutPath.of(cfg, tokenizer, sampler, build_rewards(cfg.reward_settings, cfg.data_settings))
     off_policy = cfg.use_vllm or cfg.rollout_workers > 0 or cfg.max_staleness > 0
     return RolloutStage(path, sampling_params(cfg.rollout_settings), world, home, source=source,
-                        subscribers=subscribers, workers=workers, off_policy=bool(off_policy))
+                        subscribers=subscribers, workers=workers, off_policy=bool(off_policy), window=window)
 
 
 class StepRecord:
@@ -129,10 +139,12 @@ class RunCore(StepRecord):
                  full_model=None, temperature: float = 1.0):
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
         self.world = world  # this process among several (torchrun); only rank 0 writes files
-        # With fsdp, `model` is sharded and `full_model` an unsharded copy that samples and is saved (fsdp.py).
+        # With fsdp, `model` is sharded and `full_model` an unsharded copy that samples and is saved (fsdp.py),
+        # holding its weights only while they are gathered (`gathered`, fsdp.GatheredCopy).
         self.full_model = full_model if full_model is not None else model
         self.output_dir, self.step, self.sharded = Path(output_dir), 0, cfg.fsdp
-        self.weight_subscribers: list = [fsdp.FullCopy(self.full_model)] if cfg.fsdp else []  # told after each update
+        self.gathered = fsdp.GatheredCopy(self.full_model, model) if cfg.fsdp else None
+        self.weight_subscribers: list = []  # told after each update
         device = next(self.full_model.parameters()).device
         # Log-probs by rlvr's own forward (llama.py) where it applies, else the generic one (always with fsdp).
         self.logprobs = LogProbs(not cfg.fsdp and on_fast_path(model), temperature, autocast_dtype(cfg.update_settings),
@@ -204,6 +216,17 @@ class RunCore(StepRecord):
         """Optimizer steps one pass over the train prompts (or units) takes."""
         raise NotImplementedError
 
+    def whole_weights(self):
+        """A context in which `full_model` holds the whole weights: with fsdp they are gathered from
+        the shards (every rank enters it, also those that only wait) and dropped on leaving."""
+        return self.gathered.gathered() if self.gathered is not None else contextlib.nullcontext()
+
+    def hold_whole_weights(self) -> None:
+        """With fsdp, gather the whole weights into `full_model` for good (the run is over: the Python
+        API hands the model back); a no-op otherwise."""
+        if self.gathered is not None:
+            self.gathered.hold()
+
     def publish_weights(self) -> None:
         """Hand the updated weights to every sampler outside this model (vLLM, rollout workers)."""
         for subscriber in self.weight_subscribers:
@@ -240,14 +263,16 @@ class RunCore(StepRecord):
         if (self.sharded and not collective) or self.poisoned:
             return None
         state = self.state_dict(collective)
-        if not self.world.is_main:
-            return None
-        return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.cfg.save_total_limit, keep)
+        with self.whole_weights():
+            if not self.world.is_main:
+                return None
+            return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.cfg.save_total_limit, keep)
 
     def resume(self, checkpoint: Path) -> None:
-        state = load_checkpoint(checkpoint, self.full_model)
-        if self.sharded:
-            fsdp.load_full_state_dict(self.model, self.full_model.state_dict())
+        with self.whole_weights():
+            state = load_checkpoint(checkpoint, self.full_model)
+            if self.sharded:
+                fsdp.load_full_state_dict(self.model, self.full_model.state_dict())
         self._load_own(state)  # before the parts: a method's own values may make a part (finetune's round stream)
         restore_trainer_state(state, self._parts())
         if self.cfg.resume_override:  # the optimizer settings given now, not the checkpoint's
@@ -270,12 +295,11 @@ class Trainer(RunCore):
         self.ref_model = ref_model
         # Reward functions run on the thread of the training loop, also for a batch sampled ahead (rollout/home.py).
         self.home = HomeThread()
-        self.rollout = rollout_stage(cfg, model, self.full_model, tokenizer, world, self.home)  # 1. rollout, 2. reward
+        self.rollout = rollout_stage(cfg, model, self.full_model, tokenizer, world, self.home, self.gathered)  # 1. rollout, 2. reward
         self.weight_subscribers.append(self.rollout)
-        # With LoRA the reference is the policy with its adapter off: with fsdp, the full copy's, whose
-        # forward is no collective (the ranks' batches differ in size), as for the old log-probs.
-        self.kl = KLReference(cfg.section(KLSettings), self.full_model, ref_model, self.logprobs, world,
-                              trained=model if cfg.fsdp else None)
+        # With LoRA the reference is the policy with its adapter off; with fsdp the sharded policy's, its
+        # forwards in lockstep over the ranks, as the frozen reference's and the old log-probs'.
+        self.kl = KLReference(cfg.section(KLSettings), model, ref_model, self.logprobs, world, sharded=cfg.fsdp)
         self._plan(train_examples, total_steps)
         generation = GenerationSettings.of(cfg.rollout_settings, cfg.update_settings, cfg.prompts_per_step,
                                            cfg.num_completions_to_print, cfg.steps_per_optimizer_step)
@@ -284,7 +308,7 @@ class Trainer(RunCore):
         self.updater = PolicyUpdate(UpdateSettings.from_sections(cfg.update_settings, cfg.rollout_settings, cfg.steps_per_optimizer_step,
                                                                   self.rollout.off_policy, self.full_model.config), model, self.optimizer,
                                     self.scheduler, self.logprobs, self.kl, self.rollout.pad_id, world,
-                                    sampler_model=self.full_model, between_micro_batches=self.home.serve,
+                                    between_micro_batches=self.home.serve,
                                     scaler=self.scaler, on_event=self._event)  # 4
         self.log_completions = cfg.log_completions and world.is_main
         self.parts = cfg.steps_per_optimizer_step  # optimizer steps one pass over a generation takes

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr import config, distributed
+from rlvr import config, distributed, fsdp
 from rlvr.losses import LossNorm, entropy_threshold, high_entropy_mask, policy_loss, sampler_importance_weights
 from rlvr.types import Batch
 from rlvr.errors import NonFinite  # noqa: F401 - raised here, defined in the leaf errors.py
@@ -159,16 +159,14 @@ def skip_step(scheduler) -> None:
 
 class PolicyUpdate:
     def __init__(self, settings: UpdateSettings, model, optimizer, scheduler, logprobs, kl, pad_id: int,
-                 world: distributed.World = distributed.SINGLE, sampler_model=None, between_micro_batches=None, scaler=None,
+                 world: distributed.World = distributed.SINGLE, between_micro_batches=None, scaler=None,
                  on_event=None):
-        """logprobs: a logprobs.LogProbs; kl: a reference.KLReference; sampler_model: the unsharded
-        model with the same weights (fsdp), for the old log-probs; between_micro_batches: called
+        """logprobs: a logprobs.LogProbs; kl: a reference.KLReference; between_micro_batches: called
         after each backward pass (the reward calls of a batch sampled ahead, rollout/home.py);
         scaler: fp16's loss scaler (optim.loss_scaler), or None; on_event: told the points of the
         step (the module docstring)."""
         self.settings, self.model, self.optimizer, self.scheduler = settings, model, optimizer, scheduler
         self.logprobs, self.kl, self.pad_id, self.world = logprobs, kl, pad_id, world
-        self.sampler_model = sampler_model if sampler_model is not None else model
         self.between_micro_batches = between_micro_batches or (lambda: None)
         self.poisoned: str | None = None  # why the weights may no longer be saved
         self.scaler = scaler
@@ -179,7 +177,8 @@ class PolicyUpdate:
         """Before a batch's first update: old_logprobs (needed only when it is trained on more than
         once) and the reference log-probs of the KL term."""
         if self.settings.num_iterations > 1:
-            batch.old_logprobs = self.logprobs.in_chunks(self.sampler_model, batch)
+            batch.old_logprobs = (fsdp.lockstep_logprobs(self.logprobs, self.model, batch, self.world) if self.settings.fsdp
+                                  else self.logprobs.in_chunks(self.model, batch))
         self.kl.fill(batch)
 
     def __call__(self, batch: Batch, step: int, before_step=None) -> dict:

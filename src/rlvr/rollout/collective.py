@@ -111,7 +111,7 @@ class WeightGroup:
                      for s in self.servers]
             try:
                 for entry in header["tensors"]:
-                    tensor = update.tensors[entry["name"]].detach().to(self.device, entry_dtype(entry)).contiguous()
+                    tensor = update.value(entry["name"]).detach().to(self.device, entry_dtype(entry)).contiguous()
                     broadcast(self.group, tensor, self.timeout)
                     sent += tensor.numel() * tensor.element_size()
             except RuntimeError as e:

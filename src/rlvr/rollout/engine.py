@@ -162,6 +162,11 @@ class FastSampler(HFSampler):
         super().__init__(model, tokenizer, eos_token_ids, max_batch_size, bf16)
         self.runner = LlamaRunner(model)
 
+    def release(self) -> None:
+        """Drop the sampling copy of the weights built from the model's (fused, in the sampling dtype):
+        its parameters are about to be dropped too (fsdp.GatheredCopy), and the next call builds it again."""
+        self.runner.release()
+
     def _prefill(self, prompts, n: int, max_new: int):
         dtype = torch.bfloat16 if self.bf16 else next(self.model.parameters()).dtype
         return self.runner.prefill(prompts, n, max_new, dtype)

@@ -38,19 +38,23 @@ class Sampled:
 
 class RolloutStage:
     def __init__(self, path: RolloutPath, params: SamplingParams, world: distributed.World = distributed.SINGLE,
-                 home: HomeThread | None = None, *, source=None, subscribers=(), workers=None, off_policy: bool = False):
+                 home: HomeThread | None = None, *, source=None, subscribers=(), workers=None, off_policy: bool = False,
+                 window=None):
         """`path`: prompts -> scored completions with the run's sampler (trainer.rollout_stage picks it
         from the settings); `params`: the training rollouts' SamplingParams.  `source`: the model whose
         whole weights `subscribers` (the engines outside the trained model: vLLM, a sampling copy, the
-        Ray workers) are sent after each update (with fsdp the unsharded copy, refreshed first).
+        Ray workers) are sent after each update (with fsdp the sharded model, gathered a tensor at a time).
         `workers`: Ray actors that sample and score (rollout/workers.py), when rollout_workers > 0.
         `off_policy`: the completions come from another engine or from the weights before the last
         update, and get the importance correction (losses.py).  `home`: where reward functions run
-        when a batch is sampled from another thread (rollout/home.py); without it, in the sampling thread."""
+        when a batch is sampled from another thread (rollout/home.py); without it, in the sampling thread.
+        `window`: with fsdp and the in-process engine, a context in which the sampler's model holds
+        the whole weights (fsdp.GatheredCopy.gathered, a collective): sampling happens inside it."""
         self.path, self.params, self.world, self.home = path, params, world, home
         self.sampler, self.tokenizer = path.sampler, path.tokenizer
         self.source, self.subscribers, self.workers, self.off_policy = source, list(subscribers), workers, off_policy
         self._stream = None  # see side_stream
+        self.window = window or contextlib.nullcontext
 
     @property
     def pad_id(self) -> int:
@@ -76,7 +80,8 @@ class RolloutStage:
             groups, scores = self.workers.generate_and_score(examples, texts, self.path.tokenize(texts), self.params,
                                                              streams.seeds, state)
             return Sampled(examples, groups, scores, time.perf_counter() - t0, 0.0)
-        texts, groups = self.path.generate(examples, self.params, streams)
+        with self.window():  # the weights are gathered for sampling only, not for scoring
+            texts, groups = self.path.generate(examples, self.params, streams)
         rollout_seconds = time.perf_counter() - t0
         score = (examples, groups, texts, state)
         scores, reward_seconds = self.home.call(self._score, *score) if self.home else self._score(*score)

@@ -250,7 +250,7 @@ class VLLMColocateSampler:
     def update_weights(self, model) -> None:
         self.version += 1
         update = weight_update(model, self.engine.adapters, self.version)
-        self.engine.load({**update.meta, "version": update.version, "adapter": update.adapter}, update.tensors.items())
+        self.engine.load({**update.meta, "version": update.version, "adapter": update.adapter}, update.pairs())
 
     def close(self) -> None:
         self.engine.close()

@@ -36,7 +36,7 @@ from rlvr.config import VLLMSettings
 from rlvr.errors import VLLMError
 from rlvr.rollout import SamplingParams, pad_token_id
 from rlvr.rollout.vllm_request import check_prompts, params_dict, request_seeds
-from rlvr.rollout.weights import encode, weight_update, wire_dtype
+from rlvr.rollout.weights import Relay, encode, weight_update, wire_dtype
 from rlvr.types import Rollout
 
 
@@ -137,7 +137,7 @@ class VLLMServers:
         self.version = 0
         self.failures = 0  # servers dropped since the start
         self.last_sync: tuple[int, float] = (0, 0.0)  # bytes and seconds of the last weight update sent
-        self._model = None  # what the last update came from, to send to a server that missed it
+        self._update = None  # the last weight update, to send to a server that restarted since
         infos = self._wait_ready()
         self.dtype = wire_dtype(infos[0].get("dtype", "float32"))
         self.adapters = all(i.get("adapters") for i in infos)
@@ -207,8 +207,10 @@ class VLLMServers:
     def _generate_on(self, server: Server, body: dict) -> list:
         try:
             return server.call("POST", "/generate", body)["groups"]
-        except StaleWeights:  # restarted since the last update: send it the current weights, then ask again
-            self._push_to([server])
+        except StaleWeights as e:  # restarted since the last update: send it the current weights, then ask again
+            if self._update.sharded:  # only every rank together can gather them: it rejoins at the next update
+                raise VLLMError(f"{e}; with fsdp it is sent the weights at the next update") from None
+            self._push_to([server], self._update)
             return server.call("POST", "/generate", body)["groups"]
 
     def _drop(self, server: Server, why: str, share: int) -> None:
@@ -225,15 +227,25 @@ class VLLMServers:
 
     def update_weights(self, model) -> None:
         """A new version of the policy: rank 0 sends it (one copy, relayed by the servers); every
-        rank then waits until it is there, so no rank samples from the old weights."""
+        rank then waits until it is there, so no rank samples from the old weights.  From a sharded
+        model (fsdp) each tensor is gathered as rank 0 sends it, the other ranks joining (weights.Relay)."""
         self.version += 1
-        self._model = model
+        self._update = update = weight_update(model, self.adapters, self.version)
+        relay = Relay(update, self.world) if update.sharded and self.world.enabled else None
         if self.world.is_main:
             t0 = time.perf_counter()
-            targets = self.alive + self._returned()
-            sent = self._broadcast_to(targets) if self.transfer == "collective" and targets else None
-            sent = self._push_to(targets) if sent is None else sent
+            if relay is not None:
+                relay.lead()
+            try:
+                targets = self.alive + self._returned()
+                sent = self._broadcast_to(targets, update) if self.transfer == "collective" and targets else None
+                sent = self._push_to(targets, update) if sent is None else sent
+            finally:
+                if relay is not None:
+                    relay.done()
             self.last_sync = (sent, time.perf_counter() - t0)
+        elif relay is not None:
+            relay.follow()
         distributed.wait_for_all(self.world)
 
     def _returned(self) -> list[Server]:
@@ -249,12 +261,11 @@ class VLLMServers:
                 back.append(s)
         return back
 
-    def _broadcast_to(self, targets: list[Server]) -> int | None:
-        """Send the current weights over the weight group (built again when `targets` are not its
-        members); None when that failed: this update and every later one then go over HTTP."""
+    def _broadcast_to(self, targets: list[Server], update) -> int | None:
+        """Send `update` over the weight group (built again when `targets` are not its members);
+        None when that failed: this update and every later one then go over HTTP."""
         from rlvr.rollout.collective import WeightGroup
 
-        update = weight_update(self._model, self.adapters, self.version)
         try:
             if self.group is None or not self.group.serves(targets):
                 self.group = None
@@ -269,10 +280,9 @@ class VLLMServers:
             s.failure = None
         return sent
 
-    def _push_to(self, targets: list[Server]) -> int:
-        """Send the current weights to `targets` as a relay chain; a server the chain missed is sent its
-        own copy, and one that cannot take it is dropped.  Returns the bytes that left the trainer."""
-        update = weight_update(self._model, self.adapters, self.version)
+    def _push_to(self, targets: list[Server], update) -> int:
+        """Send `update` to `targets` as a relay chain; a server the chain missed is sent its own copy,
+        and one that cannot take it is dropped.  Returns the bytes that left the trainer."""
         size, sent, todo = encode(update, self.dtype)[0], 0, list(targets)
         while todo:
             first, rest = todo[0], todo[1:]

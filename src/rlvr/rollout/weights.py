@@ -15,6 +15,12 @@ so neither side ever holds a second serialised copy of the model:
 Tensors travel in the engine's dtype (`wire_dtype`): bfloat16 for a bf16 engine, half of
 float32's bytes; a float32 engine gets float32, since rounding would make the sampler's policy
 differ from the trainer's.
+
+From a sharded model (fsdp) an update's tensors are the shards (DTensors): each is gathered whole
+only when it is sent (`WeightUpdate.value`), so the trainer never holds the whole model.  A gather
+is a collective: when every rank loads the update (vLLM colocated) they gather in the same order;
+when rank 0 alone sends it (to servers, with retries and relays), the others follow its requests
+(`Relay`).
 """
 
 from __future__ import annotations
@@ -38,10 +44,68 @@ class WeightUpdate:
     adapter: dict | None = None
     version: int = 0
     meta: dict = field(default_factory=dict)
+    gather: Callable[[str], torch.Tensor] | None = None  # set by Relay on rank 0: a shard's whole value, the others joining
+
+    def value(self, name: str) -> torch.Tensor:
+        """The tensor to send as `name`: a shard gathered whole (a collective), else itself."""
+        if self.gather is not None:
+            return self.gather(name)
+        return whole(self.tensors[name])
+
+    def pairs(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) one at a time, each shard gathered as it comes (every rank in the same order)."""
+        for name in self.tensors:
+            yield name, self.value(name)
+
+    @property
+    def sharded(self) -> bool:
+        return any(is_shard(t) for t in self.tensors.values())
 
     @property
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def is_shard(t) -> bool:
+    return hasattr(t, "full_tensor")
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's whole value: a DTensor's gathered from every rank (a collective), else the tensor."""
+    return t.full_tensor() if is_shard(t) else t
+
+
+class Relay:
+    """Rank 0 sends a sharded update alone (to vLLM servers, with relays and retries it decides on
+    as it goes), and every shard it sends must be gathered by all ranks together: rank 0 says which
+    (a broadcast of its index) before each gather, and the other ranks `follow` until it is `done`.
+    Every rank builds the same update (the same names in the same order) first."""
+
+    def __init__(self, update: WeightUpdate, world):
+        self.update, self.world, self.names = update, world, list(update.tensors)
+
+    def lead(self) -> None:
+        """On rank 0: the update's shards are gathered on request from now on."""
+        self.update.gather = self._gather
+
+    def _gather(self, name: str) -> torch.Tensor:
+        self._say(self.names.index(name))
+        return whole(self.update.tensors[name])
+
+    def done(self) -> None:
+        """On rank 0: the other ranks stop following."""
+        self.update.gather = None
+        self._say(-1)
+
+    def follow(self) -> None:
+        """On the other ranks: join every gather rank 0 asks for, until done()."""
+        while (index := self._say(0)) >= 0:
+            whole(self.update.tensors[self.names[index]])
+
+    def _say(self, index: int) -> int:
+        t = torch.tensor([index], dtype=torch.long, device=self.world.device)
+        torch.distributed.broadcast(t, src=0)
+        return int(t.item())
 
 
 def policy_weights(model) -> dict[str, torch.Tensor]:
@@ -118,7 +182,7 @@ def encode(update: WeightUpdate, dtype: torch.dtype | None = None) -> tuple[int,
     def pieces() -> Iterator[bytes]:
         yield struct.pack("<Q", len(header)) + header
         for name, entry in zip(names, entries):
-            t = update.tensors[name].detach().to("cpu", DTYPES.get(entry["dtype"], update.tensors[name].dtype))
+            t = update.value(name).detach().to("cpu", DTYPES.get(entry["dtype"], update.tensors[name].dtype))
             yield t.contiguous().view(torch.uint8).numpy().tobytes()
 
     return total, pieces()
