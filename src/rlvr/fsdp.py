@@ -26,6 +26,7 @@ How it fits the trainer:
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 
@@ -48,6 +49,20 @@ def shard(model, device: str, world_size: int):
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
     return model
+
+
+def without_weights(model):
+    """A copy of `model` whose parameters are empty tensors (its structure, buffers and config
+    copied; shared parameters stay shared), made without a second copy of the weights."""
+    params = dict(model.named_parameters())
+    kept = {name: p.data for name, p in params.items()}
+    try:
+        for p in params.values():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        return copy.deepcopy(model)
+    finally:
+        for name, p in params.items():
+            p.data = kept[name]
 
 
 def load_full_state_dict(model, state: dict) -> None:

@@ -5,7 +5,6 @@ and loggers, alerts, the live report, checkpoints), and leaves the final model a
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import shutil
 from pathlib import Path
@@ -92,10 +91,12 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
 def _load_model(cfg: Config, world: distributed.World, objects=None):
     """(model, tokenizer, model path): by name or path, or the objects given to the Python API."""
     given_model, given_tokenizer = (objects.model, objects.tokenizer) if objects is not None else (None, None)
+    # With fsdp the whole model is loaded into CPU memory; sharding moves each rank's 1/N to its device.
+    device = "cpu" if cfg.fsdp else world.device
     if given_model is not None:  # a loaded model given to GRPOTrainer
-        model, model_path, tokenizer = given_model.to(world.device), cfg.model, None
+        model, model_path, tokenizer = given_model.to(device), cfg.model, None
     else:
-        model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, world.device, cfg.model_init_kwargs, cfg.trust_remote_code,
+        model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, device, cfg.model_init_kwargs, cfg.trust_remote_code,
                                                   cfg.trust_unverified_checkpoint)
     tokenizer = given_tokenizer or tokenizer or load_tokenizer(model.name_or_path, trust_remote_code=cfg.trust_remote_code)
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -129,16 +130,14 @@ def _checkpoint_layers(model) -> None:
 def _make_trainer(cfg: Config, method: methods.Method, model, tokenizer, data: RunData, output_dir: Path,
                   world: distributed.World) -> RunCore:
     """The method's trainer, with its reference (a frozen copy of the starting model, when its beta
-    is > 0 and there is no LoRA) and, with fsdp, the sharded model it trains."""
-    trained = _shard(cfg, model, world)
+    is > 0 and there is no LoRA) and, with fsdp, the sharded model it trains.  With fsdp `model` (in
+    CPU memory) is sharded in place, and the model that samples is an unsharded copy of it without
+    weights, gathered into it from the shards while it samples (fsdp.GatheredCopy)."""
     reference = make_reference(model, method.reference_beta(cfg))
-    if cfg.fsdp and reference is not None:  # 1/N of the reference on each process, as of the policy
-        reference = fsdp.shard(reference, world.device, world.world_size)
-    return method.trainer_class().for_run(cfg, trained, tokenizer, data, output_dir, reference, world, full_model=model)
-
-
-def _shard(cfg: Config, model, world: distributed.World):
-    """With fsdp, the model trained is a sharded copy; `model` samples, evaluates and is saved (fsdp.py)."""
     if not cfg.fsdp:
-        return model
-    return fsdp.shard(copy.deepcopy(model), world.device, world.world_size)
+        return method.trainer_class().for_run(cfg, model, tokenizer, data, output_dir, reference, world)
+    if reference is not None:  # 1/N of the reference on each process, as of the policy
+        reference = fsdp.shard(reference, world.device, world.world_size)
+    unsharded = fsdp.without_weights(model).to(world.device)  # its buffers on the device; its weights come when gathered
+    trained = fsdp.shard(model, world.device, world.world_size)
+    return method.trainer_class().for_run(cfg, trained, tokenizer, data, output_dir, reference, world, full_model=unsharded)
