@@ -112,11 +112,15 @@ def reference(servers, tmp_path_factory):
     return out, train(out, 1, "vllm_mode=server", f"vllm_server_base_url={servers['plain'][0]}")
 
 
-@pytest.mark.parametrize("layout", ["two processes, one server", "two processes, two servers", "two processes, colocated"])
+@pytest.mark.parametrize("layout", ["two processes, one server", "two processes, two servers", "two processes, colocated",
+                                    "two processes, fsdp, one server", "two processes, fsdp, colocated"])
 def test_several_processes_with_vllm_train_to_the_weights_of_one(servers, reference, tmp_path, layout):
+    """With fsdp the weights vLLM gets are gathered from the shards a tensor at a time (rollout/weights.py)."""
     where = {"two processes, one server": ["vllm_mode=server", f"vllm_server_base_url={servers['plain'][0]}"],
              "two processes, two servers": ["vllm_mode=server", f"vllm_server_base_url=[{','.join(servers['plain'])}]"],
-             "two processes, colocated": ["vllm_mode=colocate"]}[layout]
+             "two processes, colocated": ["vllm_mode=colocate"],
+             "two processes, fsdp, one server": ["vllm_mode=server", f"vllm_server_base_url={servers['plain'][0]}", "fsdp=true"],
+             "two processes, fsdp, colocated": ["vllm_mode=colocate", "fsdp=true"]}[layout]
     ref_dir, ref = reference
     lines = train(tmp_path / "run", 2, *where)
     assert [m["reward"] for m in lines] == [m["reward"] for m in ref]  # the same completions, scored the same
