@@ -2,9 +2,11 @@
 optimizer state are sharded across the processes of a torchrun launch (fsdp=true).
 
 How it fits the trainer:
-- the trained model is sharded per decoder layer and at the root, and runs through its own
-  forward (the generic path): FSDP gathers a layer's parameters in hooks on the module's
-  forward, which rlvr's fast path (llama.py) bypasses;
+- the trained model is sharded per decoder layer and at the root; FSDP gathers a module's
+  parameters in hooks on its call, so rlvr's fast path (llama.py) runs as the model's own call
+  and each decoder layer's computation as that layer's call, and FSDP gathers the layer's
+  parameters around it and reduce-scatters its gradients (the generic path, the model's own
+  forward, for a model the fast path does not cover);
 - sampling, evaluation, old log-probs and saving use a full, unsharded copy of the weights
   (`FullCopy`), refreshed after every optimizer step through `Trainer.weight_subscribers`, so
   each rank samples its groups at its own pace with no collective; the copy costs one set of

@@ -18,7 +18,11 @@ RMSNorm over each query and key head before RoPE) directly with torch ops, so th
   runs again there (torch.utils.checkpoint, non-reentrant), as in the Hugging Face forward.
 
 It reads the parameters of the Hugging Face modules (no copies), so an
-optimizer step on the model is seen by the next call.  The result equals the
+optimizer step on the model is seen by the next call.  A model sharded with FSDP2 (fsdp.py) runs
+here too: FSDP gathers a module's parameters in hooks on its call, so the update's computation runs
+as the model's own call (`LlamaRunner.call`) and each decoder layer's as that layer's call
+(`_call_as`): FSDP gathers the layer's parameters before it, frees them after it, and gathers them
+again for its backward pass, at whose end it reduce-scatters their gradients.  The result equals the
 Hugging Face forward up to floating-point reordering; tests check log-probs to
 1e-4 and gradients to 1e-5 relative.  `supports(model)` says whether a model can
 use this path, `fast_path_reason(model)` why not; others use the generic one.
@@ -35,6 +39,8 @@ Supporting it means a Gemma runner beside this one, with its own equality tests.
 from __future__ import annotations
 
 import logging
+import sys
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +103,8 @@ class LlamaRunner:
         reason = fast_path_reason(model)
         if reason is not None:
             raise ValueError(f"{type(model).__name__} cannot run on rlvr's fast path: {reason}")
+        self.root = model  # with fsdp the sharded module, whose call gathers the parameters outside the layers
+        self.sharded = _is_sharded(model)
         model = unwrap(model)  # LoRA: the adapter layers are called in place of the plain linears
         cfg = model.config
         self.model = model
@@ -168,21 +176,30 @@ class LlamaRunner:
         prompt_ids[g] is prompt g; completion i continues prompt group[i].  Row j
         of the result is the state from which completion token j (in order,
         completion after completion) is predicted: the last prompt token for a
-        completion's first token, its previous token otherwise.
+        completion's first token, its previous token otherwise.  A sharded model (fsdp) runs this
+        inside `call`, which gathers the embeddings and the final norm.
         """
         device = self.inner.embed_tokens.weight.device
         layout = _Layout(prompt_ids, completion_ids, group, device)
         x = self.inner.embed_tokens(layout.tokens)  # [n_prompt + n_completion, hidden], all real tokens
         cos, sin = self._rope(x, layout.positions)
         for layer in self.inner.layers:
+            run = partial(self._layer, layer, layout)  # (x, cos, sin) -> x
             if getattr(layer, "gradient_checkpointing", False) and torch.is_grad_enabled():
-                x = checkpoint(self._layer, x, layer, layout, cos, sin, use_reentrant=False)
-            else:
-                x = self._layer(x, layer, layout, cos, sin)
+                run = partial(checkpoint, run, use_reentrant=False)
+            # sharded: the layer's own call, whose hooks gather its parameters once, around the checkpoint
+            # (as transformers' layers do): the pre-backward hook gathers them again before the recomputation
+            x = _call_as(layer, run, x, cos, sin) if self.sharded else run(x, cos, sin)
         x = self._norm(x, self.inner.norm)
         return x[layout.predictors]
 
-    def _layer(self, x, layer, layout: "_Layout", cos, sin):
+    def call(self, fn):
+        """fn(), which runs the model through this runner; with fsdp as the sharded model's own call, so
+        that FSDP gathers the parameters outside the decoder layers (embeddings, final norm, output
+        layer) around it and reduce-scatters their gradients after the backward pass."""
+        return _call_as(self.root, fn) if self.sharded else fn()
+
+    def _layer(self, layer, layout: "_Layout", x, cos, sin):
         """One decoder layer over the flat tokens x [n, hidden]."""
         attn = layer.self_attn
         q, k, v = self._qkv(self._norm(x, layer.input_layernorm), attn, cos, sin)
@@ -304,6 +321,30 @@ class LlamaRunner:
     def _fused_mlp(h, gate_up, down):
         gate, up = gate_up(h).chunk(2, dim=-1)
         return down(F.silu(gate) * up).float()
+
+
+def _is_sharded(module) -> bool:
+    """Whether `module` is sharded by FSDP2 (fully_shard; fsdp.shard), which needs torch.distributed.fsdp imported."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
+
+
+def _call_as(module, forward, *args):
+    """module(*args) with `forward` in place of the module's own forward: the hooks on the module's call
+    run around rlvr's computation.  Under FSDP2 the pre-forward hook gathers the module's parameters
+    (and on tensors in `args` that need a gradient, a hook that reduce-scatters their gradients once
+    the backward pass has gone through the module), the post-forward hook frees them again (not the
+    root's) and hooks the outputs, which must be tensors or tuples of them, to gather them for the
+    backward pass."""
+    own = module.__dict__.get("forward")  # an instance's own forward, if something set one
+    module.forward = forward
+    try:
+        return module(*args)
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
 
 
 class _Linear:

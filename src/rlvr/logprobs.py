@@ -136,22 +136,31 @@ def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8, 
 def batch_logprobs(runner, batch, temperature: float, dtype: torch.dtype | None = None, stats: bool = False):
     """Per-token log-probs and entropies [B, T] of a Batch's completion tokens (zero where masked)
     by rlvr's forward (a llama.LlamaRunner): each group's prompt run once, no padding, the output
-    layer only where a token is predicted.  With stats, also top1 and mean_logit [B, T]."""
+    layer only where a token is predicted.  With stats, also top1 and mean_logit [B, T].
+
+    A sharded model (fsdp) runs as its own call (runner.call), a collective: it runs also for a batch
+    without a completion token (Batch.empty), on the first row's first token, whose result is masked out."""
     mask = batch.completion_mask
     lengths = mask.sum(1).tolist()
     rows = [i for i, n in enumerate(lengths) if n > 0]  # a fully masked row contributes nothing
     logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     entropy = torch.zeros_like(logp)
-    if not rows:
+    if not rows and not runner.sharded:
         return (logp, entropy, torch.zeros_like(mask), torch.zeros_like(logp)) if stats else (logp, entropy)
+    if not rows:  # every rank takes part in the sharded model's gathers and reductions
+        rows, lengths = [0], [1, *lengths[1:]]
     gids = batch.group_ids[rows] if batch.group_ids is not None else torch.tensor(rows)
     unique, group = torch.unique(gids, return_inverse=True)
     first = [rows[(gids == g).nonzero()[0].item()] for g in unique.tolist()]
     prompts = [batch.prompt_ids[r][batch.prompt_mask[r]].tolist() for r in first]
     completions = [batch.completion_ids[r, : lengths[r]].tolist() for r in rows]
-    hidden = runner.completion_hidden(prompts, completions, group.tolist())
-    targets = torch.tensor([t for c in completions for t in c], device=hidden.device)
-    found = linear_logprobs(hidden, runner.model.lm_head.weight, targets, temperature, dtype, stats=stats)
+    targets = torch.tensor([t for c in completions for t in c], device=runner.inner.embed_tokens.weight.device)
+
+    def forward():
+        hidden = runner.completion_hidden(prompts, completions, group.tolist())
+        return linear_logprobs(hidden, runner.model.lm_head.weight, targets, temperature, dtype, stats=stats)
+
+    found = runner.call(forward)
     out = (logp.masked_scatter(mask, found[0]), entropy.masked_scatter(mask, found[1]))
     if not stats:
         return out

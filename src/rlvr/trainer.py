@@ -146,8 +146,8 @@ class RunCore(StepRecord):
         self.gathered = fsdp.GatheredCopy(self.full_model, model) if cfg.fsdp else None
         self.weight_subscribers: list = []  # told after each update
         device = next(self.full_model.parameters()).device
-        # Log-probs by rlvr's own forward (llama.py) where it applies, else the generic one (always with fsdp).
-        self.logprobs = LogProbs(not cfg.fsdp and on_fast_path(model), temperature, autocast_dtype(cfg.update_settings),
+        # Log-probs by rlvr's own forward (llama.py) where it applies, with fsdp too, else the generic one.
+        self.logprobs = LogProbs(on_fast_path(model), temperature, autocast_dtype(cfg.update_settings),
                                  cfg.per_device_train_batch_size, device)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.scaler = loss_scaler(cfg.update_settings, device)  # fp16 only; disabled (a no-op) otherwise
