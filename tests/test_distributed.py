@@ -184,7 +184,8 @@ def test_world_from_the_launcher_environment():
     assert (world.rank, world.world_size, world.local_rank, world.is_main) == (3, 4, 1, False)
     with pytest.raises(ConfigError, match="RANK is not"):
         distributed.world_from_env({"WORLD_SIZE": "2"})
-    assert distributed.backend_for("cpu") == "gloo" and distributed.backend_for("cuda:1") == "nccl"
+    # between GPUs gloo carries the CPU tensors (fsdp_offload_params keeps shards and gradients there)
+    assert distributed.backend_for("cpu") == "gloo" and distributed.backend_for("cuda:1") == "cuda:nccl,cpu:gloo"
 
 
 def test_each_process_takes_its_own_gpu(monkeypatch):

@@ -58,12 +58,13 @@ def test_readme_lists_the_differences_and_what_happens_to_the_other_settings():
     ("deepspeed", "ds_zero3.json", "deepspeed='ds_zero3.json' is not supported yet: DeepSpeed is not supported"),
     ("torch_compile", True, "torch_compile=True is not supported yet"),
     ("entropy_coef", 0.01, "entropy_coef=0.01 is not supported yet"),
-    ("load_in_4bit", True, "quantized"),
+    ("load_in_8bit", True, "load_in_8bit=True is not supported yet: 8-bit loading (LLM.int8) is not supported; "
+                           "QLoRA is load_in_4bit=true with use_peft=true"),
 ])
 def test_settings_rlvr_cannot_honour_are_refused_by_name(key, value, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build_config({key: value})
-    build_config({key: TRL.get(key, False if key == "load_in_4bit" else None)})  # TRL's default is accepted
+    build_config({key: TRL.get(key, False if key == "load_in_8bit" else None)})  # TRL's default is accepted
 
 
 def test_trl_spellings_and_ignored_settings():

@@ -20,7 +20,13 @@ How it fits the trainer:
 - with LoRA (use_peft) the peft model is sharded by the decoder layers of the model inside it,
   each layer's frozen weights and its adapter in one group; only the adapter is trained, so the
   full copy (a peft model too) is refreshed with the adapter alone, and the reference (adapter
-  off) is that copy's: its forward is no collective, so each rank runs it at its own pace.
+  off) is that copy's: its forward is no collective, so each rank runs it at its own pace;
+- with fsdp_offload_params (GPUs only) every sharded module, the reference's too, takes FSDP2's
+  CPUOffloadPolicy: the shards of the weights, gradients and AdamW state live in pinned CPU memory,
+  a layer's are copied to the GPU to be gathered for its use, gradients come back to the CPU after
+  their reduce-scatter, and the optimizer steps on the CPU.  The collectives over those CPU
+  tensors (the gradient norm, the full copy's gather) take the default group's gloo side
+  (distributed.backend_for).
 """
 
 from __future__ import annotations
@@ -31,16 +37,18 @@ from rlvr.lora import unwrap
 from rlvr.models import WeightCopy
 
 
-def shard(model, device: str, world_size: int):
-    """Shard `model` (a Hugging Face causal LM) in place across the process group; returns it."""
+def shard(model, device: str, world_size: int, offload: bool = False):
+    """Shard `model` (a Hugging Face causal LM) in place across the process group; returns it.
+    offload: its shards kept in CPU memory between uses (CPUOffloadPolicy; pinned, which needs a GPU)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh(device.split(":")[0], (world_size,))
+    policy = CPUOffloadPolicy(pin_memory=device.startswith("cuda")) if offload else OffloadPolicy()
     layers = unwrap(model).model.layers  # under peft: model.base_model.model.model.layers
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
     for module in [*layers, model]:  # each sharded module reduces its own gradients
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM

@@ -10,7 +10,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from rlvr import distributed, fsdp, lora, methods
+from rlvr import distributed, fsdp, lora, methods, qlora
 from rlvr.config import Config, ConfigError, save_config
 from rlvr.loop import Run
 from rlvr.models import disable_dropout, load_model, load_tokenizer, make_reference
@@ -93,10 +93,11 @@ def _load_model(cfg: Config, world: distributed.World, objects=None):
     """(model, tokenizer, model path): by name or path, or the objects given to the Python API."""
     given_model, given_tokenizer = (objects.model, objects.tokenizer) if objects is not None else (None, None)
     if given_model is not None:  # a loaded model given to GRPOTrainer
-        model, model_path, tokenizer = given_model.to(world.device), cfg.model, None
+        placed = given_model if qlora.bits(given_model) else given_model.to(world.device)  # quantized: where it was loaded
+        model, model_path, tokenizer = placed, cfg.model, None
     else:
         model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, world.device, cfg.model_init_kwargs, cfg.trust_remote_code,
-                                                  cfg.trust_unverified_checkpoint)
+                                                  cfg.trust_unverified_checkpoint, qlora.quantization_config(cfg.model_settings))
     tokenizer = given_tokenizer or tokenizer or load_tokenizer(model.name_or_path, trust_remote_code=cfg.trust_remote_code)
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(context, int) and cfg.max_prompt_length and cfg.max_prompt_length >= context:
@@ -106,7 +107,9 @@ def _load_model(cfg: Config, world: distributed.World, objects=None):
 
 
 def _prepare_model(cfg: Config, model, model_path):
-    """The model as it trains: dropout off, the LoRA adapter, gradient checkpointing."""
+    """The model as it trains: a 4-bit model readied for its adapter (QLoRA), dropout off, the LoRA
+    adapter, gradient checkpointing."""
+    model = qlora.prepare(model, cfg.use_peft)
     if cfg.use_peft:
         model = lora.wrap(model, cfg.model_settings, model_path, cfg.seed)
     if cfg.disable_dropout:
@@ -133,7 +136,7 @@ def _make_trainer(cfg: Config, method: methods.Method, model, tokenizer, data: R
     trained = _shard(cfg, model, world)
     reference = make_reference(model, method.reference_beta(cfg))
     if cfg.fsdp and reference is not None:  # 1/N of the reference on each process, as of the policy
-        reference = fsdp.shard(reference, world.device, world.world_size)
+        reference = fsdp.shard(reference, world.device, world.world_size, cfg.fsdp_offload_params)
     return method.trainer_class().for_run(cfg, trained, tokenizer, data, output_dir, reference, world, full_model=model)
 
 
@@ -141,4 +144,4 @@ def _shard(cfg: Config, model, world: distributed.World):
     """With fsdp, the model trained is a sharded copy; `model` samples, evaluates and is saved (fsdp.py)."""
     if not cfg.fsdp:
         return model
-    return fsdp.shard(copy.deepcopy(model), world.device, world.world_size)
+    return fsdp.shard(copy.deepcopy(model), world.device, world.world_size, cfg.fsdp_offload_params)
