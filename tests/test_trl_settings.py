@@ -166,3 +166,32 @@ def test_a_value_that_trains_otherwise_than_in_trl_is_named_at_start():
     assert trl_settings.meaning_note("dpo", ("sigmoid",), 0.0) is None  # the default: TRL's loss
     assert trl_settings.meaning_note("dpo", ("ipo",), 0.0) is None
     assert trl_settings.meaning_note("grpo", ("sigmoid",), 0.1) is None
+
+
+def test_trls_and_accelerates_offload_options_set_fsdp_offload_params(tmp_path):
+    """transformers' fsdp="... offload" and fsdp_config {cpu_offload}, accelerate's fsdp_offload_params (its config
+    file's name; transformers drops the fsdp_ prefix of fsdp_config's keys, as rlvr does) are fsdp_offload_params."""
+    def offload(**settings) -> tuple[bool, bool, list[str]]:
+        ignored: list[str] = []
+        cfg = build_config(settings, ignored=ignored)
+        return cfg.fsdp, cfg.fsdp_offload_params, ignored
+
+    assert offload(fsdp="full_shard auto_wrap offload") == (True, True, [])
+    assert offload(fsdp=["full_shard", "offload"]) == (True, True, [])
+    assert offload(fsdp="full_shard auto_wrap") == (True, False, [])
+    assert offload(fsdp="", fsdp_config=None) == (False, False, ["fsdp_config"])  # TRL's defaults
+    assert offload(fsdp=True, fsdp_config={"cpu_offload": True}) == (True, True, [])
+    assert offload(fsdp=True, fsdp_config={"fsdp_offload_params": "true"}) == (True, True, [])
+    assert offload(fsdp=True, fsdp_config={"offload_params": "false"}) == (True, False, [])
+    # the keys rlvr's FSDP2 decides itself are named in the start line, as before
+    assert offload(fsdp=True, fsdp_config={"fsdp_cpu_offload": True, "version": 2}) == (True, True, ["fsdp_config"])
+    path = tmp_path / "fsdp.json"
+    path.write_text('{"fsdp_cpu_offload": true, "reshard_after_forward": true}')
+    assert offload(fsdp=True, fsdp_config=str(path)) == (True, True, ["fsdp_config"])
+    with pytest.raises(ConfigError) as caught:
+        build_config({"fsdp": "full_shard ofload"})
+    assert str(caught.value) == ("fsdp='full_shard ofload': unknown option 'ofload'; transformers' options are full_shard, "
+                                 "shard_grad_op, hybrid_shard, hybrid_shard_zero2, no_shard, offload, auto_wrap (or fsdp=true)")
+    with pytest.raises(ConfigError, match=r"^fsdp_config='missing.json': not a mapping, nor a JSON file of one$"):
+        build_config({"fsdp": True, "fsdp_config": "missing.json"})
+    assert trl_settings.translate("fsdp", "full_shard offload") == [("fsdp", True), ("fsdp_offload_params", True)]

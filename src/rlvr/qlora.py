@@ -77,9 +77,10 @@ def prepare(model, use_peft: bool):
 def _keep_trainable_layout(model) -> None:
     """bitsandbytes 0.50 repacks a 4-bit layer's weights, in place, the first time the layer runs on a
     CPU with AVX512-BF16 in eval mode without gradients (rlvr's sampling), into a layout for inference
-    whose kernel has no backward: training after that gets no gradient through those layers (measured
-    on this project's CPU: the first layer's adapter got none, silently).  Turning that repacking off
-    keeps every pass on the kernel that trains; on a GPU it never happens."""
+    whose kernel has no backward (torch warns once that backpropagating through it "may lead to silently
+    incorrect behavior"): measured on this project's CPU, every adapter's gradient then differed from
+    LoRA's over the same weights, and in one run the first layer's got none.  Turning that repacking off
+    keeps every pass on the kernel that trains (tests/test_qlora.py); on a GPU it never happens."""
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
             module.support_avx512bf16_for_cpu = False
