@@ -127,6 +127,12 @@ def test_quantized_weights_keep_off_the_fast_path_with_the_reason(tiny_model_dir
     assert fast_path_reason(model) == reason
     with pytest.raises(ValueError, match="cannot run on rlvr's fast path: llama: its weights are quantized"):
         LlamaRunner(model)
+    # a 4-bit model given as an object (GRPOTrainer(model=...)) trains through an adapter only
+    bare, _, _ = load_model(str(tiny_model_dir), quantization_config=qlora.quantization_config(settings))
+    with pytest.raises(ConfigError) as caught:
+        qlora.prepare(bare, use_peft=False)
+    assert str(caught.value) == ("the model is loaded in 4 bits, whose packed weights cannot be trained: train a LoRA adapter "
+                                 "over it (use_peft=true, or GRPOTrainer(peft_config=LoraConfig(...)))")
 
 
 @pytest.fixture(scope="module")

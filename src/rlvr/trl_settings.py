@@ -222,6 +222,8 @@ def fsdp_settings(key: str, value: Any) -> list[tuple[str, Any]]:
         if not Path(value).is_file():
             raise ValueError(f"fsdp_config={value!r}: not a mapping, nor a JSON file of one")
         value = json.loads(Path(value).read_text())
+    if not isinstance(value or {}, dict):
+        raise ValueError(f"fsdp_config must be a mapping (or the path of a JSON file of one); got {value!r}")
     offload = [v for k, v in (value or {}).items() if k.removeprefix("fsdp_") in FSDP_OFFLOAD_KEYS]
     return [("fsdp_offload_params", _true(offload[-1]))] if offload else []
 
