@@ -180,7 +180,8 @@ def test_world_from_the_launcher_environment():
     assert (world.rank, world.world_size, world.local_rank, world.is_main) == (3, 4, 1, False)
     with pytest.raises(ConfigError, match="RANK is not"):
         distributed.world_from_env({"WORLD_SIZE": "2"})
-    assert distributed.backend_for("cpu") == "gloo" and distributed.backend_for("cuda:1") == "nccl"
+    # between GPUs gloo carries the CPU tensors (fsdp_offload_params keeps shards and gradients there)
+    assert distributed.backend_for("cpu") == "gloo" and distributed.backend_for("cuda:1") == "cuda:nccl,cpu:gloo"
 
 
 def test_each_process_takes_its_own_gpu(monkeypatch):
@@ -641,3 +642,53 @@ def test_resuming_on_another_number_of_processes_is_refused(tmp_path):
     with pytest.raises(SettingsChanged, match=r"num_processes: None -> 2"):
         compare_settings(cfg.for_processes(2).to_dict(), tmp_path, 3, override=False, say=lambda text: None)
     assert compare_settings(cfg.for_processes(1).to_dict(), tmp_path, 3, override=False) is False
+
+
+def test_fsdp_offload_is_refused_without_fsdp_and_on_the_cpu():
+    with pytest.raises(ConfigError) as caught:
+        build_config({"fsdp_offload_params": True})
+    assert str(caught.value) == ("invalid configuration:\n  - fsdp_offload_params=true offloads the shards of fsdp to the CPU: "
+                                 "set fsdp=true too (under torchrun)")
+    two_on_cpu = distributed.World(rank=0, world_size=2, device="cpu")
+    with pytest.raises(ConfigError) as caught:
+        check_runnable(build_config({"fsdp": True, "fsdp_offload_params": True, "num_processes": 2}), two_on_cpu)
+    assert str(caught.value) == (
+        "fsdp_offload_params=true keeps FSDP's shards in CPU memory and copies each layer's to the GPU for its use, but this "
+        "run is on cpu, where they are in CPU memory already (and torch's CPUOffloadPolicy pins that memory, which needs a "
+        "GPU): set fsdp_offload_params=false")
+
+
+def test_offloaded_shards_train_to_the_weights_of_shards_kept_in_place(tiny, tmp_path, monkeypatch):
+    """fsdp.shard(offload=True) gives every fully_shard call FSDP2's CPUOffloadPolicy; its path (the shards'
+    host copies, the gradients' copy back, the optimizer on CPU DTensors, the clipped norm) trains to the same
+    weights.  One gloo process on the CPU, where the policy moves nothing and pins nothing: what it saves
+    on a GPU is benchmarks/gpu_checks.sh's to show."""
+    import copy
+
+    import torch.distributed.fsdp as torch_fsdp
+
+    from rlvr import fsdp
+
+    policies, real = [], torch_fsdp.fully_shard
+    monkeypatch.setattr(torch_fsdp, "fully_shard", lambda module, **kw: policies.append(kw["offload_policy"]) or real(module, **kw))
+    model, _ = tiny
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        kept, offloaded = fsdp.shard(copy.deepcopy(model), "cpu", 1), fsdp.shard(copy.deepcopy(model), "cpu", 1, offload=True)
+        assert [type(p).__name__ for p in policies] == ["OffloadPolicy"] * 3 + ["CPUOffloadPolicy"] * 3  # 2 layers and the root
+        assert not policies[-1].pin_memory  # pinning needs an accelerator
+        ids = torch.tensor([[1, 24, 22, 8, 33, 41, 35]])
+        for sharded in (kept, offloaded):
+            optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-2, fused=True)
+            for _ in range(2):
+                sharded(input_ids=ids).logits.logsumexp(-1).mean().backward()
+                norm = torch.nn.utils.clip_grad_norm_(sharded.parameters(), 0.5)
+                optimizer.step()
+                optimizer.zero_grad()
+        assert norm.full_tensor() > 0
+        a, b = fsdp.full_state(kept), fsdp.full_state(offloaded)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert not all(torch.equal(a[k], model.state_dict()[k]) for k in a)  # both trained
+    finally:
+        torch.distributed.destroy_process_group()

@@ -172,11 +172,19 @@ def test_peft_and_quantization_helpers():
     assert isinstance(lora, LoraConfig) and lora.r == 4 and set(lora.target_modules) == {"q_proj", "v_proj"}
     assert rlvr.ModelConfig(lora_target_modules=["all-linear"]).lora_target_modules == "all-linear"
     assert rlvr.get_quantization_config(rlvr.ModelConfig()) is None and rlvr.get_kbit_device_map() is None
-    for flag in ("load_in_4bit", "load_in_8bit"):
-        with pytest.raises(ConfigError, match=f"{flag}=True: quantized .QLoRA. training is not supported yet"):
-            rlvr.get_quantization_config(rlvr.ModelConfig(**{flag: True}))
-        with pytest.raises(ConfigError, match=flag):
-            rlvr.get_kbit_device_map(rlvr.ModelConfig(**{flag: True}))
+    assert rlvr.get_kbit_device_map(rlvr.ModelConfig(load_in_4bit=True)) is None  # rlvr puts a 4-bit model on its device
+    with pytest.raises(ConfigError, match=r"^load_in_8bit=True: 8-bit loading \(LLM.int8\) is not supported; QLoRA is "
+                                          r"load_in_4bit=true with use_peft=true$"):
+        rlvr.get_quantization_config(rlvr.ModelConfig(load_in_8bit=True))
+    with pytest.raises(ConfigError, match="load_in_8bit"):
+        rlvr.get_kbit_device_map(rlvr.ModelConfig(load_in_8bit=True))
+    pytest.importorskip("bitsandbytes")  # QLoRA's (tests/test_qlora.py): TRL's BitsAndBytesConfig, field by field
+    from trl import ModelConfig, get_quantization_config
+
+    for kw in ({"load_in_4bit": True}, {"load_in_4bit": True, "bnb_4bit_quant_type": "fp4", "use_bnb_nested_quant": True,
+                                        "bnb_4bit_quant_storage": "bfloat16", "dtype": "bfloat16"}):
+        theirs = get_quantization_config(ModelConfig(**kw)).to_dict()
+        assert rlvr.get_quantization_config(rlvr.ModelConfig(**kw)).to_dict() == theirs
 
 
 def test_get_dataset_mixes_local_files_in_their_fractions(tmp_path):

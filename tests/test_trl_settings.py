@@ -58,12 +58,13 @@ def test_readme_lists_the_differences_and_what_happens_to_the_other_settings():
     ("deepspeed", "ds_zero3.json", "deepspeed='ds_zero3.json' is not supported yet: DeepSpeed is not supported"),
     ("torch_compile", True, "torch_compile=True is not supported yet"),
     ("entropy_coef", 0.01, "entropy_coef=0.01 is not supported yet"),
-    ("load_in_4bit", True, "quantized"),
+    ("load_in_8bit", True, "load_in_8bit=True is not supported yet: 8-bit loading (LLM.int8) is not supported; "
+                           "QLoRA is load_in_4bit=true with use_peft=true"),
 ])
 def test_settings_rlvr_cannot_honour_are_refused_by_name(key, value, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build_config({key: value})
-    build_config({key: TRL.get(key, False if key == "load_in_4bit" else None)})  # TRL's default is accepted
+    build_config({key: TRL.get(key, False if key == "load_in_8bit" else None)})  # TRL's default is accepted
 
 
 def test_trl_spellings_and_ignored_settings():
@@ -165,3 +166,32 @@ def test_a_value_that_trains_otherwise_than_in_trl_is_named_at_start():
     assert trl_settings.meaning_note("dpo", ("sigmoid",), 0.0) is None  # the default: TRL's loss
     assert trl_settings.meaning_note("dpo", ("ipo",), 0.0) is None
     assert trl_settings.meaning_note("grpo", ("sigmoid",), 0.1) is None
+
+
+def test_trls_and_accelerates_offload_options_set_fsdp_offload_params(tmp_path):
+    """transformers' fsdp="... offload" and fsdp_config {cpu_offload}, accelerate's fsdp_offload_params (its config
+    file's name; transformers drops the fsdp_ prefix of fsdp_config's keys, as rlvr does) are fsdp_offload_params."""
+    def offload(**settings) -> tuple[bool, bool, list[str]]:
+        ignored: list[str] = []
+        cfg = build_config(settings, ignored=ignored)
+        return cfg.fsdp, cfg.fsdp_offload_params, ignored
+
+    assert offload(fsdp="full_shard auto_wrap offload") == (True, True, [])
+    assert offload(fsdp=["full_shard", "offload"]) == (True, True, [])
+    assert offload(fsdp="full_shard auto_wrap") == (True, False, [])
+    assert offload(fsdp="", fsdp_config=None) == (False, False, ["fsdp_config"])  # TRL's defaults
+    assert offload(fsdp=True, fsdp_config={"cpu_offload": True}) == (True, True, [])
+    assert offload(fsdp=True, fsdp_config={"fsdp_offload_params": "true"}) == (True, True, [])
+    assert offload(fsdp=True, fsdp_config={"offload_params": "false"}) == (True, False, [])
+    # the keys rlvr's FSDP2 decides itself are named in the start line, as before
+    assert offload(fsdp=True, fsdp_config={"fsdp_cpu_offload": True, "version": 2}) == (True, True, ["fsdp_config"])
+    path = tmp_path / "fsdp.json"
+    path.write_text('{"fsdp_cpu_offload": true, "reshard_after_forward": true}')
+    assert offload(fsdp=True, fsdp_config=str(path)) == (True, True, ["fsdp_config"])
+    with pytest.raises(ConfigError) as caught:
+        build_config({"fsdp": "full_shard ofload"})
+    assert str(caught.value) == ("fsdp='full_shard ofload': unknown option 'ofload'; transformers' options are full_shard, "
+                                 "shard_grad_op, hybrid_shard, hybrid_shard_zero2, no_shard, offload, auto_wrap (or fsdp=true)")
+    with pytest.raises(ConfigError, match=r"^fsdp_config='missing.json': not a mapping, nor a JSON file of one$"):
+        build_config({"fsdp": True, "fsdp_config": "missing.json"})
+    assert trl_settings.translate("fsdp", "full_shard offload") == [("fsdp", True), ("fsdp_offload_params", True)]

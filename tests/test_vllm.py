@@ -289,17 +289,32 @@ def test_client_times_out_on_a_server_that_never_answers(tiny):
 
 
 class FakeLLM:
-    """vllm.LLM's part that rlvr uses: keeps its engine arguments and the SamplingParams it is given."""
+    """vllm.LLM's part that rlvr uses: keeps its engine arguments and the SamplingParams it is given, and
+    names in `calls` what it was asked to do (generate, load weights, sleep, wake up)."""
 
     def __init__(self, **engine_args):
-        self.engine_args, self.requests = engine_args, []
+        self.engine_args, self.requests, self.calls = engine_args, [], []
 
     def generate(self, prompts, requests, use_tqdm=False):
+        self.calls.append("generate")
         self.requests += requests
         step = {7: types.SimpleNamespace(logprob=-0.5)}
         return [types.SimpleNamespace(outputs=[types.SimpleNamespace(index=i, token_ids=[7], logprobs=[step], finish_reason="length",
                                                                      text="x") for i in range(r.kwargs["n"])])
                 for r in requests]
+
+
+    def collective_rpc(self, method, kwargs=None):
+        self.calls.append(f"{method}: {len(list(kwargs['weights_iterator']))} tensors")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+
+    def sleep(self, level=1):
+        self.calls.append(f"sleep(level={level})")
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"wake_up({tags})")
 
 
 class FakeSamplingParams:
@@ -352,6 +367,76 @@ def test_a_context_vllm_cannot_hold_is_answered_with_rlvrs_settings(fake_vllm, t
     with pytest.raises(ValueError) as caught:  # a context the user chose: vLLM's words alone
         vllm_sampler(build_config({"use_vllm": True, "vllm_max_model_length": 8192}), "some/model", tokenizer, [2])
     assert str(caught.value) == vllms_own
+
+
+def test_sleep_mode_frees_vllm_between_generations_and_wakes_it_in_trls_order(fake_vllm, tiny):
+    """vllm_enable_sleep_mode: vLLM starts with enable_sleep_mode, sleeps at level 1 once a generation is
+    sampled; its weights wake before the next weight load, its KV cache before the next sampling.  Without
+    it, nothing sleeps."""
+    from rlvr.config import build_config
+    from rlvr.rollout import sampling_params
+
+    model, tokenizer = tiny
+    params = sampling_params(build_config({}).rollout_settings)
+    cfg = build_config({"use_vllm": True, "vllm_enable_sleep_mode": True})
+    sampler = vllm_sampler(cfg, "some/model", tokenizer, [2])
+    assert sampler.llm.engine_args["enable_sleep_mode"] is True
+    load = f"reload_weights: {len(model.state_dict())} tensors"
+    sampler.update_weights(model)  # as the rollout stage starts: the trainer's weights
+    sampler.generate([[1, 5]], params, torch.Generator())
+    sampler.rest()  # the update runs now
+    sampler.rest()  # (a second rest of the same generation: vLLM is asleep already)
+    sampler.update_weights(model)
+    sampler.generate([[1, 5]], params, torch.Generator())
+    sampler.rest()
+    sampler.generate([[1, 5]], params, torch.Generator())  # no weights came in between (a step without an update)
+    assert sampler.llm.calls == [load, "reset_prefix_cache", "generate", "sleep(level=1)",
+                                 "wake_up(['weights'])", load, "reset_prefix_cache", "wake_up(['kv_cache'])", "generate",
+                                 "sleep(level=1)", "wake_up(['weights', 'kv_cache'])", "generate"]
+
+    plain = vllm_sampler(build_config({"use_vllm": True}), "some/model", tokenizer, [2])
+    plain.generate([[1, 5]], params, torch.Generator())
+    plain.rest()
+    assert "enable_sleep_mode" not in plain.llm.engine_args and plain.llm.calls == ["generate"]
+
+
+def test_a_generation_of_several_rounds_rests_the_sampler_once(tiny, tmp_path):
+    """The rollout stage tells the sampler once a generation is sampled, after its last round (dynamic sampling
+    runs several), not after each: vLLM sleeps through the update only."""
+    from rlvr.config import build_config
+    from rlvr.trainer import Trainer
+    from rlvr.types import Example
+
+    model, tokenizer = tiny
+    cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "reward_funcs": ["boxed_format"], "num_generations": 2,
+                        "per_device_train_batch_size": 4, "max_completion_length": 2, "dynamic_sampling": True,
+                        "max_sampling_rounds": 2})
+    trainer = Trainer(cfg, model, tokenizer, [Example("a", "1"), Example("b", "2")], tmp_path, 10)
+    calls = []
+    original = trainer.rollout.path.generate
+    trainer.rollout.path.generate = lambda *a, **kw: calls.append("round") or original(*a, **kw)
+    trainer.rollout.sampler.rest = lambda: calls.append("rest")
+    trainer.generate()  # boxed_format scores 0 on the tiny model: no group has signal, every round runs
+    assert calls == ["round", "round", "round", "rest"]
+
+
+def test_sleep_mode_is_refused_on_the_cpu_before_the_model_loads():
+    from rlvr import distributed
+    from rlvr.config import ConfigError, build_config
+    from rlvr.settings import check_runnable
+
+    with pytest.raises(ConfigError) as caught:
+        check_runnable(build_config({"use_vllm": True, "vllm_enable_sleep_mode": True}), distributed.SINGLE)
+    assert str(caught.value) == ("vllm_enable_sleep_mode=true needs a GPU: vLLM has sleep mode on CUDA, ROCm and XPU only "
+                                 "(current_platform.is_sleep_mode_available()), and this run is on cpu; "
+                                 "set vllm_enable_sleep_mode=false")
+    for settings in ({"vllm_enable_sleep_mode": True}, {"vllm_enable_sleep_mode": True, "use_vllm": True, "vllm_mode": "server"}):
+        build_config(settings)  # without vLLM in this process it has no effect, as in TRL: accepted anywhere
+    with pytest.raises(ConfigError, match="vllm_enable_sleep_mode=true puts vLLM to sleep while the policy trains, but with "
+                                          "max_staleness=1 it samples the next batch during the update: set one of them"):
+        build_config({"use_vllm": True, "vllm_enable_sleep_mode": True, "max_staleness": 1})
+    with pytest.raises(ConfigError, match="with rollout_workers vLLM runs in the Ray workers, beside no training"):
+        build_config({"use_vllm": True, "vllm_enable_sleep_mode": True, "rollout_workers": 2})
 
 
 def test_sampling_settings_reach_vllm_in_both_modes(fake_vllm, tiny):

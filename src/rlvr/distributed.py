@@ -73,12 +73,14 @@ def world_from_env(env=None, use_cpu: bool = False) -> World:
 
 
 def backend_for(device: str) -> str:
-    return "nccl" if device.startswith("cuda") else "gloo"
+    """gloo between CPU processes; between GPUs nccl for CUDA tensors and gloo for CPU ones (torch's own
+    default pair), which FSDP's CPU offload needs: its shards and gradients are CPU tensors there."""
+    return "cuda:nccl,cpu:gloo" if device.startswith("cuda") else "gloo"
 
 
 def init(env=None, use_cpu: bool = False) -> World:
     """Join the process group of a distributed launch (once): gloo between CPU processes,
-    nccl between GPUs; and make the sampling group (every rank calls this, at the same point).
+    nccl (and gloo for CPU tensors) between GPUs; and make the sampling group (every rank calls this, at the same point).
     A World of one process when there is no launch."""
     world = world_from_env(env, use_cpu)
     if not world.enabled:

@@ -7,11 +7,14 @@ How it fits the trainer:
   and each decoder layer's computation as that layer's call, and FSDP gathers the layer's
   parameters around it and reduce-scatters its gradients (the generic path, the model's own
   forward, for a model the fast path does not cover);
-- sampling, evaluation, old log-probs and saving use a full, unsharded copy of the weights
-  (`FullCopy`), refreshed after every optimizer step through `Trainer.weight_subscribers`, so
-  each rank samples its groups at its own pace with no collective; the copy costs one set of
-  parameters per process, while the gradients and the optimizer state (3x the parameters with
-  AdamW) stay sharded;
+- no rank keeps the whole model: the model is loaded into CPU memory and sharded in place (each
+  rank's 1/N moved to its device), and the model that samples, evaluates and saves is an unsharded
+  copy without weights (`without_weights`), into which the shards are gathered one tensor at a
+  time only while it does so (`GatheredCopy`, a collective every rank enters), then dropped: a
+  rank's peak is the larger of sampling and the update, not their sum; old log-probs run on the
+  sharded model; only sampling ahead (max_staleness=1), which samples while the policy trains,
+  keeps a whole copy for good (`FullCopy`); engines outside (vLLM) are sent the weights gathered a
+  tensor at a time (rollout/weights.py);
 - every forward and backward of the sharded model is a collective, so every rank runs the same
   number of micro-batches (`Batch.empty` on the ranks with fewer);
 - gradients are summed across ranks (divide factor 1), as the loss is already normalised by
@@ -20,9 +23,14 @@ How it fits the trainer:
   keeps 1/N of it, and its forwards run in lockstep like the update's (LogProbs.in_chunks(at_least=...)); the TR-DPO sync mixes the
   policy into each rank's shard locally (`mix_into`), and a checkpoint gathers it whole (`full_state`);
 - with LoRA (use_peft) the peft model is sharded by the decoder layers of the model inside it,
-  each layer's frozen weights and its adapter in one group; only the adapter is trained, so the
-  full copy (a peft model too) is refreshed with the adapter alone, and the reference (adapter
-  off) is that copy's: its forward is no collective, so each rank runs it at its own pace.
+  each layer's frozen weights and its adapter in one group; only the adapter is trained, and the
+  reference (adapter off) is the sharded policy's, its forwards in lockstep like the update's;
+- with fsdp_offload_params (GPUs only) every sharded module, the reference's too, takes FSDP2's
+  CPUOffloadPolicy: the shards of the weights, gradients and AdamW state live in pinned CPU memory,
+  a layer's are copied to the GPU to be gathered for its use, gradients come back to the CPU after
+  their reduce-scatter, and the optimizer steps on the CPU.  The collectives over those CPU
+  tensors (the gradient norm, the gathers of GatheredCopy) take the default group's gloo side
+  (distributed.backend_for).
 """
 
 from __future__ import annotations
@@ -37,16 +45,18 @@ from rlvr.lora import unwrap
 from rlvr.models import WeightCopy
 
 
-def shard(model, device: str, world_size: int):
-    """Shard `model` (a Hugging Face causal LM) in place across the process group; returns it."""
+def shard(model, device: str, world_size: int, offload: bool = False):
+    """Shard `model` (a Hugging Face causal LM) in place across the process group; returns it.
+    offload: its shards kept in CPU memory between uses (CPUOffloadPolicy; pinned, which needs a GPU)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     mesh = init_device_mesh(device.split(":")[0], (world_size,))
+    policy = CPUOffloadPolicy(pin_memory=device.startswith("cuda")) if offload else OffloadPolicy()
     layers = unwrap(model).model.layers  # under peft: model.base_model.model.model.layers
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
     for module in [*layers, model]:  # each sharded module reduces its own gradients
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
@@ -122,6 +132,7 @@ class GatheredCopy:
 
     def __init__(self, full, sharded):
         self.full, self.sharded, self.depth = full, sharded, 0
+        self.device = next(iter(full.buffers()), next(full.parameters())).device  # where it samples
         self.on_release: list = []
         self._params = dict(full.named_parameters())
         missing = set(self._params) ^ {name for name, _ in sharded.named_parameters()}
@@ -151,7 +162,7 @@ class GatheredCopy:
     @torch.no_grad()
     def _fill(self) -> None:
         for name, shard in self.sharded.named_parameters():
-            self._params[name].data = shard.full_tensor().detach()
+            self._params[name].data = shard.full_tensor().detach().to(self.device)  # offloaded shards gather on the CPU
 
     def _free(self) -> None:
         for param in self._params.values():

@@ -83,6 +83,11 @@ def fast_path_reason(model) -> str | None:
         return f"{type(model).__name__}: not a transformers model"
     if kind not in SUPPORTED:
         return f"{kind}: " + WHY_NOT.get(kind, f"rlvr's fast path covers {', '.join(SUPPORTED)} only")
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None or getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
+        method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", "bitsandbytes")
+        return (f"{kind}: its weights are quantized ({getattr(method, 'value', method)}), unpacked only inside the "
+                "quantized layers' own forward; rlvr's fast path reads plain weights")
     if lora_option:
         return f"{kind}: LoRA with {lora_option} runs in peft's own layers, not on rlvr's fast path"
     windowed = kind != "llama" and getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)

@@ -175,16 +175,19 @@ def load_tokenizer(path: str, revision: str | None = None, trust_remote_code: bo
 
 
 def load_model(name: str, dtype: str = "float32", device: str = "cpu", init_kwargs: dict | None = None,
-               trust_remote_code: bool = False, trust_unverified: bool = False):
+               trust_remote_code: bool = False, trust_unverified: bool = False, quantization_config=None):
     """(model on `device`, tokenizer, resolved path).  Errors say which model could not be found.
 
     init_kwargs (TRL's model_init_kwargs) go to the model's from_pretrained, and its `revision`
     to the tokenizer's too; trust_remote_code to both.  The weights' dtype is `dtype`: a
-    dtype / torch_dtype among init_kwargs must agree with it (config.validate checks)."""
+    dtype / torch_dtype among init_kwargs must agree with it (config.validate checks).
+    quantization_config (qlora.quantization_config): the weights are quantized as they load, on `device`."""
     from transformers import AutoModelForCausalLM
 
     kwargs = {k: v for k, v in (init_kwargs or {}).items() if k not in ("dtype", "torch_dtype")}
     kwargs.setdefault("trust_remote_code", trust_remote_code)  # TRL: model_init_kwargs' own value wins
+    if quantization_config is not None:  # bitsandbytes quantizes on the device the weights load to
+        kwargs.update(quantization_config=quantization_config, device_map={"": device})
     revision = kwargs.get("revision")
     require_hub_model(name, revision)
     path = resolve_model_path(name, trust_unverified)  # a run's checkpoint verified (trust_unverified_checkpoint)
@@ -199,7 +202,7 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu", init_kwar
             f"could not load model {name!r}: it is neither a local directory nor a reachable hub id "
             f"({e.__class__.__name__}: {str(e).splitlines()[0]})"
         ) from None
-    return model.to(device), tokenizer, path
+    return (model if quantization_config is not None else model.to(device)), tokenizer, path
 
 
 def _from_pretrained(auto_class, path: str, dtype, kwargs: dict, init_kwargs: dict | None):

@@ -9,7 +9,7 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-from rlvr import distributed, fsdp, lora, methods
+from rlvr import distributed, fsdp, lora, methods, qlora
 from rlvr.config import Config, ConfigError, save_config
 from rlvr.loop import Run
 from rlvr.models import disable_dropout, load_model, load_tokenizer, make_reference
@@ -94,10 +94,11 @@ def _load_model(cfg: Config, world: distributed.World, objects=None):
     # With fsdp the whole model is loaded into CPU memory; sharding moves each rank's 1/N to its device.
     device = "cpu" if cfg.fsdp else world.device
     if given_model is not None:  # a loaded model given to GRPOTrainer
-        model, model_path, tokenizer = given_model.to(device), cfg.model, None
+        placed = given_model if qlora.bits(given_model) else given_model.to(device)  # quantized: where it was loaded
+        model, model_path, tokenizer = placed, cfg.model, None
     else:
         model, tokenizer, model_path = load_model(cfg.model, cfg.dtype, device, cfg.model_init_kwargs, cfg.trust_remote_code,
-                                                  cfg.trust_unverified_checkpoint)
+                                                  cfg.trust_unverified_checkpoint, qlora.quantization_config(cfg.model_settings))
     tokenizer = given_tokenizer or tokenizer or load_tokenizer(model.name_or_path, trust_remote_code=cfg.trust_remote_code)
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(context, int) and cfg.max_prompt_length and cfg.max_prompt_length >= context:
@@ -107,7 +108,9 @@ def _load_model(cfg: Config, world: distributed.World, objects=None):
 
 
 def _prepare_model(cfg: Config, model, model_path):
-    """The model as it trains: dropout off, the LoRA adapter, gradient checkpointing."""
+    """The model as it trains: a 4-bit model readied for its adapter (QLoRA), dropout off, the LoRA
+    adapter, gradient checkpointing."""
+    model = qlora.prepare(model, cfg.use_peft)
     if cfg.use_peft:
         model = lora.wrap(model, cfg.model_settings, model_path, cfg.seed)
     if cfg.disable_dropout:
@@ -136,8 +139,9 @@ def _make_trainer(cfg: Config, method: methods.Method, model, tokenizer, data: R
     reference = make_reference(model, method.reference_beta(cfg))
     if not cfg.fsdp:
         return method.trainer_class().for_run(cfg, model, tokenizer, data, output_dir, reference, world)
+    offload = cfg.fsdp_offload_params
     if reference is not None:  # 1/N of the reference on each process, as of the policy
-        reference = fsdp.shard(reference, world.device, world.world_size)
+        reference = fsdp.shard(reference, world.device, world.world_size, offload)
     unsharded = fsdp.without_weights(model).to(world.device)  # its buffers on the device; its weights come when gathered
-    trained = fsdp.shard(model, world.device, world.world_size)
+    trained = fsdp.shard(model, world.device, world.world_size, offload)
     return method.trainer_class().for_run(cfg, trained, tokenizer, data, output_dir, reference, world, full_model=unsharded)

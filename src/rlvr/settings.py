@@ -107,6 +107,7 @@ def check_runnable(cfg: Config, world: World) -> None:
     if cfg.fp16 and not world.device.startswith("cuda"):
         raise ConfigError(f"fp16=true needs a CUDA GPU (fp16 autocast with loss scaling), and this run is on {world.device}"
                           f"{' (use_cpu=true)' if cfg.use_cpu else ''}; on a CPU use bf16=true")
+    _check_gpu_only(cfg, world.device)
     if world.enabled:
         if cfg.prompts_per_step % world.world_size:
             each = cfg.completions_per_generation / world.world_size
@@ -146,6 +147,24 @@ def check_runnable(cfg: Config, world: World) -> None:
         from rlvr.rollout.vllm import require_vllm
 
         require_vllm()
+    if cfg.load_in_4bit:
+        from rlvr.qlora import require_bitsandbytes
+
+        require_bitsandbytes()
+
+
+def _check_gpu_only(cfg: Config, device: str) -> None:
+    """The settings that move memory off a GPU, refused where there is none to free."""
+    if device.startswith("cuda"):
+        return
+    here = f"this run is on {device}{' (use_cpu=true)' if cfg.use_cpu else ''}"
+    if cfg.fsdp_offload_params:
+        raise ConfigError(f"fsdp_offload_params=true keeps FSDP's shards in CPU memory and copies each layer's to the GPU for its "
+                          f"use, but {here}, where they are in CPU memory already (and torch's CPUOffloadPolicy pins that "
+                          "memory, which needs a GPU): set fsdp_offload_params=false")
+    if cfg.vllm_enable_sleep_mode and cfg.use_vllm and cfg.vllm_mode == "colocate":
+        raise ConfigError(f"vllm_enable_sleep_mode=true needs a GPU: vLLM has sleep mode on CUDA, ROCm and XPU only "
+                          f"(current_platform.is_sleep_mode_available()), and {here}; set vllm_enable_sleep_mode=false")
 
 
 def check_settings(cfg: Config, rewards_later: bool = False) -> Config:

@@ -30,10 +30,11 @@ num_iterations epsilon delta epsilon_high importance_sampling_level reward_weigh
 mask_truncated_completions sync_ref_model ref_model_mixup_alpha ref_model_sync_steps top_entropy_quantile
 vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max
 vllm_importance_sampling_clip_min log_completions num_completions_to_print use_bias_correction_kl
-router_aux_loss_coef load_best_model_at_end metric_for_best_model greater_is_better
+router_aux_loss_coef load_best_model_at_end metric_for_best_model greater_is_better vllm_enable_sleep_mode
 """.split()) | frozenset(  # the ModelConfig / ScriptArguments of TRL's scripts (trl/scripts/grpo.py)
     "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save "
-    "lora_task_type use_rslora use_dora dataset_config dataset_train_split dataset_test_split reward_funcs".split())
+    "lora_task_type use_rslora use_dora load_in_4bit bnb_4bit_quant_type use_bnb_nested_quant bnb_4bit_quant_storage "
+    "dataset_config dataset_train_split dataset_test_split reward_funcs".split())
 
 # Accepted and without effect in rlvr; the reason is what `rlvr train --help` and docs/settings.md say.
 IGNORED = {
@@ -50,7 +51,7 @@ IGNORED = {
         do_train do_eval do_predict""".split(),
                     "rlvr evaluates held-out accuracy with its own eval_* settings"),
     **dict.fromkeys("""ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout
-        local_rank accelerator_config fsdp_config ds3_gather_for_generation average_tokens_across_devices
+        local_rank accelerator_config ds3_gather_for_generation average_tokens_across_devices
         save_on_each_node""".split(),
                     "rlvr sums gradients over processes itself and normalises by the totals of all of them"),
     **dict.fromkeys("""tf32 use_cache torch_empty_cache_steps cache_implementation use_transformers_continuous_batching
@@ -64,6 +65,8 @@ IGNORED = {
     "use_liger_kernel": ("rlvr's log-prob pass never holds the full logits (the memory Liger's fused kernels save): "
                          "it works a few rows at a time with a chunked log-softmax"),
     "optim_args": "transformers passes it to none of torch's AdamW variants (the adam_* settings are theirs)",
+    "fsdp_config": ("rlvr's FSDP2 shards each decoder layer and the whole model itself; of fsdp_config only cpu_offload "
+                    "(accelerate's offload_params) is read, as fsdp_offload_params"),
     **dict.fromkeys("""sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
         entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target""".split(),
                     "a knob of a loss or feature rlvr does not have (see loss_type, entropy_coef)"),
@@ -82,8 +85,8 @@ IGNORED = {
         fsdp_transformer_layer_cls_to_wrap tpu_num_cores tpu_metrics_debug xpu_backend vllm_device vllm_dtype
         vllm_enable_prefix_caching wandb_log_unique_prompts use_liger_loss""".split(),
                     "a setting of an older TRL or transformers version, without effect in TRL 1.16 too"),
-    **dict.fromkeys("""bnb_4bit_quant_type use_bnb_nested_quant ignore_bias_buffers gradient_checkpointing_use_reentrant
-        """.split(), "a knob of TRL scripts' ModelConfig that rlvr's loading and LoRA decide"),
+    **dict.fromkeys("""ignore_bias_buffers gradient_checkpointing_use_reentrant""".split(),
+                    "a knob of TRL scripts' ModelConfig that rlvr's loading and LoRA decide"),
 }
 
 # Accepted only at an inert value (the first is TRL's default); any other refused with the reason.
@@ -97,15 +100,13 @@ UNSUPPORTED = {
     "auto_find_batch_size": ((False,), "a batch that shrinks on out-of-memory would split prompt groups (TRL refuses it too)"),
     "save_only_model": ((False,), "checkpoints always hold the optimizer state, so that resume is exact"),
     "cast_lm_head_to_fp32": ((False,), "an fp32 LM head under bf16 is not supported yet"),
-    "vllm_enable_sleep_mode": ((False,), "vLLM's sleep mode is not supported yet"),
     "vllm_structured_outputs_regex": ((None,), "structured outputs are not supported yet"),
     "multi_objective_aggregation": (("sum_then_normalize",), "only sum_then_normalize (weighted sum, then group normalisation)"),
     "entropy_coef": ((0.0,), "an entropy bonus in the loss is not supported yet"),
     "use_adaptive_entropy": ((False,), "adaptive entropy control is not supported yet"),
     "off_policy_mask_threshold": ((None,), "off-policy sequence masking is not supported yet"),
     "log_completions_hub_repo": ((None,), "uploading completions to the Hub is not supported; they are in completions.jsonl"),
-    "load_in_4bit": ((False,), "quantized (QLoRA) training is not supported yet"),
-    "load_in_8bit": ((False,), "quantized (QLoRA) training is not supported yet"),
+    "load_in_8bit": ((False,), "8-bit loading (LLM.int8) is not supported; QLoRA is load_in_4bit=true with use_peft=true"),
     "dataset_streaming": ((False,), "streamed datasets from the command line are not supported; GRPOTrainer takes an IterableDataset"),
     "reward_model_name_or_path": ((None,), "reward models are not supported yet: rewards are verifiers and functions"),
     # SFTConfig's and DPOConfig's own (TRL 1.16)
@@ -154,10 +155,18 @@ def inert(value: Any, allowed: tuple = ()) -> bool:
     return any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed)
 
 
-def translate(key: str, value: Any) -> tuple[str, Any] | None:
-    """A TRL setting as (rlvr name, value), or None when it has no effect here (IGNORED, or an
-    inert value of UNSUPPORTED, or TRL's to_dict() placeholders).  Raises ValueError for an
-    UNSUPPORTED setting at a value that would change training.  Keys unknown to TRL are returned as they are."""
+def translate(key: str, value: Any) -> list[tuple[str, Any]]:
+    """A TRL setting as the rlvr settings it sets, [(rlvr name, value), ...]: empty when it has no effect
+    here (IGNORED, or an inert value of UNSUPPORTED, or TRL's to_dict() placeholders), two for a
+    `fsdp` string that asks for offloading too.  Raises ValueError for an UNSUPPORTED setting at a
+    value that would change training.  Keys unknown to TRL are returned as they are."""
+    if key in ("fsdp", "fsdp_config"):
+        return fsdp_settings(key, value)
+    one = _translate(key, value)
+    return [] if one is None else [one]
+
+
+def _translate(key: str, value: Any) -> tuple[str, Any] | None:
     if key in IGNORED or (key == "eos_token" and value == "<EOS_TOKEN>"):  # SFTConfig.to_dict()'s placeholder for None
         return None
     if key in UNSUPPORTED:
@@ -173,8 +182,6 @@ def translate(key: str, value: Any) -> tuple[str, Any] | None:
         return "use_cpu", value
     if key in ("attn_implementation", "model_revision"):  # TRL scripts' ModelConfig: arguments of from_pretrained
         return f"model_init_kwargs.{key.removeprefix('model_')}", value
-    if key == "fsdp":  # TRL: "", None, "full_shard auto_wrap" or a list of such words
-        return "fsdp", bool(value) if not isinstance(value, bool) else value
     if key in ("resume_from_checkpoint", "vllm_importance_sampling_cap") and value is None:
         return None  # TRL's default: nothing to resume; the deprecated cap unset
     if key == "hub_token" and value == "<HUB_TOKEN>":  # to_dict() hides the token behind this
@@ -188,6 +195,44 @@ def translate(key: str, value: Any) -> tuple[str, Any] | None:
     return key, value
 
 
+# transformers' words for `fsdp` (trainer_utils.FSDPOption); rlvr's FSDP2 always shards fully and wraps
+# each decoder layer, and "offload" is fsdp_offload_params.
+FSDP_WORDS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard", "offload", "auto_wrap")
+# fsdp_config's keys that ask for CPU offload: transformers 5's cpu_offload, accelerate's offload_params
+# (`fsdp_offload_params` in its config file); transformers drops a leading "fsdp_" from each key, and so does rlvr.
+FSDP_OFFLOAD_KEYS = ("cpu_offload", "offload_params")
+
+
+def fsdp_settings(key: str, value: Any) -> list[tuple[str, Any]]:
+    """TRL's `fsdp` (true, "", None, "full_shard auto_wrap offload" or a list of such words) and
+    `fsdp_config` (a mapping, or the path of a JSON file of one) as rlvr's fsdp and fsdp_offload_params."""
+    if key == "fsdp":
+        if value is None or isinstance(value, bool):
+            return [("fsdp", bool(value))]
+        words = value.split() if isinstance(value, str) else list(value)
+        unknown = [w for w in words if w not in FSDP_WORDS]
+        if unknown:
+            raise ValueError(f"fsdp={value!r}: unknown option {unknown[0]!r}; transformers' options are {', '.join(FSDP_WORDS)} "
+                             "(or fsdp=true)")
+        return [("fsdp", bool(words))] + ([("fsdp_offload_params", True)] if "offload" in words else [])
+    if isinstance(value, str):  # transformers reads a path as a JSON file
+        import json
+        from pathlib import Path
+
+        if not Path(value).is_file():
+            raise ValueError(f"fsdp_config={value!r}: not a mapping, nor a JSON file of one")
+        value = json.loads(Path(value).read_text())
+    if not isinstance(value or {}, dict):
+        raise ValueError(f"fsdp_config must be a mapping (or the path of a JSON file of one); got {value!r}")
+    offload = [v for k, v in (value or {}).items() if k.removeprefix("fsdp_") in FSDP_OFFLOAD_KEYS]
+    return [("fsdp_offload_params", _true(offload[-1]))] if offload else []
+
+
+def _true(value: Any) -> bool:
+    """A flag as transformers and accelerate read it: a bool, or a string such as "true" / "false"."""
+    return value if isinstance(value, bool) else str(value).lower() in ("y", "yes", "t", "true", "on", "1")
+
+
 def meaning_note(method: str, dpo_loss_type: tuple, label_smoothing: float) -> str | None:
     """One line when a value given does what TRL 1.16 does not (docs/finetune.md's table), else None."""
     if method == "dpo" and label_smoothing > 0 and "sigmoid" in dpo_loss_type:
@@ -198,8 +243,15 @@ def meaning_note(method: str, dpo_loss_type: tuple, label_smoothing: float) -> s
 
 def ignored_keys(*sources: dict[str, Any]) -> list[str]:
     """The keys of these mappings that rlvr accepts without effect, for the one line printed at the start
-    (an UNSUPPORTED key that got this far had its inert value)."""
-    return sorted({k for src in sources for k in src if k in IGNORED or k in UNSUPPORTED})
+    (an UNSUPPORTED key that got this far had its inert value); fsdp_config when it holds more than its
+    offload keys, or nothing at all."""
+    return sorted({k for src in sources for k, v in src.items()
+                   if k in UNSUPPORTED or k in IGNORED and not (k == "fsdp_config" and _offload_only(v))})
+
+
+def _offload_only(fsdp_config: Any) -> bool:
+    keys = [k.removeprefix("fsdp_") for k in fsdp_config] if isinstance(fsdp_config, dict) else [None]
+    return bool(keys) and all(k in FSDP_OFFLOAD_KEYS for k in keys)
 
 
 def ignored_line(keys: list[str]) -> str:

@@ -39,6 +39,28 @@ def lora_settings(peft_config) -> dict:
     return as_settings(peft_config)
 
 
+def quantization_settings(config, dtype: str) -> dict:
+    """transformers' BitsAndBytesConfig (TRL's get_quantization_config) as rlvr settings: load_in_4bit and
+    its bnb_4bit_* knobs.  Its compute dtype must be `dtype`, the weights' dtype setting, which rlvr
+    computes the 4-bit layers in (as TRL's get_quantization_config sets it)."""
+    if type(config).__name__ != "BitsAndBytesConfig":
+        raise ConfigError(f"quantization_config: only a transformers BitsAndBytesConfig is supported, got {type(config).__name__}")
+    if config.load_in_8bit:
+        raise ConfigError("quantization_config with load_in_8bit: 8-bit loading (LLM.int8) is not supported; QLoRA is "
+                          "BitsAndBytesConfig(load_in_4bit=True) with a peft_config")
+    if not config.load_in_4bit:
+        return {}
+    compute = str(config.bnb_4bit_compute_dtype).removeprefix("torch.")
+    if compute != dtype:
+        raise ConfigError(f"quantization_config computes in {compute} but dtype={dtype}: rlvr computes the 4-bit layers in "
+                          f"the weights' dtype; make them agree (BitsAndBytesConfig(bnb_4bit_compute_dtype=torch.{dtype}), "
+                          f"or dtype={compute} if it is float32 or bfloat16)")
+    storage = str(config.bnb_4bit_quant_storage).removeprefix("torch.")
+    return {"load_in_4bit": True, "bnb_4bit_quant_type": config.bnb_4bit_quant_type,
+            "use_bnb_nested_quant": bool(config.bnb_4bit_use_double_quant),
+            "bnb_4bit_quant_storage": None if storage == "uint8" else storage}
+
+
 def multiturn_settings(tools, rollout_func, environment_factory) -> dict:
     """tools (functions or names), rollout_func and environment_factory given as objects, as the
     names the Config holds (the objects are registered where those names resolve)."""

@@ -6,7 +6,8 @@ from TRL besides the configs and trainers, so that such a script runs with `trl`
     ModelConfig          the model and its LoRA: model_name_or_path, dtype, use_peft, lora_* ...
     DatasetMixtureConfig, DatasetConfig, get_dataset    several datasets loaded as one
     get_peft_config      ModelConfig -> peft.LoraConfig, or None without use_peft
-    get_quantization_config, get_kbit_device_map        None; 4-bit or 8-bit loading is refused
+    get_quantization_config    BitsAndBytesConfig for load_in_4bit (QLoRA), as TRL's; 8-bit loading is refused
+    get_kbit_device_map        None: rlvr places the model itself
 
 The fields are TRL 1.16's (tests/test_trl_scripts.py compares them with the installed TRL).
 """
@@ -64,7 +65,7 @@ class ModelConfig:
     use_rslora: bool = field(default=False, metadata={"help": "Rank-stabilised LoRA (alpha / sqrt(r))."})
     use_dora: bool = field(default=False, metadata={"help": "Weight-decomposed LoRA (DoRA)."})
     load_in_8bit: bool = field(default=False, metadata={"help": "8-bit loading (not supported by rlvr)."})
-    load_in_4bit: bool = field(default=False, metadata={"help": "4-bit loading (not supported by rlvr)."})
+    load_in_4bit: bool = field(default=False, metadata={"help": "4-bit loading of the base model (QLoRA). Works only with LoRA."})
     bnb_4bit_quant_type: str = field(default="nf4", metadata={"help": "4-bit quantization type.", "choices": ["fp4", "nf4"]})
     use_bnb_nested_quant: bool = field(default=False, metadata={"help": "Nested 4-bit quantization."})
     bnb_4bit_quant_storage: str | None = field(default=None, metadata={"help": "4-bit storage dtype."})
@@ -151,21 +152,28 @@ def get_peft_config(model_args: ModelConfig):
                       modules_to_save=model_args.lora_modules_to_save, **extra)
 
 
-def _refuse_kbit(model_args: Any) -> None:
-    for name in ("load_in_4bit", "load_in_8bit"):
-        if getattr(model_args, name, False):
-            raise ConfigError(f"{name}=True: {UNSUPPORTED[name][1]}; train in bf16 or fp32, with use_peft for LoRA")
+def _refuse_8bit(model_args: Any) -> None:
+    if getattr(model_args, "load_in_8bit", False):
+        raise ConfigError(f"load_in_8bit=True: {UNSUPPORTED['load_in_8bit'][1]}")
 
 
-def get_quantization_config(model_args: ModelConfig) -> None:
-    """None: the model loads unquantized.  4-bit or 8-bit loading is refused with the reason."""
-    _refuse_kbit(model_args)
-    return None
+def get_quantization_config(model_args: ModelConfig):
+    """transformers' BitsAndBytesConfig for load_in_4bit, as TRL's (computing in the model's dtype), which
+    the trainers take as quantization_config; None without it.  8-bit loading is refused with the reason."""
+    _refuse_8bit(model_args)
+    if not model_args.load_in_4bit:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=model_args.dtype,
+                              bnb_4bit_quant_type=model_args.bnb_4bit_quant_type,
+                              bnb_4bit_use_double_quant=model_args.use_bnb_nested_quant,
+                              bnb_4bit_quant_storage=model_args.bnb_4bit_quant_storage)
 
 
 def get_kbit_device_map(model_args: ModelConfig | None = None) -> None:
-    """None: rlvr places the model itself.  Given a ModelConfig that asks for 4-bit or 8-bit loading, refused."""
-    _refuse_kbit(model_args)
+    """None: rlvr places the model itself (a 4-bit one on the device it trains on).  8-bit loading is refused."""
+    _refuse_8bit(model_args)
     return None
 
 

@@ -12,7 +12,7 @@ from rlvr import methods
 from rlvr.api import inputs
 from rlvr.api.outputs import ScriptMethods
 from rlvr.api.configs import DPOConfig, GRPOConfig, SFTConfig
-from rlvr.config import Config, ConfigError, build_config
+from rlvr.config import Config, ConfigError, ModelSettings, build_config
 from rlvr.events import TrainerEvents
 from rlvr.trl_settings import ignored_line
 
@@ -26,15 +26,14 @@ class GRPOTrainer(ScriptMethods):
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  quantization_config=None, peft_config=None, tools=None, rollout_func=None, environment_factory=None):
-        for name, value in (("reward_processing_classes", reward_processing_classes), ("quantization_config", quantization_config)):
-            if value is not None:
-                raise ConfigError(f"GRPOTrainer({name}=...) is not supported yet")
+        if reward_processing_classes is not None:
+            raise ConfigError("GRPOTrainer(reward_processing_classes=...) is not supported yet")
         if any(o is not None for o in optimizers):
             raise ConfigError("GRPOTrainer(optimizers=...) is not supported: rlvr builds AdamW from the optim, learning_rate "
                               "and adam_* settings of GRPOConfig (and restores it exactly on resume)")
         if train_dataset is None:
             raise ConfigError("GRPOTrainer needs a train_dataset (a datasets.Dataset, an IterableDataset or a list of rows)")
-        settings = self._model_settings(model, args, peft_config)
+        settings = self._model_settings(model, args, peft_config, quantization_config)
         funcs = self._reward_settings(settings, reward_funcs)
         settings.update(inputs.multiturn_settings(tools, rollout_func, environment_factory))
         self._data_settings(settings, eval_dataset)
@@ -47,14 +46,17 @@ class GRPOTrainer(ScriptMethods):
 
     # --- the construction every method's trainer shares ----------------------------------------
 
-    def _model_settings(self, model, args: GRPOConfig | None, peft_config) -> dict:
-        """The settings of `args`, with the model (a name, a path or a loaded model) and its LoRA."""
+    def _model_settings(self, model, args: GRPOConfig | None, peft_config, quantization_config=None) -> dict:
+        """The settings of `args`, with the model (a name, a path or a loaded model), its LoRA and its
+        quantization (QLoRA; for a model given by name, as TRL)."""
         settings = dict(args._settings) if args is not None else {}
         settings.setdefault("output_dir", f"{inputs.model_name(model)}-{self.suffix}")
         self.model = model if not isinstance(model, str) else None
         settings["model"] = model if isinstance(model, str) else getattr(model, "name_or_path", None) or "<model object>"
         if peft_config is not None:
             settings.update(inputs.lora_settings(peft_config))
+        if quantization_config is not None and isinstance(model, str):  # TRL ignores it for a loaded model, as here
+            settings.update(inputs.quantization_settings(quantization_config, settings.get("dtype", ModelSettings.dtype)))
         return settings
 
     @staticmethod
@@ -197,7 +199,7 @@ class _FinetuneTrainer(GRPOTrainer):
     and no reward functions (a round of self_samples keeps what the task's verifier scores 1)."""
 
     def __init__(self, model, args=None, train_dataset=None, eval_dataset=None, processing_class=None, callbacks=None,
-                 peft_config=None, **unsupported):
+                 peft_config=None, quantization_config=None, **unsupported):
         given = sorted(k for k, v in unsupported.items() if v is not None and k != "optimizers" or
                        k == "optimizers" and any(o is not None for o in v))
         if given:
@@ -205,7 +207,7 @@ class _FinetuneTrainer(GRPOTrainer):
                               "the collator, the loss and AdamW from the settings of its config")
         if train_dataset is None:
             raise ConfigError(f"{type(self).__name__} needs a train_dataset (a datasets.Dataset or a list of rows)")
-        settings = self._model_settings(model, args, peft_config)
+        settings = self._model_settings(model, args, peft_config, quantization_config)
         self._data_settings(settings, eval_dataset)
         self._setup(settings, processing_class, train_dataset, eval_dataset, callbacks)
 
@@ -238,8 +240,9 @@ class DPOTrainer(_FinetuneTrainer):
     config_class, suffix = DPOConfig, "DPO"
 
     def __init__(self, model, ref_model=None, args=None, train_dataset=None, eval_dataset=None, processing_class=None,
-                 callbacks=None, peft_config=None, **unsupported):
+                 callbacks=None, peft_config=None, quantization_config=None, **unsupported):
         if ref_model is not None:
             raise ConfigError("DPOTrainer(ref_model=...) is not supported: the reference is a frozen copy of `model` as "
                               "it starts (with peft_config: the model with its adapter off), which is TRL's default too")
-        super().__init__(model, args, train_dataset, eval_dataset, processing_class, callbacks, peft_config, **unsupported)
+        super().__init__(model, args, train_dataset, eval_dataset, processing_class, callbacks, peft_config, quantization_config,
+                         **unsupported)

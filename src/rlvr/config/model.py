@@ -30,8 +30,17 @@ class ModelSettings(Section):
     lora_config: dict | None = None  # a peft LoraConfig with every option, as given to GRPOTrainer(peft_config=...) (its to_dict()); used instead of the lora_* settings above
     lora_save: str = "adapter"  # final save: adapter (peft format) | merged (a plain model)
 
+    # --- qlora ----------------------------------------------------------------------
+    load_in_4bit: bool = False  # QLoRA: the model's linear layers loaded in 4 bits (bitsandbytes), frozen under the LoRA adapter (needs use_peft)
+    bnb_4bit_quant_type: str = "nf4"  # load_in_4bit: nf4 (4-bit NormalFloat, QLoRA's) | fp4
+    use_bnb_nested_quant: bool = False  # load_in_4bit: quantize the quantization constants too (double quantization, about 0.4 bits a weight less)
+    bnb_4bit_quant_storage: str | None = None  # load_in_4bit: the dtype the packed 4-bit weights are stored in: uint8 | float16 | bfloat16 | float32; null: uint8
+
     def _rules(self) -> list[str]:
-        problems = choices(self, dtype=("float32", "bfloat16"), lora_save=("adapter", "merged"))
+        problems = choices(self, dtype=("float32", "bfloat16"), lora_save=("adapter", "merged"), bnb_4bit_quant_type=("nf4", "fp4"))
+        if self.bnb_4bit_quant_storage not in (None, "uint8", "float16", "bfloat16", "float32"):
+            problems.append(f"bnb_4bit_quant_storage must be uint8, float16, bfloat16 or float32 (or null: uint8); "
+                            f"got {self.bnb_4bit_quant_storage!r}")
         if not (self.lora_r >= 1 and self.lora_alpha > 0):
             problems.append("lora_r must be at least 1 and lora_alpha > 0")
         if not 0 <= self.lora_dropout < 1:
@@ -43,7 +52,20 @@ class ModelSettings(Section):
                     f"model_init_kwargs.{key}={value!r} differs from dtype={self.dtype!r}: the weights' dtype is "
                     f"rlvr's own dtype setting (float32 or bfloat16; vLLM and `rlvr plan` read it too), so set dtype there and "
                     f"drop {key} from model_init_kwargs")
-        return problems
+        return problems + self._qlora_problems()
+
+    def _qlora_problems(self) -> list[str]:
+        if not self.load_in_4bit:
+            return []
+        rules = [
+            (self.use_peft, "load_in_4bit=true (QLoRA) trains a LoRA adapter over the frozen 4-bit weights, which cannot be "
+                            "trained themselves: set use_peft=true"),
+            (self.lora_save != "merged", "lora_save=merged with load_in_4bit would merge the adapter into rounded 4-bit weights: "
+                                         "keep lora_save=adapter (rlvr eval puts it on the full-precision base model)"),
+            ("quantization_config" not in self.model_init_kwargs,
+             "load_in_4bit sets the model's quantization_config: drop quantization_config from model_init_kwargs"),
+        ]
+        return [message for ok, message in rules if not ok]
 
 
 @dataclass(frozen=True)

@@ -113,17 +113,18 @@ _MAPPINGS = {"task_args", "reward_args", "on_alert", "model_init_kwargs", "chat_
 
 
 def _set(values: dict[str, Any], key: str, value: Any) -> None:
+    if "." in key:  # a key inside one of rlvr's mappings
+        return _store(values, key, value)
+    try:  # TRL's settings without an rlvr field of their name (trl_settings.py): none, one or several of rlvr's
+        translated = trl_settings.translate(key, value)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for name, setting in translated:
+        _store(values, name, setting)
+
+
+def _store(values: dict[str, Any], key: str, value: Any) -> None:
     head, _, rest = key.partition(".")
-    if not rest:  # TRL's settings without an rlvr field of their name (trl_settings.py)
-        try:
-            translated = trl_settings.translate(head, value)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if translated is None:
-            return
-        if "." in translated[0]:  # a TRL setting that is a key of one of rlvr's mappings
-            return _set(values, *translated)
-        head, value = translated
     head = ALIASES.get(head, head)
     if head not in FIELDS:
         close = difflib.get_close_matches(head, list(FIELDS) + list(ALIASES) + trl_settings.known_names(), n=1, cutoff=0.6)

@@ -57,6 +57,7 @@ class VLLMSettings(Section):
     vllm_tensor_parallel_size: int = 1  # GPUs vLLM shards the model over (colocate, and `rlvr vllm-serve`)
     vllm_max_model_length: int | None = None  # vLLM's context length; default the model's
     vllm_enforce_eager: bool = True  # run vLLM without torch.compile: starts in seconds instead of minutes on CPU
+    vllm_enable_sleep_mode: bool = False  # colocate, CUDA GPUs: vLLM sleeps while the policy trains (its weights offloaded to CPU memory, its KV cache freed) and wakes to take new weights and sample
     vllm_server_host: str = "0.0.0.0"  # server mode: where `rlvr vllm-serve` listens; the trainer: one host or several (a list, or host,host:port,...)
     vllm_server_port: int = 8000  # server mode (rlvr vllm-serve: 0 listens on any free port and prints it)
     vllm_server_base_url: str | None = None  # server mode: e.g. http://host:8000, or several (a list); overrides host and port

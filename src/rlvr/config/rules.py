@@ -38,7 +38,7 @@ def cross_section_problems(cfg) -> list[str]:
          f"sync_ref_model (TR-DPO) is not supported for rlvr {cfg.method} yet: its reference stays the starting model"),
         (not (not online and (cfg.fsdp or cfg.rollout_workers or cfg.max_staleness)),
          f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train"),
-    ]
+    ] + qlora_rules(cfg) + sleep_mode_rules(cfg)
     problems = [message for ok, message in rules if not ok] + best_model_problems(cfg)
     option = lora_beyond_vllm(cfg)
     if cfg.use_peft and (cfg.use_vllm or cfg.rollout_workers) and option:
@@ -53,6 +53,33 @@ def cross_section_problems(cfg) -> list[str]:
     if online:  # how generations feed optimizer steps; sft and dpo take whole examples
         problems += generation_batch_problems(cfg)
     return problems
+
+
+def qlora_rules(cfg) -> list[tuple[bool, str]]:
+    """load_in_4bit with what would copy or shard the 4-bit weights."""
+    if not cfg.load_in_4bit:
+        return []
+    return [
+        (not cfg.fsdp, "load_in_4bit (QLoRA) with fsdp is not supported: FSDP2 would shard bitsandbytes' packed 4-bit weights; "
+                       "train without fsdp (each process holds the whole 4-bit model, the adapter's gradients are summed)"),
+        (not cfg.rollout_workers, "load_in_4bit (QLoRA) with rollout_workers is not supported: the Ray workers rebuild the model "
+                                  "from the trainer's weights, which are packed 4-bit ones; sample in the training process"),
+        (not (cfg.max_staleness and not cfg.use_vllm),
+         "load_in_4bit (QLoRA) with max_staleness=1 and the in-process sampler is not supported: sampling ahead copies the "
+         "policy's weights, which are packed 4-bit ones; use max_staleness=0, or use_vllm=true"),
+    ]
+
+
+def sleep_mode_rules(cfg) -> list[tuple[bool, str]]:
+    """vllm_enable_sleep_mode: the colocated engine sleeps while the policy trains, so nothing may sample then."""
+    if not (cfg.vllm_enable_sleep_mode and cfg.use_vllm and cfg.vllm_mode == "colocate"):
+        return []  # without vLLM in this process (use_vllm=false, or servers) it has no effect, as in TRL
+    return [
+        (not cfg.max_staleness, "vllm_enable_sleep_mode=true puts vLLM to sleep while the policy trains, but with max_staleness=1 "
+                                "it samples the next batch during the update: set one of them"),
+        (not cfg.rollout_workers, "vllm_enable_sleep_mode=true is for vLLM colocated with the training process; with "
+                                  "rollout_workers vLLM runs in the Ray workers, beside no training: set vllm_enable_sleep_mode=false"),
+    ]
 
 
 def best_model_problems(cfg) -> list[str]:

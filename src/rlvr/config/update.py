@@ -139,6 +139,7 @@ class OptimizerSettings(Section):
     fp16: bool = False  # fp16 autocast with loss scaling, where the device runs fp16 (a CUDA GPU); weights stay fp32
     gradient_checkpointing: bool = False  # recompute activations in the backward pass to save memory
     fsdp: bool = False  # with torchrun: shard weights, gradients and optimizer state across processes (FSDP2); sampling keeps a full copy
+    fsdp_offload_params: bool = False  # fsdp on GPUs: the shards of the weights, gradients and AdamW state live in CPU memory, each layer's copied to the GPU for its use; the optimizer steps on the CPU (FSDP2's CPUOffloadPolicy). accelerate's name; TRL's fsdp="full_shard offload" and fsdp_config {cpu_offload: true} set it
     disable_dropout: bool = True  # dropout off in every pass, so log-probs are comparable
     seed: int = 42  # data order, sampling and task generation
 
@@ -154,6 +155,8 @@ class OptimizerSettings(Section):
             (self.warmup_steps >= 0, "warmup_steps must be >= 0"),
             (not (self.fp16 and self.bf16), "fp16 and bf16 cannot both be true: choose one autocast precision (bf16 needs no loss scaling)"),
             (not (self.fp16 and self.fsdp), "fp16 with fsdp is not supported (its loss scaling would decide per shard); use bf16=true"),
+            (self.fsdp or not self.fsdp_offload_params,
+             "fsdp_offload_params=true offloads the shards of fsdp to the CPU: set fsdp=true too (under torchrun)"),
             (self.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 = no clipping)"),
             (self.max_steps == -1 or self.max_steps >= 1, "max_steps must be -1 (use num_train_epochs) or at least 1"),
             (self.max_steps != -1 or self.num_train_epochs > 0, "num_train_epochs must be > 0 when max_steps is -1"),

@@ -150,6 +150,7 @@ class FinetuneTrainer(RunCore):
         examples = self.prompts.take(cfg.self_round_prompts)
         self.publish_weights()  # engines outside this model (vLLM) get the current weights
         sampled = self.rollout.sample(examples, self.generator, TrainerState(self.step, self.total_steps))
+        self.rollout.rest()  # the round's steps come next (vllm_enable_sleep_mode)
         scores = sampled.scores.per_func[verifier_name(cfg.data_settings)]
         g = len(sampled.groups[0]) if sampled.groups else 0
         texts = [[r.text for r in group] for group in sampled.groups]

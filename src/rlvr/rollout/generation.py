@@ -81,6 +81,7 @@ class Generations:
         rounds = [self.sample_round(state)]
         while s.dynamic_sampling and len(rounds) <= s.max_sampling_rounds and _informative(rounds) < s.prompts_per_step:
             rounds.append(self.sample_round(state))
+        self.rollout.rest()  # the update comes next (vllm_enable_sleep_mode)
         groups = [g for r in rounds for g in r.groups]
         chosen = [g for g in groups if g.has_signal][: s.prompts_per_step] if s.dynamic_sampling else groups
         rewards = torch.tensor([x for g in chosen for x in g.rewards])

@@ -108,6 +108,12 @@ class RolloutStage:
         for subscriber in self.subscribers:
             subscriber.update_weights(self.source)
 
+    def rest(self) -> None:
+        """A generation is sampled and the update comes: a sampler that frees its memory meanwhile
+        (vLLM colocated, with vllm_enable_sleep_mode) does; it wakes by itself when used again."""
+        if hasattr(self.sampler, "rest"):
+            self.sampler.rest()
+
     def metrics(self) -> dict:
         """The samplers' own counters (vLLM servers left and dropped, weight sync), for the step's row."""
         out = {}

@@ -230,24 +230,47 @@ class VLLMEngine:
 
 class VLLMColocateSampler:
     """vLLM in the training process; update_weights copies the trainer's weights (with LoRA, its
-    adapter) into it in memory."""
+    adapter) into it in memory.
+
+    With sleep mode (vllm_enable_sleep_mode, CUDA GPUs), `rest()` puts vLLM to sleep once a generation
+    is sampled: level 1, its weights offloaded to CPU memory and its KV cache discarded, so the update
+    has that GPU memory.  The weights wake before the next weight load (vLLM loads into memory that is
+    there), the KV cache before the next sampling, as TRL orders them.  TRL sleeps at level 2, which
+    discards the weights and pushes them all again: here a LoRA run pushes only its adapter, and a step
+    without an update pushes nothing, so the base weights must survive the sleep."""
 
     seeds_per_group = True  # takes the per-group streams (RolloutStage._streams)
 
-    def __init__(self, model_path: str, tokenizer, eos_token_ids: list[int], **engine_args):
+    def __init__(self, model_path: str, tokenizer, eos_token_ids: list[int], sleep_mode: bool = False, **engine_args):
         self.eos = list(eos_token_ids)
         self.pad_id = pad_token_id(tokenizer, self.eos)
-        self.engine = VLLMEngine(model_path, **engine_args)
+        self.engine = VLLMEngine(model_path, **engine_args, **({"enable_sleep_mode": True} if sleep_mode else {}))
         self.version = 0
+        self.sleep_mode = sleep_mode
+        self.asleep: set[str] = set()  # vLLM's memory that sleeps: "weights", "kv_cache"
 
     @property
     def llm(self):
         return self.engine.llm
 
     def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
+        self._wake("weights", "kv_cache")
         return self.engine.rollouts(prompt_ids, params, self.eos, generator)
 
+    def rest(self) -> None:
+        """A generation is sampled and the update comes: with sleep mode, vLLM sleeps (level 1)."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+
+    def _wake(self, *parts: str) -> None:
+        waking = [part for part in parts if part in self.asleep]
+        if waking:
+            self.llm.wake_up(tags=waking)
+            self.asleep -= set(waking)
+
     def update_weights(self, model) -> None:
+        self._wake("weights")
         self.version += 1
         update = weight_update(model, self.engine.adapters, self.version)
         self.engine.load({**update.meta, "version": update.version, "adapter": update.adapter}, update.pairs())
@@ -264,7 +287,7 @@ def make_vllm_sampler(rollout: RolloutSettings, model: ModelSettings, model_path
     if rollout.vllm_mode == "colocate":
         engine = engine_args(rollout, model, max_prompt_length=max_prompt_length, bf16=bf16, seed=seed,
                              several_processes=several)
-        return VLLMColocateSampler(model_path, tokenizer, eos_token_ids, **engine)
+        return VLLMColocateSampler(model_path, tokenizer, eos_token_ids, rollout.vllm_enable_sleep_mode, **engine)
     from rlvr.rollout.vllm_client import VLLMServers, server_urls
 
     return VLLMServers(server_urls(rollout), tokenizer, eos_token_ids, rollout.vllm_server_timeout, world,
