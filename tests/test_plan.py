@@ -74,7 +74,7 @@ def test_cli_prints_the_table(capsys):
 MIB = 1 / 1024
 
 
-def test_fsdp_over_four_gpus_shards_what_trains_and_keeps_a_full_copy():
+def test_fsdp_over_four_gpus_shards_what_trains_and_gathers_the_whole_weights_only_to_sample():
     from rlvr.plan import Layout, trainer_gpu
 
     size = ModelSize.from_config(TINY)
@@ -83,23 +83,29 @@ def test_fsdp_over_four_gpus_shards_what_trains_and_keeps_a_full_copy():
     for row in ("policy", "gradients", "optimizer"):
         assert four[row] == one[row] / 4
     assert four["policy"] == 81408 / 4 and four["optimizer"] == 162816 / 4
-    assert four["full copy"] == 81408 and four["reference"] == 81408 / 4  # the reference sharded as the policy is
+    assert four["reference"] == 81408 / 4  # the reference sharded as the policy is
+    # the whole weights and the sampler's packed copy (80768) exist only while it samples (fsdp.GatheredCopy)
+    assert four["gathered to sample"] == 81408 + 80768 and four["rollout weights"] == 0
     # root: embeddings 55 x 32 + final norm 32 = 1792 (tied); a layer 9280.  Gathered weights
     # (1792 + 2 x 9280) x 4 = 81408, whole gradients (1792 + 9280) x 4 = 44288
     assert four["FSDP gathered"] == 81408 + 44288
     # each process samples 1 prompt: 4 rows; 2 x 2 layers x 4 rows x 2 kv heads x 8 x 16 positions x 4 bytes
     assert four["KV cache"] == 16384 and four["rollout logits"] == 2 * 4 * 55 * 4
-    # resident 20352 + 81408 + 20352 + 20352 + 40704 + 80768 (rollout weights), then the update:
-    # activations 159104 + logits chunk 10560 + gathered 125696
-    assert four["total"] == 263936 + 159104 + 10560 + 125696 == 559296
+    # resident 20352 + 20352 + 20352 + 40704 (policy, reference, gradients, optimizer); then the larger of
+    # sampling (KV 16384 + logits 1760 + gathered 162176 = 180320) and the update (activations 159104
+    # + logits chunk 10560 + FSDP gathered 125696 = 295360): the phases do not add up
+    assert four["total"] == 101760 + max(180320, 295360) == 397120
 
 
-def test_lora_under_fsdp_has_no_reference_and_a_full_copy_with_its_adapter():
+def test_lora_under_fsdp_has_no_reference_and_gathers_the_peft_model_to_sample():
     from rlvr.plan import Layout, trainer_gpu
 
-    est = trainer_gpu(ModelSize.from_config(TINY), _cfg(fsdp=True, use_peft=True, lora_r=4, lora_target_modules=["all-linear"], gradient_accumulation_steps=1), Layout(gpus=2))
+    cfg = _cfg(fsdp=True, use_peft=True, lora_r=4, lora_target_modules=["all-linear"], gradient_accumulation_steps=1)
+    est = trainer_gpu(ModelSize.from_config(TINY), cfg, Layout(gpus=2))
     assert est["reference"] == 0
-    assert est["full copy"] == 20352 * 4 + 4096 * 4 == 2 * est["policy"]
+    whole = 20352 * 4 + 4096 * 4  # the weights and the fp32 adapter, gathered
+    assert est["gathered to sample"] == whole + estimate(ModelSize.from_config(TINY), cfg.for_processes(2))["rollout weights"]
+    assert whole == 2 * est["policy"]
     assert est["FSDP gathered"] == 81408  # the weights only: the frozen ones have no gradients
 
 

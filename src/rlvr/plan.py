@@ -49,10 +49,13 @@ MiB / 1024: H200 140, H100 80, A100 40 or 80, L40S 45) the plan is per GPU of ea
 what rlvr does with fsdp, vLLM and rollout workers.  On one training GPU:
 
     policy, gradients, optimizer   the rows above / N with fsdp=true (FSDP2 shards them)
-    full copy          with fsdp: the policy row whole, the unsharded model each process keeps
-                       to sample, to compute old log-probs and to save (fsdp.FullCopy)
+    gathered to sample with fsdp and the in-process sampler: the policy row whole plus the rollout
+                       weights, gathered from the shards only while it samples (fsdp.GatheredCopy),
+                       so in the rollout phase, not resident; with max_staleness=1 the sampler copy
+                       (resident) is the only whole copy; with use_vllm the weights leave a tensor
+                       at a time (the largest, the embedding, V d w, is not counted)
     reference          as above, divided by N with fsdp: sharded like the policy (with LoRA the
-                       full copy with its adapter disabled: 0)
+                       policy with its adapter disabled: 0)
     rollout weights, KV cache, rollout logits, sampler copy
                        as above with ceil(prompts per step / N) prompts per process; 0 with
                        use_vllm or rollout_workers (the sampling happens elsewhere)
@@ -63,7 +66,8 @@ what rlvr does with fsdp, vLLM and rollout workers.  On one training GPU:
                        their whole gradients before the reduce-scatter, (R + p) w
     vLLM, colocated    use_vllm, vllm_mode=colocate: vLLM's share of the GPU, u M with
                        u = vllm_gpu_memory_utilization (its weights + vllm_kv_cache_gb if set)
-    total              as above; full copy and vLLM are resident, FSDP gathered is in the update
+    total              as above; vLLM is resident, gathered to sample is in the rollout phase and
+                       FSDP gathered in the update
 
 One GPU of a vLLM engine over t = vllm_tensor_parallel_size GPUs (the rollout node's with
 vllm_mode=server; the colocated share above):
@@ -219,7 +223,7 @@ def sampling_bytes(cfg) -> int:
     return 2 if cfg.bf16 else weight_bytes(cfg)
 
 
-RESIDENT = ("policy", "full copy", "reference", "gradients", "optimizer", "rollout weights", "sampler copy",
+RESIDENT = ("policy", "reference", "gradients", "optimizer", "rollout weights", "sampler copy",
             "vLLM, colocated")
 
 
@@ -227,7 +231,7 @@ def _total(rows: dict, checkpointed: bool, overlap: bool) -> float:
     """What stays all along, plus the larger of the rollout and the update phase (both when they overlap)."""
     act = rows["activations, checkpointed"] if checkpointed else rows["activations"]
     resident = sum(rows.get(k, 0) for k in RESIDENT)
-    rollout = rows["KV cache"] + rows["rollout logits"]
+    rollout = rows["KV cache"] + rows["rollout logits"] + rows.get("gathered to sample", 0)
     update = act + rows["logits chunk"] + rows["bf16 casts"] + rows.get("FSDP gathered", 0)
     return resident + (rollout + update if overlap else max(rollout, update))
 
@@ -282,13 +286,16 @@ def trainer_gpu(size: ModelSize, cfg, layout: Layout) -> dict[str, float]:
     shards = layout.gpus if cfg.fsdp else 1
     elsewhere = cfg.use_vllm or cfg.rollout_workers > 0  # no in-process sampler on this GPU
     out = {k: base[k] / shards for k in ("policy", "gradients", "optimizer")}
-    out["full copy"] = base["policy"] if cfg.fsdp else 0  # with LoRA a peft model too, its adapter in fp32
     out["reference"] = base["reference"] / shards  # with fsdp sharded like the policy (fsdp.shard)
     for k in ("rollout weights", "KV cache", "rollout logits", "sampler copy"):
         out[k] = 0 if elsewhere else base[k]
     for k in ("activations", "activations, checkpointed", "logits chunk", "bf16 casts"):
         out[k] = base[k]
     out["FSDP gathered"] = fsdp_gathered(size, cfg) if cfg.fsdp else 0
+    out["gathered to sample"] = 0
+    if cfg.fsdp and not elsewhere and not cfg.max_staleness:  # whole only while sampling (fsdp.GatheredCopy)
+        out["gathered to sample"] = base["policy"] + out["rollout weights"]  # with LoRA a peft model, its adapter in fp32
+        out["rollout weights"] = 0
     colocated = cfg.use_vllm and cfg.vllm_mode == "colocate" and not cfg.rollout_workers  # else in the workers
     out["vLLM, colocated"] = vllm_gpu(size, cfg, layout)["total"] if colocated else 0
     out["total"] = _total(out, cfg.gradient_checkpointing, overlap=out["sampler copy"] > 0)
@@ -355,7 +362,7 @@ def refusals(cfg, layout: Layout) -> list[str]:
     return out
 
 
-TRAINER_ROWS = ("policy", "full copy", "reference", "gradients", "optimizer", "rollout weights", "KV cache",
+TRAINER_ROWS = ("policy", "gathered to sample", "reference", "gradients", "optimizer", "rollout weights", "KV cache",
                 "rollout logits", "sampler copy", "vLLM, colocated", "activations", "activations, checkpointed",
                 "logits chunk", "bf16 casts", "FSDP gathered")
 
@@ -376,7 +383,7 @@ def _trainer_notes(cfg, layout: Layout) -> dict[str, str]:
     notes = {"activations, checkpointed" if cfg.gradient_checkpointing else "activations": "in the total"}
     if cfg.fsdp:
         notes.update({k: f"1/{layout.gpus}: an FSDP2 shard" for k in ("policy", "gradients", "optimizer")})
-        notes["full copy"] = "unsharded, to sample, for old log-probs, to save: fsdp.FullCopy"
+        notes["gathered to sample"] = "whole weights + rollout weights, only while sampling (fsdp.GatheredCopy)"
         notes["FSDP gathered"] = "in the update: the root module and two layers, whole"
     if cfg.beta <= 0:
         notes["reference"] = "beta=0: none"
