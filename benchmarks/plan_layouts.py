@@ -49,8 +49,8 @@ ROWS = [
     ("7B full", "-", "fsdp over 4 H100 80GB, rlvr's sampler, checkpointing",
      "$Q7 gpus=4 fsdp=true gpu_memory_gb=80 gradient_checkpointing=true",
      "No guide row; FSDP shards weights, gradients and AdamW state to {shards:.1f} GiB per GPU and the reference to "
-     "{reference:.1f}, but every GPU also holds rlvr's unsharded full copy ({full copy:.1f}) and the sampler's copy "
-     "({rollout weights:.1f})."),
+     "{reference:.1f}; the whole weights and the sampler's copy ({gathered to sample:.1f}) are gathered only while it "
+     "samples, so the peak is the update's or the sampling's, not both."),
     ("32B LoRA", "100-120 GB", "1 H200, rlvr's sampler", "$Q32 use_peft=true gpu_memory_gb=140",
      "Over the range and the GPU: the weights ({policy:.1f} GiB), the sampler's merged copy ({rollout weights:.1f}) "
      "and {activations:.1f} GiB of activations without checkpointing."),
@@ -66,20 +66,20 @@ ROWS = [
      f"$Q32 gpus=8 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} "
      "vllm_tensor_parallel_size=2",
      "No guide row; fits with {free:.1f} GiB free: rlvr shards what trains ({shards:.1f} GiB per GPU) and the "
-     "reference ({reference:.1f}), while the unsharded full copy ({full copy:.1f}) sits whole on every GPU."),
+     "reference ({reference:.1f}); with the vLLM server the weights leave a tensor at a time and nothing is whole "
+     "on a trainer GPU."),
     ("32B full", "-", "the same with beta=0 (no reference)",
      f"$Q32 gpus=8 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} "
      "vllm_tensor_parallel_size=2 beta=0",
-     "No guide row; without a reference {free:.1f} GiB free, the full copy still {full copy:.1f} GiB per GPU."),
+     "No guide row; without a reference {free:.1f} GiB free."),
     ("70B disaggregated", "140-160 GB", "LoRA: fsdp over the guide's 2 H200, checkpointing; vLLM server on 4 H200",
      f"$Q72 use_peft=true gpus=2 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} vllm_tensor_parallel_size=4",
-     "Over the GPU: the LoRA policy is sharded ({policy:.1f} GiB per GPU), but rlvr's unsharded full copy ({full copy:.1f}) "
-     "alone fills an H200. The guide's 140-160 GB is about the policy's bf16 weights (145 GB) over its 2 GPUs, a layout "
-     "rlvr reaches only without the permanent full copy (not built yet)."),
+     "The LoRA policy is sharded ({policy:.1f} GiB per GPU) and sent to the server a tensor at a time; {free:.1f} GiB "
+     "free. The guide's 140-160 GB is about the policy's bf16 weights (145 GB) over its 2 GPUs, the same layout."),
     ("70B full", "-", "fsdp over 8 H200, checkpointing; vLLM server on 4 H200",
      f"$Q72 gpus=8 fsdp=true gpu_memory_gb=140 gradient_checkpointing=true {SERVER} vllm_tensor_parallel_size=4",
-     "No guide row; the shards ({shards:.1f} GiB) and the reference ({reference:.1f}) fit, the unsharded full copy "
-     "({full copy:.1f}) does not."),
+     "No guide row; the shards ({shards:.1f} GiB) and the reference ({reference:.1f}) fit, with no whole copy on a "
+     "trainer GPU: {free:.1f} GiB free."),
 ]
 
 
