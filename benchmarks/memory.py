@@ -72,12 +72,39 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, 
     size, sized = ModelSize.from_config(read_model_config(cfg.model)), dataclasses.replace(cfg, max_prompt_length=longest)
     planned = estimate(size, sized) if cfg.processes == 1 else trainer_gpu(size, sized, Layout(gpus=cfg.processes))
     baseline = _rss()
+    phases = _watch_phases(baseline) if os.environ.get("RLVR_MEMORY_PHASES") else None
     train(cfg)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"model": "tiny" if "tiny-llama" in str(model) else model, "lora": lora, "plan_bytes": planned["total"],
             "measured_bytes": peak - baseline, "baseline_bytes": baseline, "longest_prompt": longest,
             "rank": int(os.environ.get("RANK", "0")), "processes": cfg.processes, "fsdp": fsdp,
-            "plan_rows": {k: v for k, v in planned.items() if k != "total"}}
+            "plan_rows": {k: v for k, v in planned.items() if k != "total"}, **({"phases": phases} if phases is not None else {})}
+
+
+def _watch_phases(baseline: int) -> list:
+    """RLVR_MEMORY_PHASES=1: (phase, RSS now, peak RSS so far), in MiB above the baseline, after the
+    trainer is built and after each sampling round, reference / old log-probs pass and update."""
+    import rlvr.rollout.stage
+    import rlvr.trainer
+    import rlvr.update
+
+    seen = []
+
+    def after(owner, name):
+        inner = getattr(owner, name)
+
+        def wrapped(*args, **kwargs):
+            out = inner(*args, **kwargs)
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            seen.append((f"{owner.__name__}.{name}", round((_rss() - baseline) / 2**20), round((peak - baseline) / 2**20)))
+            return out
+        setattr(owner, name, wrapped)
+
+    after(rlvr.trainer.Trainer, "__init__")
+    after(rlvr.rollout.stage.RolloutStage, "sample")
+    after(rlvr.update.PolicyUpdate, "prepare")
+    after(rlvr.update.PolicyUpdate, "__call__")
+    return seen
 
 
 def _make_tiny(path: str) -> None:
@@ -118,6 +145,8 @@ def main() -> None:
                 mib = 2**20
                 print(f"{model:<8} {'lora' if lora else 'full':<5} {r['rank']:>4} {r['plan_bytes'] / mib:9.1f} "
                       f"{r['measured_bytes'] / mib:13.1f} {r['measured_bytes'] / r['plan_bytes']:14.2f}", flush=True)
+                for phase, now, peak in r.get("phases", []):
+                    print(f"    after {phase}: {now} MiB now, {peak} MiB peak")
 
 
 def _run(model: str, lora: bool, ns) -> list[dict]:
