@@ -112,6 +112,7 @@ def _interrupted(command: str, e: KeyboardInterrupt) -> int:
 
 def _quiet_libraries() -> None:
     """Our own progress and messages only: no per-file loading bars or deprecation notes from libraries."""
+    import logging
     import warnings
 
     from transformers.utils import logging as hf_logging
@@ -119,6 +120,10 @@ def _quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)
+    # peft imports bitsandbytes when it is installed; on CPUs with AVX512-BF16 bitsandbytes then tries to
+    # fetch a gemm kernel from the Hub and, offline, logs two warnings before using its own. Harmless.
+    logging.getLogger("kernels").setLevel(logging.ERROR)
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def _library_errors() -> tuple:
