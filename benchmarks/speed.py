@@ -296,7 +296,7 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     global DEVICE
     if args.device == "auto":
-        from rlvr.models import pick_device
+        from rlvr.distributed import pick_device
 
         DEVICE = pick_device()
     else:

@@ -129,3 +129,50 @@ def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_run_config, tmp_
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _metrics(straight) == _metrics(resumed)
     assert [m.get("sampling/staleness") for m in _metrics(straight)] == [0, 0, 1, 1, 1, 1]
+
+
+def _sharded_save(tmp_path, step, model, optimizer, tokenizer):
+    from rlvr import distributed
+    from rlvr.checkpoint import save_sharded_checkpoint
+
+    shards = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    return save_sharded_checkpoint(tmp_path, step, model.config.save_pretrained, tokenizer, {"step": step}, shards, None,
+                                   distributed.SINGLE)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch.distributed.checkpoint warns that it runs in one process
+def test_a_sharded_checkpoint_round_trips_and_a_full_disk_leaves_the_previous_one(tiny, tmp_path, monkeypatch):
+    """save_sharded_checkpoint (the layout of fsdp runs) in one process: dcp/ and the manifest, read back
+    by load_shards and as a model by load_weights; a disk that fills while the shards are written is the
+    one DiskFull error, with the partial directory removed and the previous checkpoint kept."""
+    import torch.distributed.checkpoint as dcp
+
+    from rlvr.checkpoint import DiskFull, is_sharded, load_shards, load_weights, verify
+
+    model, tokenizer = tiny
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    optimizer.step()
+    first = _sharded_save(tmp_path, 1, model, optimizer, tokenizer)
+    assert is_sharded(first) and verify(first) is None and not list(first.glob("*.safetensors"))
+    assert "dcp/__0_0.distcp" in json.loads((first / "manifest.json").read_text())["files"]
+    back = {"model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}}
+    load_shards(first, back)
+    assert all(torch.equal(back["model"][k], v) for k, v in model.state_dict().items())
+    other = type(model)(model.config)
+    load_weights(first, other)
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in model.state_dict().items())
+    with (first / "dcp" / "__0_0.distcp").open("r+b") as f:  # a flipped byte in a rank's file is caught
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 1]))
+    assert "dcp/__0_0.distcp does not match its SHA-256" in verify(first)
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dcp, "save", full)
+    with pytest.raises(DiskFull, match=r"disk full: could not write .*checkpoint-2 .*checkpoint-1 stays"):
+        _sharded_save(tmp_path, 2, model, optimizer, tokenizer)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]

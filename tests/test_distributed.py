@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from rlvr import distributed
+from rlvr.checkpoint import verify
 from rlvr.config import ConfigError, build_config
 from rlvr.distributed import World
-from rlvr.models import eos_token_ids
+from rlvr.models import eos_token_ids, load_model
 from rlvr.settings import check_runnable
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engine import FastSampler, HFSampler
@@ -152,6 +153,10 @@ def test_fsdp_trains_to_the_weights_of_one_process(tiny_model_dir, tmp_path):
     assert gap < 1e-6, gap
     m1, m2 = _metrics(tmp_path / "one"), _metrics(tmp_path / "fsdp")
     assert [m["grad_norm"] for m in m1] == pytest.approx([m["grad_norm"] for m in m2], rel=1e-5)
+    # The final model was streamed from the shards (fsdp.save_streamed): the files transformers writes.
+    for name in ("config.json", "generation_config.json"):
+        assert (tmp_path / "fsdp" / name).read_text() == (tmp_path / "one" / name).read_text(), name
+    assert sorted(one) == sorted(two)  # the tied output layer saved once, as transformers does
 
 
 @pytest.mark.trains
@@ -303,7 +308,9 @@ def test_fsdp_with_a_kl_reference_shards_it_trains_to_the_weights_of_one_process
     """fsdp=true with beta > 0 and full fine-tuning: the reference is sharded like the policy (each rank
     1/2 of it, its forwards in lockstep also when one rank has fewer rows), moved toward the policy
     every 2 steps (sync_ref_model, each rank mixing into its own shard), gathered whole into the
-    checkpoint and scattered again on resume: the weights and the KL of one process."""
+    checkpoint as each rank's shard of it and read back on resume: the weights and the KL of one
+    process.  The checkpoint holds no whole model: each rank wrote its shards (torch.distributed.checkpoint),
+    and it loads in one process to the weights of one process's checkpoint."""
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)
     kl = ["beta=0.1", "sync_ref_model=true", "ref_model_sync_steps=2", "ref_model_mixup_alpha=0.5", "save_steps=2", "max_steps=4"]
@@ -317,7 +324,18 @@ def test_fsdp_with_a_kl_reference_shards_it_trains_to_the_weights_of_one_process
     m1, m2 = _metrics(tmp_path / "one"), _metrics(tmp_path / "fsdp")
     assert m2[0]["kl"] == 0.0 and m2[-1]["kl"] > 0.0  # the reference is the starting model, then the policy moves away
     assert [m["kl"] for m in m1] == pytest.approx([m["kl"] for m in m2], rel=1e-4, abs=1e-9)
-    # Resumed from checkpoint-2, whose state holds the moved reference gathered whole: the same end.
+    sharded = tmp_path / "fsdp" / "checkpoint-2"
+    files = json.loads((sharded / "manifest.json").read_text())["files"]
+    assert {"dcp/__0_0.distcp", "dcp/__1_0.distcp", "dcp/.metadata", "config.json", "trainer_state.pt"} <= set(files)
+    assert not list(sharded.glob("*.safetensors")) and verify(sharded) is None
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(sharded / "dcp")).read_metadata().state_dict_metadata
+    assert {k.split(".")[0] for k in saved} == {"model", "optimizer", "ref_model"}  # the moved reference's shards too
+    alone = load_model(str(sharded))[0].state_dict()
+    expected = _weights(tmp_path / "one" / "checkpoint-2")
+    assert max((alone[k] - expected[k]).abs().max().item() for k in expected) < 1e-5
+    # Resumed from checkpoint-2, whose shards hold the moved reference: the same end.
     for stale in ("checkpoint-4", "metrics.jsonl", "model.safetensors"):
         path = tmp_path / "fsdp" / stale
         shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -447,6 +465,64 @@ def test_a_sharded_models_weights_stream_one_gathered_tensor_at_a_time(tiny_mode
         assert torch.equal(got["streamed"][name], value.detach()), name
         assert torch.equal(got["colocated"][name], value.detach()), name
     assert got["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}  # tied: sent once, named twice
+
+
+# A sharded model saved by fsdp.save_streamed into safetensors shards of at most SHARD_BYTES (plus one
+# tensor): rank 0 records the most bytes of weights it held at once.
+STREAMS_TO_DISK = """
+import json, sys
+from pathlib import Path
+import torch
+from transformers import AutoModelForCausalLM
+from rlvr import distributed, fsdp
+
+world = distributed.init(use_cpu=True)
+plain = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+like = fsdp.without_weights(plain)  # the unsharded copy without weights, as a run keeps
+model = fsdp.shard(plain, world.device, world.world_size)
+out = Path(sys.argv[2])
+held, most = [0], [0]
+save_file = __import__("safetensors.torch", fromlist=["save_file"]).save_file
+def counting(tensors, path, metadata=None):
+    most[0] = max(most[0], sum(t.numel() * t.element_size() for t in tensors.values()))
+    save_file(tensors, path, metadata=metadata)
+sys.modules["safetensors.torch"].save_file = counting
+if world.is_main:
+    out.mkdir()
+fsdp.save_streamed(model, like, out if world.is_main else None, shard_bytes=int(sys.argv[3]))
+if world.is_main:
+    (out / "most.json").write_text(json.dumps(most[0]))
+distributed.wait_for_all(world)
+distributed.shutdown(world)
+"""
+
+
+@pytest.mark.processes
+def test_a_sharded_model_is_saved_in_safetensors_shards_streamed_a_tensor_at_a_time(tiny_model_dir, tmp_path):
+    """The final model of an fsdp run: Hugging Face's sharded layout (the shards and their index),
+    rank 0 holding no more than one shard's weights at a time; it loads to the unsharded weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    script = tmp_path / "streams_to_disk.py"
+    script.write_text(STREAMS_TO_DISK)
+    expected = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    largest = max(t.numel() * t.element_size() for t in expected.values())
+    limit = 3 * largest
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    out = subprocess.run(launch + [str(tiny_model_dir), str(tmp_path / "saved"), str(limit)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    saved = tmp_path / "saved"
+    shards = sorted(saved.glob("model-*.safetensors"))
+    index = json.loads((saved / "model.safetensors.index.json").read_text())
+    assert len(shards) > 2 and sorted(set(index["weight_map"].values())) == [p.name for p in shards]
+    assert json.loads((saved / "most.json").read_text()) <= limit
+    assert all(len(load_file(p)) >= 1 for p in shards)
+    loaded = AutoModelForCausalLM.from_pretrained(saved).state_dict()
+    assert sorted(loaded) == sorted(expected)
+    assert all(torch.equal(loaded[k], expected[k]) for k in expected)
+    assert "lm_head.weight" not in index["weight_map"]  # tied: saved once
 
 
 KILLS_RANK_0 = """

@@ -12,6 +12,14 @@ to older ones, saying which it skipped and why (a flipped byte, a missing or
 truncated file); leftovers of interrupted saves are removed.  A full disk is
 one clear error, and the partial directory is removed; the previous
 checkpoint stays.
+
+A sharded run (fsdp) writes no whole model: `dcp/` holds the trained weights' and the
+optimizer state's shards (and a moved KL reference's), each rank its own file, written by
+torch.distributed.checkpoint; rank 0 writes the rest (the model's config, with LoRA the adapter
+in peft's format, the tokenizer, trainer_state.pt) and the manifest over every rank's files.
+The output directory must be one that every rank sees (as torch.distributed.checkpoint needs).
+Such a checkpoint also loads in one process (`load_weights`: `rlvr eval` of it, a run resumed
+without fsdp).
 """
 
 from __future__ import annotations
@@ -26,12 +34,13 @@ from pathlib import Path
 
 import torch
 
-from rlvr import jsonl
+from rlvr import distributed, jsonl
 from rlvr.lora import is_peft
 from rlvr.errors import CheckpointError, DiskFull  # noqa: F401 - raised here, defined in the leaf errors.py
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST = "manifest.json"
+DCP_DIR = "dcp"  # a sharded checkpoint's torch.distributed.checkpoint directory
 
 
 def save_checkpoint(output_dir: Path, step: int, model, tokenizer, state: dict, save_total_limit: int | None,
@@ -57,6 +66,64 @@ def save_checkpoint(output_dir: Path, step: int, model, tokenizer, state: dict, 
     replace_dir(tmp, final)
     _rotate(output_dir, save_total_limit, keep)
     return final
+
+
+def save_sharded_checkpoint(output_dir: Path, step: int, write_model, tokenizer, state: dict, shards: dict,
+                            save_total_limit: int | None, world, keep: Path | None = None) -> Path | None:
+    """save_checkpoint for a sharded run (fsdp); every rank calls it.  `shards` (the trained weights',
+    the optimizer's, each rank's own) go into dcp/ by torch.distributed.checkpoint, each rank writing
+    its file; rank 0 writes the rest, `write_model(directory)` the model's files (its config; with
+    LoRA the adapter), the manifest over every rank's files last, and renames the directory into
+    place.  The path on rank 0, None on the others; a failure on any rank fails the save on every
+    rank, a full disk as DiskFull with the partial directory removed."""
+    import torch.distributed.checkpoint as dcp
+
+    output_dir = Path(output_dir)
+    final = output_dir / f"checkpoint-{step}"
+    tmp = output_dir / f".checkpoint-{step}.tmp"
+    failure = None
+    if world.is_main:
+        try:
+            jsonl.sync(sorted(output_dir.glob("*.jsonl")))
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except Exception as e:  # noqa: BLE001 - every rank is told below, then it is raised
+            failure = e
+    failed = distributed.broadcast(_failure(failure), world)
+    if failed is None:
+        try:
+            dcp.save(shards, checkpoint_id=tmp / DCP_DIR)  # a failure on one rank is raised on every rank
+        except Exception as e:  # noqa: BLE001
+            failure = e
+        if world.is_main and failure is None:
+            try:
+                write_model(tmp)
+                tokenizer.save_pretrained(tmp)
+                torch.save({**state, "rng": rng_state()}, tmp / STATE_FILE)
+                write_manifest(tmp)
+                replace_dir(tmp, final)
+                _rotate(output_dir, save_total_limit, keep)
+            except Exception as e:  # noqa: BLE001
+                failure = e
+        failed = distributed.broadcast(_failure(failure) if world.is_main else None, world)
+        if failed is None and failure is not None:  # the save failed on every rank (dcp), rank 0 saw it
+            failed = _failure(failure)
+    if failed is None:
+        return final if world.is_main else None
+    if world.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failed[0] == "disk full":
+        raise DiskFull(_disk_full_message(final, output_dir)) from None
+    if failure is not None:
+        raise failure
+    raise CheckpointError(f"checkpoint-{step} could not be written: {failed[1]}")
+
+
+def _failure(error: BaseException | None) -> tuple[str, str] | None:
+    """What every rank is told of a failed save: ("disk full" or "error", one line), None if none."""
+    if error is None:
+        return None
+    return ("disk full" if is_disk_full(error) else "error", f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}")
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
@@ -94,7 +161,8 @@ def verify(directory: Path, trust_unverified: bool = False) -> str | None:
     if not manifest.is_file():
         if not any(directory.iterdir()):
             return "empty"
-        if not ((directory / STATE_FILE).is_file() and list(directory.glob("*.safetensors"))):
+        weights = list(directory.glob("*.safetensors")) or (directory / DCP_DIR / ".metadata").is_file()
+        if not ((directory / STATE_FILE).is_file() and weights):
             return f"incomplete: no {MANIFEST}"
         if trust_unverified:
             return None
@@ -204,9 +272,40 @@ def load_checkpoint(path: Path, model) -> dict:
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path} is not a complete rlvr checkpoint (needs *.safetensors and {STATE_FILE})")
     load_weights(path, model)
-    state = torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
+    return load_trainer_state(path)
+
+
+def load_trainer_state(path: Path) -> dict:
+    """A checkpoint's trainer_state.pt, its RNG states restored."""
+    state = torch.load(Path(path) / STATE_FILE, weights_only=False, map_location="cpu")
     set_rng_state(state.pop("rng"))
     return state
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether a checkpoint was written by a sharded run (its weights and optimizer state in dcp/)."""
+    return (Path(path) / DCP_DIR / ".metadata").is_file()
+
+
+def load_shards(path: Path, shards: dict) -> None:
+    """Fill `shards` (laid out as save_sharded_checkpoint was given them) from a sharded checkpoint:
+    every rank reads its own part (a collective); onto another number of ranks too."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(shards, checkpoint_id=Path(path) / DCP_DIR)
+
+
+def _sharded_weights(path: Path) -> dict:
+    """A sharded checkpoint's trained weights, whole, read in this one process."""
+    import torch.distributed.checkpoint as dcp
+
+    reader = dcp.FileSystemReader(str(Path(path) / DCP_DIR))
+    weights = {}
+    for key, item in reader.read_metadata().state_dict_metadata.items():
+        if key.startswith("model.") and isinstance(item, dcp.metadata.TensorStorageMetadata):
+            weights[key.removeprefix("model.")] = torch.empty(item.size, dtype=item.properties.dtype)
+    dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
+    return weights
 
 
 def load_weights(path: Path, model) -> None:
@@ -214,10 +313,10 @@ def load_weights(path: Path, model) -> None:
     from safetensors.torch import load_file
 
     path = Path(path)
-    shards = sorted(path.glob("*.safetensors"))
-    if not shards:
+    shards = sorted(path.glob("*.safetensors"))  # a sharded LoRA run's checkpoint has its adapter here too
+    if not shards and not is_sharded(path):
         raise FileNotFoundError(f"{path} is not a complete rlvr checkpoint (needs *.safetensors and {STATE_FILE})")
-    weights = {}
+    weights = {} if shards else _sharded_weights(path)
     for shard in shards:
         weights.update(load_file(shard))
     if is_peft(model):  # a LoRA checkpoint holds only the adapter; the frozen base is the model's own

@@ -179,7 +179,8 @@ def cmd_eval(args: list[str]) -> int:
     """Each CONFIG_FILE is one task (the key=value settings apply to all); one JSON, one table."""
     from rlvr.evaluate import write_results
     from rlvr.loop import evaluate_model
-    from rlvr.models import is_run_dir, load_model, pick_device
+    from rlvr.distributed import pick_device
+    from rlvr.models import is_run_dir, load_model
     from rlvr.monitor import make_console
     from rlvr.tasks import load_splits, verifier_name
 
@@ -264,7 +265,8 @@ def cmd_sample(args: list[str]) -> int:
     with model=RUN_DIR, the run's settings, tools and environment (its saved config.yaml)."""
     import torch
 
-    from rlvr.models import load_model, pick_device
+    from rlvr.distributed import pick_device
+    from rlvr.models import load_model
     from rlvr.rollout import sampling_params
     from rlvr.rollout.path import RolloutPath, in_process_sampler
     from rlvr.tasks import build_rewards

@@ -55,8 +55,6 @@ SINGLE = World()
 def world_from_env(env=None, use_cpu: bool = False) -> World:
     """The launch that torchrun or accelerate launch describes in WORLD_SIZE / RANK / LOCAL_RANK;
     each process on cuda:LOCAL_RANK when GPUs are visible and use_cpu is off."""
-    from rlvr.models import pick_device
-
     env = os.environ if env is None else env
     size = int(env.get("WORLD_SIZE", "1"))
     if size <= 1:
@@ -70,6 +68,14 @@ def world_from_env(env=None, use_cpu: bool = False) -> World:
         raise ConfigError(f"{here} processes on this machine but {gpus} GPU(s): start one process per GPU "
                           f"(torchrun --nproc-per-node={gpus}), or set use_cpu=true to train on the CPU")
     return World(rank, size, local, device)
+
+
+def pick_device(use_cpu: bool = False, local_rank: int = 0) -> str:
+    """Where a process trains and samples: its CUDA GPU (cuda:LOCAL_RANK under torchrun) when
+    one is visible, else the CPU."""
+    if use_cpu or not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{local_rank}"
 
 
 def backend_for(device: str) -> str:

@@ -8,20 +8,24 @@ How it fits the trainer:
   parameters around it and reduce-scatters its gradients (the generic path, the model's own
   forward, for a model the fast path does not cover);
 - no rank keeps the whole model: the model is loaded into CPU memory and sharded in place (each
-  rank's 1/N moved to its device), and the model that samples, evaluates and saves is an unsharded
+  rank's 1/N moved to its device), and the model that samples and evaluates is an unsharded
   copy without weights (`without_weights`), into which the shards are gathered one tensor at a
   time only while it does so (`GatheredCopy`, a collective every rank enters), then dropped: a
   rank's peak is the larger of sampling and the update, not their sum; old log-probs run on the
   sharded model; only sampling ahead (max_staleness=1), which samples while the policy trains,
   keeps a whole copy for good (`FullCopy`); engines outside (vLLM) are sent the weights gathered a
   tensor at a time (rollout/weights.py);
+- checkpoints hold each rank's shards, written by torch.distributed.checkpoint (checkpoint.py:
+  the trained weights, the optimizer state, a moved reference), and the final model is streamed
+  into safetensors shards a tensor at a time (`save_streamed`): saving gathers no whole model
+  (with LoRA only the adapter, and a merged final model from the gathered weights);
 - every forward and backward of the sharded model is a collective, so every rank runs the same
   number of micro-batches (`Batch.empty` on the ranks with fewer);
 - gradients are summed across ranks (divide factor 1), as the loss is already normalised by
   the totals over all ranks;
 - the KL reference (beta > 0, full fine-tuning) is sharded the same way (`shard`): every rank
   keeps 1/N of it, and its forwards run in lockstep like the update's (LogProbs.in_chunks(at_least=...)); the TR-DPO sync mixes the
-  policy into each rank's shard locally (`mix_into`), and a checkpoint gathers it whole (`full_state`);
+  policy into each rank's shard locally (`mix_into`), and a checkpoint saves each rank's shard of it;
 - with LoRA (use_peft) the peft model is sharded by the decoder layers of the model inside it,
   each layer's frozen weights and its adapter in one group; only the adapter is trained, and the
   reference (adapter off) is the sharded policy's, its forwards in lockstep like the update's;
@@ -77,36 +81,45 @@ def without_weights(model):
             p.data = kept[name]
 
 
+def model_shards(model, trained_only: bool = True) -> dict:
+    """This rank's shards of `model`'s weights by name (DTensors, no copy), for torch.distributed.checkpoint:
+    by default only the trained ones (a LoRA model's adapter; frozen weights never change)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(ignore_frozen_params=trained_only))
+
+
+def load_model_shards(model, shards: dict) -> None:
+    """Put `shards` (model_shards of this model, filled by torch.distributed.checkpoint.load) into the model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, shards, options=StateDictOptions(strict=False))
+
+
+def optimizer_shards(model, optimizer) -> dict:
+    """This rank's shards of the optimizer state (AdamW's moments of its parameters' shards)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer)
+
+
+def load_optimizer_shards(model, optimizer, shards: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, shards)
+
+
 def load_full_state_dict(model, state: dict) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
 
 
-def full_optimizer_state(model, optimizer) -> dict:
-    """The optimizer's state over all shards (a collective), as one process would save it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
-
-
 def load_full_optimizer_state(model, optimizer, state: dict) -> None:
+    """The optimizer state of a checkpoint written whole (by an rlvr before sharded checkpoints) into the shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
-
-
-class FullOptimizerState:
-    """A sharded model's optimizer as a checkpoint part: saved and loaded whole (collectives)."""
-
-    def __init__(self, model, optimizer):
-        self.model, self.optimizer = model, optimizer
-
-    def state_dict(self) -> dict:
-        return full_optimizer_state(self.model, self.optimizer)
-
-    def load_state_dict(self, state: dict) -> None:
-        load_full_optimizer_state(self.model, self.optimizer, state)
 
 
 class FullCopy(WeightCopy):
@@ -153,6 +166,19 @@ class GatheredCopy:
             if self.depth == 0:
                 self._free()
 
+    @contextlib.contextmanager
+    def trained(self):
+        """Only the trained parameters gathered into `full` for the body (a LoRA model's adapter, which
+        a checkpoint saves in peft's format); the frozen ones stay empty."""
+        if self.depth:  # the whole weights are here already
+            yield self.full
+            return
+        self._fill(trained_only=True)
+        try:
+            yield self.full
+        finally:
+            self._free()
+
     def hold(self) -> None:
         """Gather the whole weights and keep them (a collective): the run is over and hands the model back."""
         if self.depth == 0:
@@ -160,8 +186,10 @@ class GatheredCopy:
         self.depth += 1
 
     @torch.no_grad()
-    def _fill(self) -> None:
+    def _fill(self, trained_only: bool = False) -> None:
         for name, shard in self.sharded.named_parameters():
+            if trained_only and not shard.requires_grad:
+                continue
             self._params[name].data = shard.full_tensor().detach().to(self.device)  # offloaded shards gather on the CPU
 
     def _free(self) -> None:
@@ -169,6 +197,67 @@ class GatheredCopy:
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
         for release in self.on_release:
             release()
+
+
+SHARD_BYTES = 5 * 10**9  # transformers' max_shard_size of 5GB: a rank writes at most this much at once
+
+
+@torch.no_grad()
+def save_streamed(sharded, like, directory, shard_bytes: int = SHARD_BYTES) -> None:
+    """The whole model in Hugging Face's layout, config.json, generation_config.json and safetensors
+    shards (with their index when there are several), with no rank ever holding it whole: each
+    tensor is gathered from the shards in turn (a collective: every rank calls this), rank 0 keeps
+    it until its safetensors shard is full, writes the shard and drops it.  `like`: the unsharded
+    copy (without weights), whose config is saved; `directory`: where rank 0 writes, None on the
+    other ranks.  A tied weight is saved once, as transformers does.  If a write fails rank 0 goes
+    on gathering (the other ranks wait in those collectives) and raises the error at the end."""
+    import json
+
+    from safetensors.torch import save_file
+
+    params = dict(sharded.named_parameters())  # a tied weight once, under its first name
+    every = {name for name, _ in sharded.named_parameters(remove_duplicate=False)}
+    state = [(name, params.get(name, tensor)) for name, tensor in sharded.state_dict().items()
+             if name in params or name not in every]  # the parameters and the persistent buffers
+    files, size = [[]], 0  # the names in each shard, in the model's order (a shard is a run of layers)
+    for name, tensor in state:
+        nbytes = tensor.numel() * tensor.element_size()
+        if files[-1] and size + nbytes > shard_bytes:
+            files.append([])
+            size = 0
+        files[-1].append(name)
+        size += nbytes
+    names = (["model.safetensors"] if len(files) == 1 else
+             [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))])
+    tensors, failure = dict(state), None
+    if directory is not None:
+        try:
+            like.config.save_pretrained(directory)
+            if getattr(like, "generation_config", None) is not None and like.can_generate():
+                like.generation_config.save_pretrained(directory)
+        except Exception as e:  # noqa: BLE001 - raised once the others are through the gathers
+            failure = e
+    for file, keys in zip(names, files):
+        shard = {}
+        for key in keys:
+            value = tensors[key]
+            value = value.full_tensor() if hasattr(value, "full_tensor") else value
+            if directory is not None and failure is None:
+                shard[key] = value.detach().cpu().contiguous()
+        if shard:
+            try:
+                save_file(shard, str(directory / file), metadata={"format": "pt"})
+            except Exception as e:  # noqa: BLE001
+                failure = e
+    if directory is not None and failure is None and len(files) > 1:
+        total = sum(t.numel() * t.element_size() for _, t in state)
+        index = {"metadata": {"total_size": total}, "weight_map": {k: f for f, keys in zip(names, files) for k in keys}}
+        try:
+            (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        except Exception as e:  # noqa: BLE001
+            failure = e
+    if failure is not None:
+        raise failure
 
 
 @torch.no_grad()

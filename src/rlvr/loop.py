@@ -12,16 +12,15 @@ import shutil
 import time
 from pathlib import Path
 
-from rlvr import distributed, fsdp, interrupts, methods
+from rlvr import distributed, interrupts, methods
 from rlvr.alerts import AlertEvent
-from rlvr.checkpoint import DiskFull, checkpoints, is_disk_full, load_weights
+from rlvr.checkpoint import DiskFull, checkpoints, is_disk_full
 from rlvr.config import Config, EvalSettings
 from rlvr.evaluate import EvalResult, evaluate, write_result
 from rlvr.events import TrainerEvents, best_checkpoint
 from rlvr.models import latest_checkpoint
 from rlvr.monitor import format_log_line, make_progress
 from rlvr.rollout.path import RolloutPath, in_process_sampler
-from rlvr.rundir import save_final_model
 from rlvr.tasks import build_rewards, verifier_name
 from rlvr.trainer import RunCore, RunData
 
@@ -259,10 +258,11 @@ class Run:
         if objects is not None:  # the trained model handed back whole (with fsdp: gathered, and kept so)
             trainer.hold_whole_weights()
             objects.model, objects.tokenizer = trainer.full_model, trainer.tokenizer
-        with trainer.whole_weights():  # every rank gathers (fsdp), rank 0 saves and evaluates
-            if self.world.is_main:
-                save_final_model(trainer.full_model, trainer.tokenizer, self.output_dir, cfg.lora_save)
-                after = self.held_out("after") if cfg.eval_on_end else None  # rlvr's own (TRL has none): no event, no log_history row
+        trainer.save_final(self.output_dir, cfg.lora_save)  # every rank (fsdp: streamed from the shards), rank 0 writes
+        after = None
+        if cfg.eval_on_end:  # rlvr's own (TRL has none): no event, no log_history row
+            with trainer.whole_weights():  # every rank gathers (fsdp), rank 0 evaluates
+                after = self.held_out("after") if self.world.is_main else None
         if self.world.is_main:
             summary.update({
                 "device": self.world.device,
@@ -295,10 +295,7 @@ class Run:
             return
         self.console.print(f"load_best_model_at_end: the final model is {best.name} "
                            f"({self.cfg.metric_for_best_model} {state.best_metric:.4g})")
-        with trainer.whole_weights():
-            load_weights(best, trainer.full_model)
-            if trainer.sharded:
-                fsdp.load_full_state_dict(trainer.model, trainer.full_model.state_dict())
+        trainer.load_checkpoint_weights(best)
         if self.cfg.save_total_limit == 1 and self.world.is_main:
             for path in checkpoints(self.output_dir):
                 if path.name != best.name:

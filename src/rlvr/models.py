@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.checkpoint import STATE_FILE, checkpoints, resumable, verify
+from rlvr.checkpoint import STATE_FILE, checkpoints, is_sharded, load_weights, resumable, verify
 from rlvr.lora import is_adapter_dir, is_peft, load_merged
 from rlvr.errors import ModelError  # noqa: F401 - raised here, defined in the leaf errors.py
 
@@ -157,14 +157,6 @@ def resolve_model_path(name: str, trust_unverified: bool = False) -> str:
     return str(path) if path.exists() else name
 
 
-def pick_device(use_cpu: bool = False, local_rank: int = 0) -> str:
-    """Where a process trains and samples: its CUDA GPU (cuda:LOCAL_RANK under torchrun) when
-    one is visible, else the CPU."""
-    if use_cpu or not torch.cuda.is_available():
-        return "cpu"
-    return f"cuda:{local_rank}"
-
-
 def load_tokenizer(path: str, revision: str | None = None, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
@@ -195,6 +187,8 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu", init_kwar
         tokenizer = load_tokenizer(path, revision, kwargs["trust_remote_code"])
         if is_adapter_dir(path):  # a LoRA run's final model or checkpoint: merged onto its base
             model = load_merged(path, DTYPES[dtype])
+        elif is_sharded(Path(path)) and not list(Path(path).glob("*.safetensors")):  # an fsdp run's checkpoint
+            model = _from_shards(path, DTYPES[dtype], kwargs["trust_remote_code"])
         else:
             model = _from_pretrained(AutoModelForCausalLM, path, DTYPES[dtype], kwargs, init_kwargs)
     except OSError as e:
@@ -203,6 +197,18 @@ def load_model(name: str, dtype: str = "float32", device: str = "cpu", init_kwar
             f"({e.__class__.__name__}: {str(e).splitlines()[0]})"
         ) from None
     return (model if quantization_config is not None else model.to(device)), tokenizer, path
+
+
+def _from_shards(path: str, dtype, trust_remote_code: bool):
+    """A checkpoint of a sharded run (its weights in dcp/, checkpoint.py) as a model, in this process."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    load_weights(Path(path), model)
+    if (Path(path) / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    return model.eval()
 
 
 def _from_pretrained(auto_class, path: str, dtype, kwargs: dict, init_kwargs: dict | None):

@@ -118,9 +118,19 @@ class KLReference:
 
     def state_dict(self) -> dict:
         state = {"beta": self.beta, "kl_control": self.control.state_dict() if self.control else None, "steps": self.steps}
-        if self.synced:  # else the reference is the starting model, which a resumed run loads anyway
-            state["ref_model"] = fsdp.full_state(self.ref_model)  # sharded: gathered whole (every rank calls this)
+        if self.synced and not self.sharded:  # else the starting model, which a resumed run loads anyway (sharded: shards())
+            state["ref_model"] = fsdp.full_state(self.ref_model)
         return state
+
+    def shards(self) -> dict:
+        """With fsdp, a moved reference's shards, which each rank saves of its own in a checkpoint."""
+        if self.sharded and self.synced and self.ref_model is not None:
+            return {"ref_model": fsdp.model_shards(self.ref_model, trained_only=False)}
+        return {}
+
+    def load_shards(self, shards: dict) -> None:
+        if "ref_model" in shards:
+            fsdp.load_model_shards(self.ref_model, shards["ref_model"])
 
     def load_state_dict(self, state: dict) -> None:
         self.beta = state.get("beta", self.beta)

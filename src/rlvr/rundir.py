@@ -277,15 +277,19 @@ def default_output_dir(settings: OutputSettings, data: DataSettings, command: st
     return Path("runs") / f"{name.replace('/', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def save_final_model(model, tokenizer, output_dir: Path, how: str) -> None:
+def save_final_model(model, tokenizer, output_dir: Path, how: str, write=None) -> None:
     """The final model in the run directory, written beside it first and moved in with its
     config.json (or adapter_config.json) last: a stop half way leaves no config, and `rlvr eval`
-    of the run then takes its newest checkpoint instead of a model without weights."""
+    of the run then takes its newest checkpoint instead of a model without weights.  `write(directory)`
+    writes the model's files in place of `model`'s save_pretrained (fsdp: streamed from the shards)."""
     tmp = output_dir / ".final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
-        lora.save_final(model, tmp, how)  # with LoRA: the adapter, or the merged model
+        if write is not None:
+            write(tmp)
+        else:
+            lora.save_final(model, tmp, how)  # with LoRA: the adapter, or the merged model
         tokenizer.save_pretrained(tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -22,9 +22,11 @@ import torch
 
 from rlvr import distributed, fsdp, interrupts
 from rlvr.alerts import AlertMonitor
-from rlvr.checkpoint import GeneratorState, load_checkpoint, restore_trainer_state, save_checkpoint, trainer_state
+from rlvr.checkpoint import (CheckpointError, DiskFull, GeneratorState, is_sharded, load_checkpoint, load_shards, load_trainer_state, load_weights,
+                             restore_trainer_state, save_checkpoint, save_sharded_checkpoint, trainer_state)
 from rlvr.config import Config
 from rlvr.llama import on_fast_path
+from rlvr.lora import is_peft
 from rlvr.logprobs import LogProbs
 from rlvr.models import WeightCopy, eos_token_ids
 from rlvr.monitor import MetricsLog
@@ -36,6 +38,7 @@ from rlvr.rollout.generation import Generations, GenerationSettings
 from rlvr.rollout.home import HomeThread
 from rlvr.rollout.path import RolloutPath
 from rlvr.rollout.stage import RolloutStage
+from rlvr.rundir import save_final_model
 from rlvr.tasks import PromptStream, build_rewards
 from rlvr.types import Batch, Example, Generation, TrainerState
 from rlvr.update import PolicyUpdate, UpdateSettings
@@ -235,14 +238,27 @@ class RunCore(StepRecord):
     # --- checkpoints (checkpoint.py) --------------------------------------------------------
 
     def _parts(self) -> dict:
-        """What a checkpoint restores, besides the weights, each with state_dict / load_state_dict."""
-        optimizer = fsdp.FullOptimizerState(self.model, self.optimizer) if self.sharded else self.optimizer
-        return {"optimizer": optimizer, "scheduler": self.scheduler, "prompts": self.prompts,
+        """What a checkpoint restores, besides the weights, each with state_dict / load_state_dict
+        (with fsdp the optimizer's state is in the shards, `_shards`)."""
+        return {**({} if self.sharded else {"optimizer": self.optimizer}), "scheduler": self.scheduler, "prompts": self.prompts,
                 "generator": GeneratorState(self.generator), "log": self.log, "alerts": self.alerts, **self._own_parts(),
                 **({"scaler": self.scaler} if self.scaler.is_enabled() else {})}
 
     def _own_parts(self) -> dict:
         return {}
+
+    def _shards(self) -> dict:
+        """With fsdp, what each rank saves of its own into a checkpoint (its dcp/): its shards of the
+        trained weights and of the optimizer's state, and a method's own (`_own_shards`)."""
+        return {"model": fsdp.model_shards(self.model), "optimizer": fsdp.optimizer_shards(self.model, self.optimizer),
+                **self._own_shards()}
+
+    def _own_shards(self) -> dict:
+        return {}
+
+    def _load_shards(self, shards: dict) -> None:
+        fsdp.load_model_shards(self.model, shards["model"])
+        fsdp.load_optimizer_shards(self.model, self.optimizer, shards["optimizer"])
 
     def _own_state(self, collective: bool) -> dict:
         return {}
@@ -263,23 +279,85 @@ class RunCore(StepRecord):
         if (self.sharded and not collective) or self.poisoned:
             return None
         state = self.state_dict(collective)
-        with self.whole_weights():
-            if not self.world.is_main:
-                return None
-            return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.cfg.save_total_limit, keep)
+        if self.sharded:  # each rank writes its shards; no rank gathers the model (a LoRA adapter only)
+            with self.gathered.trained() if is_peft(self.model) else contextlib.nullcontext():
+                return save_sharded_checkpoint(self.output_dir, self.step, self._write_model, self.tokenizer, state,
+                                               self._shards(), self.cfg.save_total_limit, self.world, keep)
+        if not self.world.is_main:
+            return None
+        return save_checkpoint(self.output_dir, self.step, self.full_model, self.tokenizer, state, self.cfg.save_total_limit, keep)
+
+    def _write_model(self, directory: Path) -> None:
+        """A sharded checkpoint's model files besides its shards: with LoRA the adapter, in peft's
+        format (gathered: GatheredCopy.trained); else the config, with which it loads in one process."""
+        if is_peft(self.full_model):
+            self.full_model.save_pretrained(directory)
+        else:
+            self.full_model.config.save_pretrained(directory)
+            if self.full_model.can_generate():
+                self.full_model.generation_config.save_pretrained(directory)
 
     def resume(self, checkpoint: Path) -> None:
-        with self.whole_weights():
+        if not self.sharded:
             state = load_checkpoint(checkpoint, self.full_model)
-            if self.sharded:
+        elif is_sharded(checkpoint):
+            state = load_trainer_state(checkpoint)
+        else:  # written by an rlvr before sharded checkpoints: the whole weights and optimizer state
+            with self.whole_weights():
+                state = load_checkpoint(checkpoint, self.full_model)
                 fsdp.load_full_state_dict(self.model, self.full_model.state_dict())
+            fsdp.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self._load_own(state)  # before the parts: a method's own values may make a part (finetune's round stream)
         restore_trainer_state(state, self._parts())
+        if self.sharded and is_sharded(checkpoint):  # after the parts: they say which shards there are (a moved reference)
+            shards = self._shards()
+            load_shards(checkpoint, shards)
+            self._load_shards(shards)
         if self.cfg.resume_override:  # the optimizer settings given now, not the checkpoint's
             apply_optimizer_settings(self.optimizer, self.scheduler, self.cfg.update_settings)
         self.step, self.extra_state = state["step"], state.get("extra", {})
         self.unrecorded = state.get("unrecorded")  # a record the stopped run did not finish (train_step)
         self.publish_weights()  # samplers outside this model (rollout workers, vLLM) get the checkpoint's weights
+
+    def load_checkpoint_weights(self, checkpoint: Path) -> None:
+        """A checkpoint's weights into the trained model, on every rank (load_best_model_at_end)."""
+        if self.sharded and is_sharded(checkpoint):
+            shards = {"model": fsdp.model_shards(self.model)}
+            load_shards(checkpoint, shards)
+            fsdp.load_model_shards(self.model, shards["model"])
+            return
+        with self.whole_weights():
+            load_weights(checkpoint, self.full_model)
+            if self.sharded:
+                fsdp.load_full_state_dict(self.model, self.full_model.state_dict())
+
+    def save_final(self, output_dir: Path, how: str) -> None:
+        """The final model in output_dir (rundir.save_final_model; lora_save=`how`); every rank calls
+        it, rank 0 writes.  With fsdp and full fine-tuning it is streamed from the shards a tensor at a
+        time (fsdp.save_streamed), never whole on a rank; a failure is raised on every rank."""
+        if not (self.sharded and not is_peft(self.model)):
+            with self.whole_weights():
+                if self.world.is_main:
+                    save_final_model(self.full_model, self.tokenizer, output_dir, how)
+            return
+        joined, failure = [], None
+
+        def write(directory: Path) -> None:
+            joined.append(True)
+            fsdp.save_streamed(self.model, self.full_model, directory)
+
+        if self.world.is_main:
+            try:
+                save_final_model(self.full_model, self.tokenizer, output_dir, how, write=write)
+            except Exception as e:  # noqa: BLE001 - every rank is told below
+                failure = e
+        if not joined:  # rank 0 failed before streaming (or is not rank 0): the others wait in its gathers
+            fsdp.save_streamed(self.model, self.full_model, None)
+        told = distributed.broadcast(None if failure is None else str(failure), self.world)
+        if failure is not None:
+            raise failure
+        if told is not None:
+            raise (DiskFull if told.startswith("disk full") else CheckpointError)(told)
 
     def close(self) -> None:
         """Stop what the trainer started outside this process (the rollout workers) or in it."""
@@ -427,6 +505,13 @@ class Trainer(RunCore):
 
     def _own_parts(self) -> dict:
         return {"kl": self.kl}
+
+    def _own_shards(self) -> dict:
+        return self.kl.shards()
+
+    def _load_shards(self, shards: dict) -> None:
+        super()._load_shards(shards)
+        self.kl.load_shards(shards)
 
     def _own_state(self, collective: bool) -> dict:
         pending = self.pending

@@ -174,7 +174,8 @@ class GRPOTrainer(ScriptMethods):
         same verifier as training), transformers' eval_runtime, eval_samples_per_second and
         eval_steps_per_second, and the epoch; logged (log_history, on_log), then on_evaluate."""
         from rlvr.loop import evaluate_model
-        from rlvr.models import load_model, pick_device
+        from rlvr.distributed import pick_device
+        from rlvr.models import load_model
 
         inputs.put_back(self._given)
         examples = self._eval_set(eval_dataset) if eval_dataset is not None else self.test_examples
