@@ -12,7 +12,8 @@
 # On two GPUs besides:
 #   nccl_one          one training process on GPU 0, vllm_weight_transfer=collective to the server on GPU 1
 #   nccl_two          two training processes (torchrun) and the same server; only rank 0 joins its group
-#   fsdp              torchrun on 2 GPUs (NCCL), fsdp=true, beta > 0, the demo for 4 steps, then resumed from step 2
+#   fsdp              torchrun on 2 GPUs (NCCL), fsdp=true, beta > 0, the demo for 4 steps, its sharded checkpoint-2
+#                     (each rank's file), then resumed from step 2
 #   fsdp_offload      the same first run with fsdp_offload_params=true: each rank's peak GPU memory below fsdp's
 # Each check prints PASS or FAIL with its name; a check that needs more GPUs than there are prints SKIP.
 # The script exits non-zero if any check failed.
@@ -183,8 +184,11 @@ check_fsdp() {
         2>&1 | tee "$WORK/fsdp.log"
     steps_done "$out" 4
     grep "peak GPU memory" "$WORK/fsdp.log" > "$WORK/fsdp.peak"
-    # Resumed from checkpoint-2 (the weights, the sharded optimizer state and the reference gathered whole):
-    # the run goes on to step 4 on the same 2 processes.
+    # checkpoint-2 is sharded (torch.distributed.checkpoint over NCCL): each rank's file, no whole model.
+    test -s "$out/checkpoint-2/dcp/__0_0.distcp" && test -s "$out/checkpoint-2/dcp/__1_0.distcp"
+    if ls "$out"/checkpoint-2/*.safetensors 2>/dev/null; then echo "gpu_checks: checkpoint-2 holds whole weights" >&2; return 1; fi
+    # Resumed from checkpoint-2 (each rank reads its shards of the weights, the optimizer state and the
+    # reference): the run goes on to step 4 on the same 2 processes.
     cp "$out/model.safetensors" "$WORK/fsdp_straight.safetensors"
     rm -rf "$out/checkpoint-4" "$out/metrics.jsonl" "$out/model.safetensors"
     CUDA_VISIBLE_DEVICES=0,1 torchrun --standalone --nproc_per_node 2 -m rlvr.cli train demo $FSDP $STEPS output_dir="$out" \
