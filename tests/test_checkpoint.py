@@ -140,7 +140,7 @@ def _sharded_save(tmp_path, step, model, optimizer, tokenizer):
                                    distributed.SINGLE)
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")  # torch.distributed.checkpoint warns that it runs in one process
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch.distributed.checkpoint's save warns that it runs in one process
 def test_a_sharded_checkpoint_round_trips_and_a_full_disk_leaves_the_previous_one(tiny, tmp_path, monkeypatch):
     """save_sharded_checkpoint (the layout of fsdp runs) in one process: dcp/ and the manifest, read back
     by load_shards and as a model by load_weights; a disk that fills while the shards are written is the

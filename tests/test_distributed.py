@@ -344,6 +344,38 @@ def test_fsdp_with_a_kl_reference_shards_it_trains_to_the_weights_of_one_process
     assert max((resumed[k] - two[k]).abs().max().item() for k in two) == 0.0
 
 
+FIRST_EVALUATION_BEST = """
+from pathlib import Path
+
+def distinct(completions, **kwargs):
+    if len(completions) != 4:  # training: 2 groups of 4 on each rank
+        return [len(set(c)) / 4 for c in completions]
+    seen = Path(__file__).with_name("evaluations")  # the held-out evaluation, on rank 0: 4 problems, greedy
+    n = int(seen.read_text()) + 1 if seen.exists() else 1
+    seen.write_text(str(n))
+    return [1.0 if n == 1 else 0.0] * 4
+"""
+
+
+@pytest.mark.trains
+@pytest.mark.processes
+def test_fsdp_loads_the_best_checkpoint_at_the_end_from_its_shards(tiny_model_dir, tmp_path):
+    """load_best_model_at_end under fsdp: the first evaluation (step 2) is the best, so each rank reads
+    its shards of checkpoint-2 back at the end, and the final model (streamed from the shards) is that
+    checkpoint's weights, not those of step 4."""
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(FIRST_EVALUATION_BEST)
+    best = ["eval_strategy=steps", "eval_steps=2", "save_steps=2", "max_steps=4", "metric_for_best_model=eval_reward",
+            "load_best_model_at_end=true", "reward_isolation=inline", "fsdp=true"]
+    out = _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo", processes=2) + best, processes=2)
+    assert "the final model is checkpoint-2" in out.stdout, out.stdout[-2000:]
+    assert (tmp_path / "evaluations").read_text() == "2"
+    final = _weights(tmp_path / "fsdp")
+    second, fourth = (load_model(str(tmp_path / "fsdp" / f"checkpoint-{n}"))[0].state_dict() for n in (2, 4))
+    assert all(torch.equal(final[k], second[k]) for k in final)
+    assert max((final[k] - fourth[k]).abs().max().item() for k in final) > 1e-4
+
+
 # Records, on each rank, how many elements the unsharded copy holds while the sampler generates and
 # while the update runs (fsdp.GatheredCopy), into held-<rank>.json in the run's directory.
 RECORDS_WHAT_IS_HELD = """

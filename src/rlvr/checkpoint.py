@@ -30,6 +30,7 @@ import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -304,7 +305,9 @@ def _sharded_weights(path: Path) -> dict:
     for key, item in reader.read_metadata().state_dict_metadata.items():
         if key.startswith("model.") and isinstance(item, dcp.metadata.TensorStorageMetadata):
             weights[key.removeprefix("model.")] = torch.empty(item.size, dtype=item.properties.dtype)
-    dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
+    with warnings.catch_warnings():  # it says it assumes one process, which is what this is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
     return weights
 
 
