@@ -82,8 +82,8 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, 
 
 
 def _watch_phases(baseline: int) -> list:
-    """RLVR_MEMORY_PHASES=1: (phase, RSS now, peak RSS so far), in MiB above the baseline, after the
-    trainer is built and after each sampling round, reference / old log-probs pass and update."""
+    """RLVR_MEMORY_PHASES=1: (phase, RSS now, peak RSS so far, glibc's heap in use and free), in MiB (RSS above
+    the baseline), after the trainer is built and after each sampling round, reference / old log-probs pass and update."""
     import rlvr.rollout.stage
     import rlvr.trainer
     import rlvr.update
@@ -96,7 +96,7 @@ def _watch_phases(baseline: int) -> list:
         def wrapped(*args, **kwargs):
             out = inner(*args, **kwargs)
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            seen.append((f"{owner.__name__}.{name}", round((_rss() - baseline) / 2**20), round((peak - baseline) / 2**20)))
+            seen.append((f"{owner.__name__}.{name}", round((_rss() - baseline) / 2**20), round((peak - baseline) / 2**20), _probe()))
             return out
         setattr(owner, name, wrapped)
 
@@ -105,6 +105,22 @@ def _watch_phases(baseline: int) -> list:
     after(rlvr.update.PolicyUpdate, "prepare")
     after(rlvr.update.PolicyUpdate, "__call__")
     return seen
+
+
+def _probe() -> dict:
+    """glibc's heap now (mallinfo2, every arena): bytes in use and bytes free but kept, in MiB."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                                                     "uordblks", "fordblks", "keepcost")]
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):  # not glibc
+        return {}
+    return {"heap in use": round(info.uordblks / 2**20), "heap free, kept": round(info.fordblks / 2**20)}
 
 
 def _make_tiny(path: str) -> None:
@@ -145,8 +161,9 @@ def main() -> None:
                 mib = 2**20
                 print(f"{model:<8} {'lora' if lora else 'full':<5} {r['rank']:>4} {r['plan_bytes'] / mib:9.1f} "
                       f"{r['measured_bytes'] / mib:13.1f} {r['measured_bytes'] / r['plan_bytes']:14.2f}", flush=True)
-                for phase, now, peak in r.get("phases", []):
-                    print(f"    after {phase}: {now} MiB now, {peak} MiB peak")
+                for phase, now, peak, probe in r.get("phases", []):
+                    heap = ", ".join(f"{k} {v} MiB" for k, v in probe.items())
+                    print(f"    after {phase}: {now} MiB now, {peak} MiB peak ({heap})")
 
 
 def _run(model: str, lora: bool, ns) -> list[dict]:

@@ -3,6 +3,10 @@ against transformers' own (the library TRL takes them from), their knobs checked
 loads, torch's three AdamW implementations, and fp16's loss scaling (GradScaler) in optimizer_step."""
 
 import copy
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -288,3 +292,37 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_named(monkeypatch):
     assert slow_bf16_note(False, "cpu") is None and slow_bf16_note(True, "cuda:0") is None
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     assert slow_bf16_note(True, "cpu") is None
+
+
+KEPT_THEN_RELEASED = """
+import json
+from pathlib import Path
+import torch
+from rlvr.runtime import configure_allocator, release_free_memory
+
+def rss():
+    return next(int(l.split()[1]) for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS:")) // 1024
+
+assert configure_allocator()
+keep = [torch.ones(1000)]  # live beside the freed blocks
+blocks = [torch.ones(1 << 20) for _ in range(100)]  # 100 x 4 MiB
+keep.append(torch.ones(1000))
+full = rss()
+del blocks
+kept = rss()
+ran = release_free_memory()
+print(json.dumps({"full": full, "kept": kept, "released": rss(), "ran": ran}))
+"""
+
+
+@pytest.mark.processes
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_memory_kept_for_reuse_is_given_back_between_phases(tmp_path):
+    """configure_allocator keeps freed memory in the heap (fast on the CPU); release_free_memory, which
+    fsdp calls between sampling and the update, gives it back: 400 MiB freed stay resident until then."""
+    out = subprocess.run([sys.executable, "-c", KEPT_THEN_RELEASED], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["ran"] and seen["kept"] > seen["full"] - 50, seen  # freed, but kept
+    assert seen["released"] < seen["kept"] - 300, seen  # given back

@@ -47,6 +47,7 @@ import torch
 from rlvr import distributed
 from rlvr.lora import unwrap
 from rlvr.models import WeightCopy
+from rlvr.runtime import release_free_memory
 
 
 def shard(model, device: str, world_size: int, offload: bool = False):
@@ -187,6 +188,8 @@ class GatheredCopy:
 
     @torch.no_grad()
     def _fill(self, trained_only: bool = False) -> None:
+        if self.device.type == "cpu":  # what the update freed, given back before the whole weights come
+            release_free_memory()
         for name, shard in self.sharded.named_parameters():
             if trained_only and not shard.requires_grad:
                 continue
@@ -197,6 +200,8 @@ class GatheredCopy:
             param.data = torch.empty(0, dtype=param.dtype, device=param.device)
         for release in self.on_release:
             release()
+        if self.device.type == "cpu":  # the whole weights and the sampler's copy of them, given back
+            release_free_memory()
 
 
 SHARD_BYTES = 5 * 10**9  # transformers' max_shard_size of 5GB: a rank writes at most this much at once
@@ -267,6 +272,8 @@ def lockstep_logprobs(logprobs, model, batch, world) -> torch.Tensor:
     sharded again (FSDP keeps the root module's gathered after a forward)."""
     out = logprobs.in_chunks(model, batch, at_least=distributed.max_count(logprobs.chunks(batch), world))
     model.reshard()
+    if out.device.type == "cpu":  # the forwards' gathered layers and activations, given back before the update
+        release_free_memory()
     return out
 
 

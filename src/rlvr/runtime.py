@@ -7,7 +7,9 @@ then costs more than the arithmetic done on it (measured: a 25M-element fp32
 multiply took 31 ms allocating its output and 4 ms writing into an existing
 one).  `configure_allocator` tells glibc to serve large blocks from the heap and
 keep freed memory for reuse, which is what jemalloc or tcmalloc would do.
-The price is that the process keeps its peak memory until it exits.
+The price is that the process keeps its peak memory until it exits; where phases
+alternate between large tensors of different sizes (fsdp: the whole weights gathered to
+sample, then the update), `release_free_memory` gives the kept pages back between them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,21 @@ def configure_allocator() -> bool:
     except (OSError, AttributeError):  # not glibc
         _done = False
     return _done
+
+
+def release_free_memory() -> bool:
+    """Give the heap's free pages back to the system now (glibc's malloc_trim), where
+    configure_allocator keeps them.  For a process whose phases hold large tensors of different
+    sizes (fsdp: the whole weights while it samples, the update's gathered layers, gradients and
+    optimizer state after): the memory one phase freed is mostly not reused by the next one's
+    tensors, so without this the phases' peaks add up.  Returns whether it ran."""
+    if not _done:
+        return False
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 def slow_bf16_note(bf16: bool, device) -> str | None:
