@@ -435,14 +435,18 @@ def test_fsdp_holds_the_whole_weights_only_while_it_samples(tiny_model_dir, tmp_
 # more gathers two tensors out of order; rank 1 only follows.  Every rank also loads the update pair by
 # pair, as colocated vLLM does.  What rank 0 decoded is saved to compare with the unsharded weights.
 STREAMS_SHARDS = """
-import sys
+import json, sys
+from pathlib import Path
+import safetensors.torch
 import torch
 from transformers import AutoModelForCausalLM
 from rlvr import distributed, fsdp
 from rlvr.rollout.weights import Relay, decode, encode, weight_update
 
 world = distributed.init(use_cpu=True)
-model = fsdp.shard(AutoModelForCausalLM.from_pretrained(sys.argv[1]), world.device, world.world_size)
+plain = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+like = fsdp.without_weights(plain)  # the unsharded copy without weights, as a run keeps
+model = fsdp.shard(plain, world.device, world.world_size)
 update = weight_update(model, False, 1)
 assert update.sharded and all(hasattr(t, "full_tensor") for t in update.tensors.values())
 local = {name: t.to_local().numel() for name, t in update.tensors.items()}
@@ -471,6 +475,19 @@ if world.is_main:
     torch.save({"streamed": streams[0], "colocated": colocated, "aliases": meta["aliases"]}, sys.argv[2])
 else:
     relay.follow()
+# The final model: saved by fsdp.save_streamed into safetensors shards of at most argv[4] bytes (plus one
+# tensor); rank 0 records the most bytes of weights it held at once.
+out, most = Path(sys.argv[3]), [0]
+save_file = sys.modules["safetensors.torch"].save_file
+def counting(tensors, path, metadata=None):
+    most[0] = max(most[0], sum(t.numel() * t.element_size() for t in tensors.values()))
+    save_file(tensors, path, metadata=metadata)
+sys.modules["safetensors.torch"].save_file = counting
+if world.is_main:
+    out.mkdir()
+fsdp.save_streamed(model, like, out if world.is_main else None, shard_bytes=int(sys.argv[4]))
+if world.is_main:
+    (out / "most.json").write_text(json.dumps(most[0]))
 distributed.wait_for_all(world)
 distributed.shutdown(world)
 """
@@ -481,14 +498,20 @@ def test_a_sharded_models_weights_stream_one_gathered_tensor_at_a_time(tiny_mode
     """vLLM servers and colocated engines are sent the weights of a sharded model (fsdp) as each
     tensor is gathered: rank 0 sends, the other ranks join each gather it asks for, also when it
     sends the update twice (a failed server, a relay) or a tensor out of order; what arrives is the
-    unsharded model's weights exactly."""
+    unsharded model's weights exactly.  The final model of an fsdp run is streamed the same way
+    (fsdp.save_streamed) into Hugging Face's sharded layout (the shards and their index), rank 0
+    holding no more than one shard's weights at a time; it loads to the unsharded weights."""
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     script = tmp_path / "streams_shards.py"
     script.write_text(STREAMS_SHARDS)
+    expected_state = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    limit = 3 * max(t.numel() * t.element_size() for t in expected_state.values())
+    saved = tmp_path / "saved"
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    out = subprocess.run(launch + [str(tiny_model_dir), str(tmp_path / "got.pt")], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(launch + [str(tiny_model_dir), str(tmp_path / "got.pt"), str(saved), str(limit)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     got = torch.load(tmp_path / "got.pt")
     expected = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
@@ -497,63 +520,12 @@ def test_a_sharded_models_weights_stream_one_gathered_tensor_at_a_time(tiny_mode
         assert torch.equal(got["streamed"][name], value.detach()), name
         assert torch.equal(got["colocated"][name], value.detach()), name
     assert got["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}  # tied: sent once, named twice
-
-
-# A sharded model saved by fsdp.save_streamed into safetensors shards of at most SHARD_BYTES (plus one
-# tensor): rank 0 records the most bytes of weights it held at once.
-STREAMS_TO_DISK = """
-import json, sys
-from pathlib import Path
-import torch
-from transformers import AutoModelForCausalLM
-from rlvr import distributed, fsdp
-
-world = distributed.init(use_cpu=True)
-plain = AutoModelForCausalLM.from_pretrained(sys.argv[1])
-like = fsdp.without_weights(plain)  # the unsharded copy without weights, as a run keeps
-model = fsdp.shard(plain, world.device, world.world_size)
-out = Path(sys.argv[2])
-held, most = [0], [0]
-save_file = __import__("safetensors.torch", fromlist=["save_file"]).save_file
-def counting(tensors, path, metadata=None):
-    most[0] = max(most[0], sum(t.numel() * t.element_size() for t in tensors.values()))
-    save_file(tensors, path, metadata=metadata)
-sys.modules["safetensors.torch"].save_file = counting
-if world.is_main:
-    out.mkdir()
-fsdp.save_streamed(model, like, out if world.is_main else None, shard_bytes=int(sys.argv[3]))
-if world.is_main:
-    (out / "most.json").write_text(json.dumps(most[0]))
-distributed.wait_for_all(world)
-distributed.shutdown(world)
-"""
-
-
-@pytest.mark.processes
-def test_a_sharded_model_is_saved_in_safetensors_shards_streamed_a_tensor_at_a_time(tiny_model_dir, tmp_path):
-    """The final model of an fsdp run: Hugging Face's sharded layout (the shards and their index),
-    rank 0 holding no more than one shard's weights at a time; it loads to the unsharded weights."""
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-
-    script = tmp_path / "streams_to_disk.py"
-    script.write_text(STREAMS_TO_DISK)
-    expected = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    largest = max(t.numel() * t.element_size() for t in expected.values())
-    limit = 3 * largest
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    out = subprocess.run(launch + [str(tiny_model_dir), str(tmp_path / "saved"), str(limit)], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    saved = tmp_path / "saved"
     shards = sorted(saved.glob("model-*.safetensors"))
     index = json.loads((saved / "model.safetensors.index.json").read_text())
     assert len(shards) > 2 and sorted(set(index["weight_map"].values())) == [p.name for p in shards]
-    assert json.loads((saved / "most.json").read_text()) <= limit
-    assert all(len(load_file(p)) >= 1 for p in shards)
+    assert json.loads((saved / "most.json").read_text()) <= limit and all(len(load_file(p)) >= 1 for p in shards)
     loaded = AutoModelForCausalLM.from_pretrained(saved).state_dict()
-    assert sorted(loaded) == sorted(expected)
-    assert all(torch.equal(loaded[k], expected[k]) for k in expected)
+    assert sorted(loaded) == sorted(expected_state) and all(torch.equal(loaded[k], expected_state[k]) for k in expected_state)
     assert "lm_head.weight" not in index["weight_map"]  # tied: saved once
 
 
