@@ -232,6 +232,8 @@ class VLLMServers:
         self.version += 1
         self._update = update = weight_update(model, self.adapters, self.version)
         relay = Relay(update, self.world) if update.sharded and self.world.enabled else None
+        if relay is not None:  # every rank done with its own calls to the servers (the first health wait) before
+            distributed.wait_for_all(self.world)  # rank 0's stream holds a server while the others join its gathers
         if self.world.is_main:
             t0 = time.perf_counter()
             if relay is not None:
