@@ -162,7 +162,7 @@ def verify(directory: Path, trust_unverified: bool = False) -> str | None:
     if not manifest.is_file():
         if not any(directory.iterdir()):
             return "empty"
-        weights = list(directory.glob("*.safetensors")) or (directory / DCP_DIR / ".metadata").is_file()
+        weights = list(directory.glob("*.safetensors")) or is_sharded(directory)
         if not ((directory / STATE_FILE).is_file() and weights):
             return f"incomplete: no {MANIFEST}"
         if trust_unverified:

@@ -204,6 +204,13 @@ class GatheredCopy:
             release_free_memory()
 
 
+def save_config(model, directory) -> None:
+    """A model's config.json and generation_config.json, as its save_pretrained writes them."""
+    model.config.save_pretrained(directory)
+    if getattr(model, "generation_config", None) is not None and model.can_generate():
+        model.generation_config.save_pretrained(directory)
+
+
 SHARD_BYTES = 5 * 10**9  # transformers' max_shard_size of 5GB: a rank writes at most this much at once
 
 
@@ -237,9 +244,7 @@ def save_streamed(sharded, like, directory, shard_bytes: int = SHARD_BYTES) -> N
     tensors, failure = dict(state), None
     if directory is not None:
         try:
-            like.config.save_pretrained(directory)
-            if getattr(like, "generation_config", None) is not None and like.can_generate():
-                like.generation_config.save_pretrained(directory)
+            save_config(like, directory)
         except Exception as e:  # noqa: BLE001 - raised once the others are through the gathers
             failure = e
     for file, keys in zip(names, files):

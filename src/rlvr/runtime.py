@@ -20,11 +20,12 @@ import sys
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 _done = False
+_libc = None  # glibc, once configure_allocator applied
 
 
 def configure_allocator() -> bool:
     """Keep freed memory for reuse (glibc only; elsewhere nothing happens). Returns whether it applied."""
-    global _done
+    global _done, _libc
     if _done or not sys.platform.startswith("linux"):
         return _done
     try:
@@ -32,6 +33,7 @@ def configure_allocator() -> bool:
         _done = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
     except (OSError, AttributeError):  # not glibc
         _done = False
+    _libc = libc if _done else None
     return _done
 
 
@@ -41,11 +43,11 @@ def release_free_memory() -> bool:
     sizes (fsdp: the whole weights while it samples, the update's gathered layers, gradients and
     optimizer state after): the memory one phase freed is mostly not reused by the next one's
     tensors, so without this the phases' peaks add up.  Returns whether it ran."""
-    if not _done:
+    if _libc is None:
         return False
     try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
+        _libc.malloc_trim(0)
+    except AttributeError:
         return False
     return True
 

@@ -293,20 +293,16 @@ class RunCore(StepRecord):
         if is_peft(self.full_model):
             self.full_model.save_pretrained(directory)
         else:
-            self.full_model.config.save_pretrained(directory)
-            if self.full_model.can_generate():
-                self.full_model.generation_config.save_pretrained(directory)
+            fsdp.save_config(self.full_model, directory)
 
     def resume(self, checkpoint: Path) -> None:
         if not self.sharded:
             state = load_checkpoint(checkpoint, self.full_model)
-        elif is_sharded(checkpoint):
+        else:
             state = load_trainer_state(checkpoint)
-        else:  # written by an rlvr before sharded checkpoints: the whole weights and optimizer state
-            with self.whole_weights():
-                state = load_checkpoint(checkpoint, self.full_model)
-                fsdp.load_full_state_dict(self.model, self.full_model.state_dict())
-            fsdp.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+            if not is_sharded(checkpoint):  # written by an rlvr before sharded checkpoints: the whole weights and optimizer state
+                self.load_checkpoint_weights(checkpoint)
+                fsdp.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self._load_own(state)  # before the parts: a method's own values may make a part (finetune's round stream)
         restore_trainer_state(state, self._parts())
         if self.sharded and is_sharded(checkpoint):  # after the parts: they say which shards there are (a moved reference)
@@ -335,7 +331,7 @@ class RunCore(StepRecord):
         """The final model in output_dir (rundir.save_final_model; lora_save=`how`); every rank calls
         it, rank 0 writes.  With fsdp and full fine-tuning it is streamed from the shards a tensor at a
         time (fsdp.save_streamed), never whole on a rank; a failure is raised on every rank."""
-        if not (self.sharded and not is_peft(self.model)):
+        if not self.sharded or is_peft(self.model):
             with self.whole_weights():
                 if self.world.is_main:
                     save_final_model(self.full_model, self.tokenizer, output_dir, how)
