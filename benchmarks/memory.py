@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -47,7 +48,6 @@ def child(model: str, lora: bool, steps: int, staleness: int = 0, fsdp: bool = F
 
 
 def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, fsdp: bool = False) -> dict:
-    import os
     from rlvr.chat import render_prompts, tokenize_prompts
     from rlvr.config import build_config
     from rlvr.models import load_tokenizer, resolve_model_path
@@ -151,7 +151,11 @@ def main() -> None:
     ap.add_argument("--scratch", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.child:
-        print("RESULT " + json.dumps(child(ns.model, ns.lora, ns.steps, ns.max_staleness, ns.fsdp, ns.scratch)), flush=True)
+        result = json.dumps(child(ns.model, ns.lora, ns.steps, ns.max_staleness, ns.fsdp, ns.scratch))
+        if ns.scratch is None:
+            print("RESULT " + result, flush=True)
+        else:  # each rank its own file: two ranks' lines on one pipe can interleave
+            (Path(ns.scratch) / f"result-{os.environ.get('RANK', '0')}.json").write_text(result)
         return
     models = ["tiny", "default"] if ns.model == "both" else [ns.model]
     print(f"{'model':<8} {'mode':<5} {'rank':>4} {'plan MiB':>9} {'measured MiB':>13} {'measured/plan':>14}")
@@ -173,8 +177,6 @@ def _run(model: str, lora: bool, ns) -> list[dict]:
     if ns.processes == 1:
         out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True).stdout
         return [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
-    import os
-
     with tempfile.TemporaryDirectory(prefix="rlvr-mem-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None) as scratch:
         if model == "tiny":
             _make_tiny(str(Path(scratch) / "tiny-llama"))
@@ -183,7 +185,7 @@ def _run(model: str, lora: bool, ns) -> list[dict]:
                               env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": scratch})  # torchrun's logs go with it
         if done.returncode:
             raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])
-        found = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        found = [json.loads(path.read_text()) for path in Path(scratch).glob("result-*.json")]
     return sorted(found, key=lambda r: r["rank"])
 
 

@@ -298,7 +298,7 @@ KEPT_THEN_RELEASED = """
 import json
 from pathlib import Path
 import torch
-from rlvr.runtime import configure_allocator, release_free_memory
+from rlvr.runtime import configure_allocator, map_large_blocks, release_free_memory
 
 def rss():
     return next(int(l.split()[1]) for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS:")) // 1024
@@ -311,7 +311,19 @@ full = rss()
 del blocks
 kept = rss()
 ran = release_free_memory()
-print(json.dumps({"full": full, "kept": kept, "released": rss(), "ran": ran}))
+released = rss()
+mapped = map_large_blocks(True)
+blocks = [torch.ones(1 << 20) for _ in range(100)]
+keep.append(torch.ones(1000))
+mapped_full = rss()
+del blocks
+mapped_freed = rss()
+map_large_blocks(False)
+blocks = [torch.ones(1 << 20) for _ in range(100)]
+keep.append(torch.ones(1000))
+del blocks
+print(json.dumps({"full": full, "kept": kept, "released": released, "ran": ran, "mapped": mapped,
+                  "mapped_full": mapped_full, "mapped_freed": mapped_freed, "kept_again": rss()}))
 """
 
 
@@ -319,10 +331,15 @@ print(json.dumps({"full": full, "kept": kept, "released": rss(), "ran": ran}))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_memory_kept_for_reuse_is_given_back_between_phases(tmp_path):
     """configure_allocator keeps freed memory in the heap (fast on the CPU); release_free_memory, which
-    fsdp calls between sampling and the update, gives it back: 400 MiB freed stay resident until then."""
+    fsdp calls between sampling and the update, gives it back: 400 MiB freed stay resident until then;
+    map_large_blocks(True), which fsdp turns on outside sampling, gives each large block back when freed."""
     out = subprocess.run([sys.executable, "-c", KEPT_THEN_RELEASED], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     seen = json.loads(out.stdout.splitlines()[-1])
     assert seen["ran"] and seen["kept"] > seen["full"] - 50, seen  # freed, but kept
     assert seen["released"] < seen["kept"] - 300, seen  # given back
+    # map_large_blocks(True) (fsdp's sharded phases): the same blocks leave the moment they are freed
+    assert seen["mapped"] and seen["mapped_full"] > seen["released"] + 300, seen
+    assert seen["mapped_freed"] < seen["mapped_full"] - 300, seen
+    assert seen["kept_again"] > seen["mapped_freed"] + 300, seen  # off again: kept for reuse

@@ -47,7 +47,7 @@ import torch
 from rlvr import distributed
 from rlvr.lora import unwrap
 from rlvr.models import WeightCopy
-from rlvr.runtime import release_free_memory
+from rlvr.runtime import configure_allocator, map_large_blocks, release_free_memory
 
 
 def shard(model, device: str, world_size: int, offload: bool = False):
@@ -152,6 +152,8 @@ class GatheredCopy:
         missing = set(self._params) ^ {name for name, _ in sharded.named_parameters()}
         if missing:
             raise ValueError(f"the sharded model and its unsharded copy differ in parameters: {sorted(missing)[:5]}")
+        if self.device.type == "cpu":
+            configure_allocator()  # as the sampler would; _free then maps the sharded phases' large blocks
         self._free()
 
     @contextlib.contextmanager
@@ -194,6 +196,8 @@ class GatheredCopy:
             if trained_only and not shard.requires_grad:
                 continue
             self._params[name].data = shard.full_tensor().detach().to(self.device)  # offloaded shards gather on the CPU
+        if self.device.type == "cpu":  # sampling: its blocks kept for reuse (the gathered ones stay mapped, freed whole)
+            map_large_blocks(False)
 
     def _free(self) -> None:
         for param in self._params.values():
@@ -202,6 +206,7 @@ class GatheredCopy:
             release()
         if self.device.type == "cpu":  # the whole weights and the sampler's copy of them, given back
             release_free_memory()
+            map_large_blocks(True)  # the sharded phases: large blocks unmapped when freed
 
 
 def save_config(model, directory) -> None:

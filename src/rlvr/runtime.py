@@ -9,7 +9,8 @@ one).  `configure_allocator` tells glibc to serve large blocks from the heap and
 keep freed memory for reuse, which is what jemalloc or tcmalloc would do.
 The price is that the process keeps its peak memory until it exits; where phases
 alternate between large tensors of different sizes (fsdp: the whole weights gathered to
-sample, then the update), `release_free_memory` gives the kept pages back between them.
+sample, then the update), `release_free_memory` gives the kept pages back between them, and
+`map_large_blocks` serves the large blocks of the phases that do not sample from their own mappings.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import ctypes
 import ctypes.util
 import sys
 
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
+_MAPPED_FROM = 1 << 20  # map_large_blocks(True): blocks of 1 MiB or more get their own mapping
 _done = False
 _libc = None  # glibc, once configure_allocator applied
 
@@ -35,6 +37,22 @@ def configure_allocator() -> bool:
         _done = False
     _libc = libc if _done else None
     return _done
+
+
+def map_large_blocks(on: bool) -> bool:
+    """Where configure_allocator applied: on, each block of 1 MiB or more gets its own mapping, given
+    back to the system the moment it is freed; off, large blocks come from the heap again and stay
+    for reuse (configure_allocator's setting).  fsdp on the CPU turns it on for the phases that run
+    on the sharded model (log-probs, the update: layers gathered and freed one at a time, gradients,
+    AdamW's temporaries) and off while the whole weights are gathered to sample (decoding allocates
+    logits-sized blocks every token, where a fresh mapping costs more than the arithmetic).  Kept in
+    the heap, the update's blocks of many sizes were freed but not reusable by the next phase, and a
+    rank's peak grew past the plan by a quarter to two fifths (docs/scaling.md).  Returns whether it applied."""
+    if _libc is None:
+        return False
+    if on:
+        return bool(_libc.mallopt(_M_MMAP_THRESHOLD, _MAPPED_FROM)) and bool(_libc.mallopt(_M_MMAP_MAX, 1 << 16))
+    return bool(_libc.mallopt(_M_MMAP_MAX, 0))
 
 
 def release_free_memory() -> bool:
