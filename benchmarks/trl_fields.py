@@ -1,6 +1,7 @@
-"""Write src/rlvr/api/trl_fields.json: the fields of TRL's GRPOConfig, SFTConfig and DPOConfig
-(name, type, default, help), read from the installed TRL, so that rlvr's configs have TRL's
-fields without importing TRL.
+"""Write src/rlvr/api/trl_fields.json: the fields of TRL's GRPOConfig, SFTConfig, DPOConfig and
+AsyncGRPOConfig (name, type, default, help), read from the installed TRL, so that rlvr's configs
+have TRL's fields without importing TRL.  AsyncGRPOConfig is TRL's top-level class from 1.18 on and
+trl.experimental.async_grpo's before (TRL 1.16, the newest on the package index this was written with).
 
     python benchmarks/trl_fields.py            # rewrite the table from the installed TRL
     python benchmarks/trl_fields.py --check    # exit 1 when the table is not the installed TRL's
@@ -23,7 +24,7 @@ import typing
 from pathlib import Path
 
 TABLE = Path(__file__).resolve().parents[1] / "src" / "rlvr" / "api" / "trl_fields.json"
-CLASSES = ("GRPOConfig", "SFTConfig", "DPOConfig")
+CLASSES = ("GRPOConfig", "SFTConfig", "DPOConfig", "AsyncGRPOConfig")
 SCALARS = {bool: "bool", int: "int", float: "float", str: "str", type(None): "None"}
 
 
@@ -76,7 +77,7 @@ def table() -> dict:
 
     out: dict = {"trl_version": trl.__version__, "help": {}}
     for name in CLASSES:
-        cls = getattr(trl, name)
+        cls = getattr(trl, name, None) or _experimental(name)
         hints = typing.get_type_hints(cls)
         rows = {}
         for f in dataclasses.fields(cls):
@@ -88,6 +89,18 @@ def table() -> dict:
                 out["help"][f.name] = " ".join(str(text).split())
         out[name] = rows
     return out
+
+
+def _experimental(name: str):
+    """A class TRL had under trl.experimental before it was stable (AsyncGRPOConfig before 1.18)."""
+    import os
+    import warnings
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from trl.experimental import async_grpo
+    return getattr(async_grpo, name)
 
 
 def main(argv: list[str] | None = None) -> int:

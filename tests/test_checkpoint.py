@@ -131,6 +131,43 @@ def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_run_config, tmp_
     assert [m.get("sampling/staleness") for m in _metrics(straight)] == [0, 0, 1, 1, 1, 1]
 
 
+def test_weights_synced_every_two_steps_resume_exactly(tiny_run_config, tmp_path, monkeypatch):
+    """weight_sync_steps=2: a checkpoint saved off the sync schedule (save_steps=3) sends the samplers
+    its weights first, as a resume from it does, so the run stopped in step 4 and resumed from
+    checkpoint-3 ends with the same weights and metrics as the run never stopped."""
+    import zlib
+
+    import rlvr.rewards as rewards
+
+    monkeypatch.setitem(rewards.REWARDS, "boxed_format",
+                        lambda completions, **kw: [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions])
+    settings = {"max_staleness": 2, "weight_sync_steps": 2, "max_steps": 6, "save_steps": 3, "num_iterations": 1}
+    straight = tmp_path / "straight"
+    train(_cfg(tiny_run_config, straight, **settings))
+
+    resumed = tmp_path / "resumed"
+    original_update = Trainer.update
+
+    def stop_in_step_4(self, batch, *rest):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return original_update(self, batch, *rest)
+
+    monkeypatch.setattr(Trainer, "update", stop_in_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(_cfg(tiny_run_config, resumed, **settings))
+    assert (resumed / "checkpoint-3").is_dir()
+    monkeypatch.setattr(Trainer, "update", original_update)
+    train(_cfg(tiny_run_config, resumed, **settings, resume=True))
+
+    a, b = _weights(straight), _weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _metrics(straight) == _metrics(resumed)
+    # synced after steps 2, 3 (the checkpoint), 4 and 6; sampled on-policy, then one generation ahead
+    assert [m["sampling/weight_version"] for m in _metrics(straight)] == [0, 0, 0, 2, 3, 4]
+    assert [m["sampling/staleness"] for m in _metrics(straight)] == [0, 1, 2, 1, 1, 1]
+
+
 def _sharded_save(tmp_path, step, model, optimizer, tokenizer):
     from rlvr import distributed
     from rlvr.checkpoint import save_sharded_checkpoint

@@ -33,7 +33,7 @@ def test_the_next_batch_comes_from_the_weights_before_the_update(tiny, tmp_path,
     start = copy.deepcopy(model)
     first = trainer.train_step()
     ahead = trainer.pending.batch  # sampled during step 1, for step 2
-    assert trainer.pending.staleness == 1 and trainer.pending.iterations_done == 0
+    assert trainer.pending.weight_version == 0 and trainer.pending.iterations_done == 0
     with torch.no_grad():
         before, _ = trainer.logprobs(start, ahead)
         after, _ = trainer.logprobs(model, ahead)
@@ -72,9 +72,19 @@ def test_an_off_policy_run_learns(tiny_model_dir, tmp_path):
 
 
 def test_settings_it_cannot_run_with_are_refused():
-    with pytest.raises(ConfigError, match="max_staleness must be 0 .* or 1"):
-        build_config({"max_staleness": 2})
-    with pytest.raises(ConfigError, match="max_staleness=1 with use_peft and kl_penalty=reward"):
+    with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
+        build_config({"max_staleness": -1})
+    with pytest.raises(ConfigError, match="weight_sync_steps must be >= 1"):
+        build_config({"weight_sync_steps": 0})
+    # on-policy: a sampler of its own synced every 2 steps would lag a version; sampled ahead, 3 lag 3
+    with pytest.raises(ConfigError, match="weight_sync_steps=2 lets a sample lag up to 1 weight versions .*max_staleness=0: "
+                                          "set max_staleness >= 2 or weight_sync_steps <= 1"):
+        build_config({"weight_sync_steps": 2, "use_vllm": True})
+    with pytest.raises(ConfigError, match="weight_sync_steps=3 lets a sample lag up to 3 .*sampled one generation ahead"):
+        build_config({"weight_sync_steps": 3, "max_staleness": 2})
+    assert build_config({"weight_sync_steps": 4, "max_staleness": 4}).weight_sync_steps == 4
+    assert build_config({"max_staleness": 4}).max_staleness == 4  # TRL's AsyncGRPOConfig default
+    with pytest.raises(ConfigError, match="max_staleness >= 1 with use_peft and kl_penalty=reward"):
         build_config({"max_staleness": 1, "use_peft": True, "beta": 0.1, "kl_penalty": "reward"})
     from rlvr.distributed import World
     from rlvr.settings import check_runnable
@@ -141,3 +151,30 @@ def test_reward_functions_that_use_signals_score_the_same_sampled_ahead(tiny_mod
     assert all(r["rewards/guide_accuracy/mean"] == 1.0 for r in runs[1])  # never the -1 of a failed signal
     assert all(r["rewards/alarm_length/mean"] > 0 for r in runs[1])
     assert [r["sampling/staleness"] for r in runs[1]] == [0, 1, 1, 1]
+
+
+@pytest.mark.trains
+def test_weights_synced_every_few_steps_sample_from_the_version_they_say(tiny, tmp_path, noisy_rewards):
+    """weight_sync_steps=2, max_staleness=2: the copy sampling ahead gets the weights after steps 2 and 4
+    only, so the generations of steps 1-5 were sampled with the weights of steps 0, 0, 0, 2, 2 (the
+    first on-policy, the rest one generation ahead) and lag the policy they train by 0, 1, 2, 1, 2."""
+    model, tokenizer = tiny
+    cfg = build_config({"model": "default", "reward_funcs": ["boxed_format"], "num_generations": 4,
+                        "per_device_train_batch_size": 8, "max_completion_length": 6, "learning_rate": 1e-2,
+                        "max_staleness": 2, "weight_sync_steps": 2})
+    examples = [Example(f"what is {i}+{i}?", str(2 * i)) for i in range(20)]
+    trainer = Trainer(cfg, model, tokenizer, examples, output_dir=tmp_path, total_steps=5)
+    sampler = trainer.rollout.sampler.model
+    weights = [copy.deepcopy(model.state_dict())]  # after step 0, 1, ...
+    rows = []
+    for _ in range(5):
+        rows.append(trainer.train_step())
+        weights.append(copy.deepcopy(model.state_dict()))
+        held = sampler.state_dict()
+        synced = trainer.step - trainer.step % 2
+        assert all(torch.equal(held[k], weights[synced][k]) for k in held), trainer.step  # the weights of the last sync
+        if trainer.step % 2:
+            assert not all(torch.equal(held[k], weights[trainer.step][k]) for k in held)  # not the policy's own
+    assert [r["sampling/weight_version"] for r in rows] == [0, 0, 0, 2, 2]
+    assert [r["sampling/staleness"] for r in rows] == [0, 1, 2, 1, 2]
+    trainer.close()

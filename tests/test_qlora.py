@@ -35,7 +35,7 @@ def test_qlora_needs_lora_and_refuses_what_would_copy_or_shard_its_weights():
         "load_in_4bit (QLoRA) with rollout_workers is not supported: the Ray workers rebuild the model from the trainer's "
         "weights, which are packed 4-bit ones; sample in the training process"]
     assert _problems({**qlora_on, "max_staleness": 1}) == [
-        "load_in_4bit (QLoRA) with max_staleness=1 and the in-process sampler is not supported: sampling ahead copies the "
+        "load_in_4bit (QLoRA) with max_staleness >= 1 and the in-process sampler is not supported: sampling ahead copies the "
         "policy's weights, which are packed 4-bit ones; use max_staleness=0, or use_vllm=true"]
     assert _problems({**qlora_on, "bnb_4bit_quant_type": "int4", "bnb_4bit_quant_storage": "int8"}) == [
         "bnb_4bit_quant_type must be one of nf4, fp4; got 'int4'",

@@ -150,3 +150,20 @@ def test_lora_through_servers_sends_the_adapter_and_vllm_samples_with_it(servers
         assert adapter <= m["vllm/weight_sync_bytes"] < adapter + 100_000  # the adapter and its header, not the 540 MB model
     assert lines[-1]["kl"] > 1e-3  # the adapter changed the policy...
     assert max(m["sampling/sampling_logp_difference/mean"] for m in lines) < lines[-1]["kl"] / 10  # ...and vLLM sampled with it
+
+
+def test_weights_go_to_the_server_every_weight_sync_steps(servers, tmp_path):
+    """max_staleness=2, weight_sync_steps=2 (TRL's AsyncGRPOConfig names): the server is sent the weights
+    when the run starts and after steps 2 and 4 only, and each batch says which of them sampled it."""
+    from rlvr.rollout.vllm_client import Server
+
+    url = servers["plain"][0]
+    before = Server(url, 30).call("GET", "/health")["weight_updates"]
+    lines = train(tmp_path / "run", 1, "vllm_mode=server", f"vllm_server_base_url={url}", "max_staleness=2",
+                  "weight_sync_steps=2", "max_steps=4")
+    after = Server(url, 30).call("GET", "/health")["weight_updates"]
+    assert after - before == 3
+    assert [m["sampling/weight_version"] for m in lines] == [0, 0, 0, 2]
+    assert [m["sampling/staleness"] for m in lines] == [0, 1, 2, 1]
+    # vLLM sampled from weights 0-2 updates old: its log-probs differ from the trainer's more than on-policy (1e-3)
+    assert lines[0]["sampling/sampling_logp_difference/mean"] < 1e-3 < lines[2]["sampling/sampling_logp_difference/mean"]

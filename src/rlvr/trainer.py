@@ -147,7 +147,8 @@ class RunCore(StepRecord):
         self.full_model = full_model if full_model is not None else model
         self.output_dir, self.step, self.sharded = Path(output_dir), 0, cfg.fsdp
         self.gathered = fsdp.GatheredCopy(self.full_model, model) if cfg.fsdp else None
-        self.weight_subscribers: list = []  # told after each update
+        self.weight_subscribers: list = []  # told after each update (every weight_sync_steps steps: publish_weights)
+        self.synced_at = 0  # the step whose weights the samplers outside this model hold
         device = next(self.full_model.parameters()).device
         # Log-probs by rlvr's own forward (llama.py) where it applies, with fsdp too, else the generic one.
         self.logprobs = LogProbs(on_fast_path(model), temperature, autocast_dtype(cfg.update_settings),
@@ -234,6 +235,7 @@ class RunCore(StepRecord):
         """Hand the updated weights to every sampler outside this model (vLLM, rollout workers)."""
         for subscriber in self.weight_subscribers:
             subscriber.update_weights(self.model)
+        self.synced_at = self.step
 
     # --- checkpoints (checkpoint.py) --------------------------------------------------------
 
@@ -278,6 +280,10 @@ class RunCore(StepRecord):
         nor after an update made the weights non-finite.  `keep`: a checkpoint save_total_limit never removes."""
         if (self.sharded and not collective) or self.poisoned:
             return None
+        if self.synced_at != self.step and (collective or not self.world.enabled):
+            # off the weight_sync_steps schedule (a save_steps or a signal): the samplers get these weights
+            # now, as a resume from this checkpoint would give them, so that the two runs go on alike
+            self.publish_weights()
         state = self.state_dict(collective)
         if self.sharded:  # each rank writes its shards; no rank gathers the model (a LoRA adapter only)
             with self.gathered.trained() if is_peft(self.model) else contextlib.nullcontext():
@@ -388,6 +394,7 @@ class Trainer(RunCore):
         self.parts = cfg.steps_per_optimizer_step  # optimizer steps one pass over a generation takes
         self.uses = cfg.num_iterations * self.parts  # optimizer steps per generation
         self.pending: Generation | None = None  # the generation being trained on
+        self.sync_every = cfg.weight_sync_steps  # the samplers of their own get the weights every this many steps
 
     @classmethod
     def load_data(cls, cfg: Config, objects=None) -> RunData:
@@ -427,9 +434,12 @@ class Trainer(RunCore):
     def _prepare(self) -> Generation:
         if self.pending is None:
             self.pending = self.batches.generate_or_rewind(self._state())
+            self.pending.weight_version = self.synced_at if self.rollout.off_policy else self.step
         return self.pending
 
     def _step(self, gen: Generation, t0: float) -> dict:
+        if gen.iterations_done == 0:
+            gen.staleness = self.step - gen.weight_version  # the later uses of num_iterations are the loss's own business
         if gen.iterations_done == 0 and len(gen.batch):
             self.updater.prepare(gen.batch)  # old and reference log-probs, with the weights it is first trained at
         last_use, last_step = gen.iterations_done + 1 >= self.uses, self.step + 1 >= self.total_steps
@@ -449,7 +459,8 @@ class Trainer(RunCore):
                 self.batches.drop_ahead()  # rewound: a checkpoint saved now resumes exactly
             raise
         self._count(gen, following, metrics, t0)
-        self.publish_weights()  # every step moves the weights (one without signal too: AdamW's momentum)
+        if self.step % self.sync_every == 0:  # every step moves the weights (one without signal too: AdamW's momentum)
+            self.publish_weights()
         return metrics
 
     def _count(self, gen: Generation, following: list, metrics: dict, t0: float) -> None:
@@ -467,8 +478,9 @@ class Trainer(RunCore):
         self._count_step(metrics, completions)
         self.last_samples = gen.samples
         self.kl.after_step(metrics)  # the beta this step used; adaptive KL: the next step's
-        if self.batches.settings.sample_ahead:
-            metrics["sampling/staleness"] = gen.staleness  # 1: sampled before the update that preceded its first use
+        if self.batches.settings.sample_ahead or self.sync_every > 1:  # weight versions between the sampler's and the policy's
+            metrics["sampling/staleness"] = gen.staleness
+            metrics["sampling/weight_version"] = gen.weight_version
         metrics.update(self.rollout.metrics())
         self._timed(metrics, t0)
         # As TRL counts it: each optimizer step on a generation takes its share of the generation's prompts
@@ -476,7 +488,11 @@ class Trainer(RunCore):
         metrics["tokens_per_second"] = gen.metrics["completions/num_tokens"] / self.parts / metrics["step_time"]
 
     def _finish_ahead(self) -> list[Generation]:
-        return [self.batches.finish_ahead()] if self.batches.ahead is not None else []
+        if self.batches.ahead is None:
+            return []
+        gen = self.batches.finish_ahead()
+        gen.weight_version = self.synced_at  # the samplers get new weights only after the optimizer step
+        return [gen]
 
     def _part(self, gen: Generation) -> Batch:
         """The rows this optimizer step trains on: the whole generation, or with steps_per_generation

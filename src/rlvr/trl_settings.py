@@ -78,6 +78,13 @@ IGNORED = {
     **dict.fromkeys("precompute_ref_log_probs precompute_ref_batch_size".split(),
                     "the reference's log-probs are computed in each step, the same numbers as precomputed ones"),
     **dict.fromkeys("discopop_tau f_alpha_divergence_coef".split(), "a knob of a DPO loss rlvr does not have (see loss_type)"),
+    # AsyncGRPOConfig's own (TRL 1.16's trl.experimental.async_grpo; top-level from TRL 1.18)
+    "fork_threshold_tokens": "rlvr keeps each turn's token ids as sampled and never re-tokenises a conversation",
+    "max_inflight_tasks": ("rlvr sends a generation's prompts to the sampler or the servers at once, and samples at most "
+                           "one generation ahead (max_staleness >= 1)"),
+    "queue_maxsize": "rlvr holds at most one generation sampled ahead, so there is no queue to bound",
+    "weight_sync_timeout": "a weight push is bounded by vllm_server_timeout",
+    "heartbeat_stale_after_s": "rlvr samples ahead in a thread of the training process, whose errors reach the step that waits for it",
     # Older TRL / transformers versions' settings that recipes still carry.
     **dict.fromkeys("""logging_dir overwrite_output_dir use_mps_device past_index ray_scope jit_mode_eval use_ipex
         push_to_hub_model_id push_to_hub_organization push_to_hub_token mp_parameters include_inputs_for_metrics
@@ -109,6 +116,8 @@ UNSUPPORTED = {
     "load_in_8bit": ((False,), "8-bit loading (LLM.int8) is not supported; QLoRA is load_in_4bit=true with use_peft=true"),
     "dataset_streaming": ((False,), "streamed datasets from the command line are not supported; GRPOTrainer takes an IterableDataset"),
     "reward_model_name_or_path": ((None,), "reward models are not supported yet: rewards are verifiers and functions"),
+    "token_budget": ((None,), "a micro-batch here is per_device_train_batch_size completions (packed into rows by rlvr's "
+                              "forward), not a token budget; bound memory with per_device_train_batch_size"),
     # SFTConfig's and DPOConfig's own (TRL 1.16)
     "activation_offloading": ((False,), "offloading activations to the CPU is not supported yet; gradient_checkpointing saves memory"),
     "chat_template_path": ((None,), "give the tokenizer with its chat template as processing_class (or model=<dir>)"),
@@ -188,6 +197,8 @@ def _translate(key: str, value: Any) -> tuple[str, Any] | None:
         return None
     if key == "model_init_kwargs" and isinstance(value, dict) and value.get("token") == "<TOKEN>":  # ... and this one
         return key, {k: v for k, v in value.items() if k != "token"}
+    if key == "request_timeout":  # AsyncGRPOConfig's bound on one request; rlvr's vllm_server_timeout bounds each
+        return "vllm_server_timeout", value
     if key == "max_tool_calling_iterations":  # TRL counts the tool rounds; rlvr the model's turns
         return None if value is None else ("max_turns", value + 1 if isinstance(value, int) and not isinstance(value, bool) else value)
     if key == "warmup_steps" and isinstance(value, float) and 0 < value < 1:  # transformers 5: a float < 1 is a ratio

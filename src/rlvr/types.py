@@ -236,7 +236,8 @@ class Generation:
     metrics: dict
     samples: list[dict] = field(default_factory=list)  # the first completions, for completions.jsonl
     iterations_done: int = 0
-    staleness: int = 0  # 1 when sampled ahead, with the weights before the update that precedes its first use
+    weight_version: int = 0  # the optimizer steps in the weights that sampled it (the sampler's, synced every weight_sync_steps)
+    staleness: int = 0  # the optimizer steps the policy had taken since those weights at the generation's first use
     epochs_after: float = 0.0  # passes over the train prompts once its prompts were drawn
     epochs_drawn: float = 0.0  # the share of a pass its prompts are
 

@@ -21,8 +21,8 @@ functions, callable objects, built-in names or `module:function` paths; datasets
 TrainerCallback-like callbacks.  The run itself is rlvr's (run.py), with its run directory,
 checkpoints, metrics and report.
 
-    configs.py     GRPOConfig, SFTConfig, DPOConfig
-    trainers.py    GRPOTrainer, and SFTTrainer / DPOTrainer on its construction
+    configs.py     GRPOConfig, SFTConfig, DPOConfig, AsyncGRPOConfig
+    trainers.py    GRPOTrainer, and SFTTrainer / DPOTrainer / AsyncGRPOTrainer on its construction
     inputs.py      the objects a trainer is given, as settings, Examples or rows; RunObjects for run.py
     callbacks.py   transformers' TrainerState, TrainerControl, TrainerCallback, TrainOutput; the callbacks
     trl_fields.py  the fields of TRL's configs (trl_fields.json), which the configs are dataclasses of
@@ -31,15 +31,15 @@ checkpoints, metrics and report.
 """
 
 from rlvr.api.callbacks import Callbacks
-from rlvr.api.configs import DPOConfig, GRPOConfig, SFTConfig
+from rlvr.api.configs import AsyncGRPOConfig, DPOConfig, GRPOConfig, SFTConfig
 from rlvr.api.inputs import RunObjects
-from rlvr.api.trainers import DPOTrainer, GRPOTrainer, SFTTrainer
+from rlvr.api.trainers import AsyncGRPOTrainer, DPOTrainer, GRPOTrainer, SFTTrainer
 
 # scripts.py's names, imported when asked for (it imports transformers' HfArgumentParser)
 SCRIPT_NAMES = ("TrlParser", "ScriptArguments", "ModelConfig", "DatasetConfig", "DatasetMixtureConfig", "get_dataset",
                 "get_peft_config", "get_quantization_config", "get_kbit_device_map", "init_zero_verbose")
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "SFTConfig", "SFTTrainer", "DPOConfig", "DPOTrainer", "TrainOutput", "TrainerState",
+__all__ = ["GRPOConfig", "GRPOTrainer", "AsyncGRPOConfig", "AsyncGRPOTrainer", "SFTConfig", "SFTTrainer", "DPOConfig", "DPOTrainer", "TrainOutput", "TrainerState",
            "TrainerControl", "TrainerCallback", "Callbacks", "RunObjects", *SCRIPT_NAMES]
 
 

@@ -1,4 +1,4 @@
-"""TRL's GRPOConfig, SFTConfig and DPOConfig: dataclasses with every field of TRL 1.16's class
+"""TRL's GRPOConfig, SFTConfig, DPOConfig and AsyncGRPOConfig: dataclasses with every field of TRL 1.16's class
 (name, type, default: trl_fields.py), which transformers' HfArgumentParser and TrlParser read,
 resolved into rlvr's Config of their method (methods.py) when made and whenever a field is set.
 
@@ -25,7 +25,7 @@ from rlvr.config import ALIASES, FIELDS, ConfigError, build_config, hide_secret
 from rlvr.settings import check_settings
 from rlvr.trl_settings import IGNORED, METHOD_DEFAULTS_DIFFER, TRL_DEFAULTS_DIFFER, UNSUPPORTED, inert, known_names
 
-__all__ = ["GRPOConfig", "SFTConfig", "DPOConfig"]
+__all__ = ["GRPOConfig", "SFTConfig", "DPOConfig", "AsyncGRPOConfig"]
 
 
 def _same(ours: Any, theirs: Any) -> bool:
@@ -43,6 +43,7 @@ class _TrlConfig:
     _trl_class = "GRPOConfig"  # the TRL class whose fields these are (trl_fields.json)
     _backed: frozenset = frozenset()  # the fields that are rlvr settings of the same meaning (set by _make)
     _defaults: dict = {}  # each TRL field's default here (set by _make)
+    _base: dict = {}  # settings this class always gives, under the given ones (AsyncGRPOConfig's defaults)
 
     def __init__(self, output_dir: str | None = None, **settings: Any):
         given = {"output_dir": output_dir} if output_dir is not None else {}
@@ -98,7 +99,7 @@ class _TrlConfig:
 
     def _resolve(self) -> None:
         ignored: list[str] = []
-        settings = self._given()
+        settings = {**self._base, **self._given()}
         method = methods.get(self._method)
         cfg = build_config(method.settings({}), method.settings(settings), ignored=ignored)
         # the rules that need a registry, at once too; the functions that reward_weights weigh come with the trainer
@@ -183,10 +184,12 @@ class _TrlConfig:
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
-def _make(name: str, method_name: str, doc: str) -> type:
-    """The dataclass of TRL's `name`: TRL's fields, rlvr's default where it deliberately differs."""
+def _make(name: str, method_name: str, doc: str, base: dict | None = None) -> type:
+    """The dataclass of TRL's `name`: TRL's fields, rlvr's default where it deliberately differs.
+    `base`: settings the class always gives (under the given ones), where its TRL defaults are not
+    the method's (AsyncGRPOConfig's)."""
     method = methods.get(method_name)
-    defaults_cfg = build_config(method.settings({}))
+    defaults_cfg = build_config(method.settings(dict(base or {})))
     differ = set(TRL_DEFAULTS_DIFFER) | set(METHOD_DEFAULTS_DIFFER.get(method_name, {}))
     rows = trl_fields.table()[name]
     ours, backed = {}, set()
@@ -202,7 +205,7 @@ def _make(name: str, method_name: str, doc: str) -> type:
                 ours[field_name] = list(value) if isinstance(value, tuple) else value
     cls = dataclasses.make_dataclass(name, trl_fields.dataclass_fields(name, ours), bases=(_TrlConfig,), init=False,
                                      repr=False, eq=False, namespace={"__doc__": doc, "__module__": __name__})
-    cls._method, cls._trl_class, cls._backed = method_name, name, frozenset(backed)
+    cls._method, cls._trl_class, cls._backed, cls._base = method_name, name, frozenset(backed), dict(base or {})
     cls._defaults = {f.name: cls._default(f) for f in dataclasses.fields(cls)}
     return cls
 
@@ -213,3 +216,14 @@ GRPOConfig = _make("GRPOConfig", "grpo", """TRL's GRPOConfig: `GRPOConfig(output
 SFTConfig = _make("SFTConfig", "sft", """TRL's SFTConfig: max_length, packing, completion_only_loss, and every shared setting.""")
 DPOConfig = _make("DPOConfig", "dpo", """TRL's DPOConfig: beta, loss_type (sigmoid, ipo, hinge, or a list of them
     weighed by loss_weights), label_smoothing, max_length, ...""")
+
+
+# Where TRL's AsyncGRPOConfig's defaults are not its GRPOConfig's (TRL 1.16), and what it always does:
+# generate on a vLLM server (`rlvr vllm-serve`; use_vllm=false samples in the training process instead).
+ASYNC_DEFAULTS = {"lr_scheduler_type": "constant", "logging_steps": 1, "max_completion_length": 2048,
+                  "vllm_server_base_url": "http://localhost:8000", "max_staleness": 4, "use_vllm": True, "vllm_mode": "server"}
+AsyncGRPOConfig = _make("AsyncGRPOConfig", "grpo", """TRL's AsyncGRPOConfig: GRPO sampled on vLLM servers one generation
+    ahead of the update (max_staleness, default 4: the most weight versions a sample may lag; weight_sync_steps, default 1:
+    steps between weight pushes to the servers), with TRL's defaults for it (a constant learning rate, logging every step,
+    completions of up to 2048 tokens, the server at http://localhost:8000).  docs/trl.md says what its other fields do here.""",
+                        base=ASYNC_DEFAULTS)

@@ -11,12 +11,12 @@ from pathlib import Path
 from rlvr import methods
 from rlvr.api import inputs
 from rlvr.api.outputs import ScriptMethods
-from rlvr.api.configs import DPOConfig, GRPOConfig, SFTConfig
+from rlvr.api.configs import AsyncGRPOConfig, DPOConfig, GRPOConfig, SFTConfig
 from rlvr.config import Config, ConfigError, ModelSettings, build_config
 from rlvr.events import TrainerEvents
 from rlvr.trl_settings import ignored_line
 
-__all__ = ["GRPOTrainer", "SFTTrainer", "DPOTrainer"]
+__all__ = ["GRPOTrainer", "AsyncGRPOTrainer", "SFTTrainer", "DPOTrainer"]
 
 
 class GRPOTrainer(ScriptMethods):
@@ -193,6 +193,26 @@ class GRPOTrainer(ScriptMethods):
             self.callbacks.model, self.callbacks.processing_class = model, self.processing_class or tokenizer
         self.callbacks.evaluated(metrics)  # adds the epoch, as transformers' evaluate() does
         return metrics
+
+
+class AsyncGRPOTrainer(GRPOTrainer):
+    """TRL's AsyncGRPOTrainer(model, reward_funcs, args=AsyncGRPOConfig(...), train_dataset=..., ...): GRPO
+    sampled on vLLM servers one generation ahead of the update (AsyncGRPOConfig says how), on GRPOTrainer's
+    construction.  TRL's rollout_worker and weight_transfer (protocols of its own worker process) are refused:
+    rlvr samples with its rollout stage, on `rlvr vllm-serve` servers or in-process (use_vllm=false)."""
+
+    config_class = AsyncGRPOConfig
+    suffix = "AsyncGRPO"
+
+    def __init__(self, model, reward_funcs=None, args: AsyncGRPOConfig | None = None, train_dataset=None,
+                 processing_class=None, callbacks=None, optimizers=(None, None), peft_config=None, tools=None,
+                 environment_factory=None, rollout_worker=None, weight_transfer=None, eval_dataset=None):
+        for name, given in (("rollout_worker", rollout_worker), ("weight_transfer", weight_transfer)):
+            if given is not None:
+                raise ConfigError(f"AsyncGRPOTrainer({name}=...) is not supported: rlvr samples and sends the weights with "
+                                  "its own rollout stage (vLLM servers: `rlvr vllm-serve`; Ray rollout workers: rollout_workers)")
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, callbacks=callbacks,
+                         optimizers=optimizers, peft_config=peft_config, tools=tools, environment_factory=environment_factory)
 
 
 class _FinetuneTrainer(GRPOTrainer):

@@ -98,15 +98,31 @@ class WorkerSettings(Section):
     # --- rollout workers ------------------------------------------------------------
     rollout_workers: int = 0  # Ray actors that sample and score; 0 = in the training process
     ray_address: str | None = None  # an existing Ray cluster ("auto" or host:port); null = start a local one
-    max_staleness: int = 0  # 1: the next step's rollouts are sampled while this step trains (one step off-policy)
+    max_staleness: int = 0  # weight versions a sample may lag the policy; >= 1: the next generation is sampled while this step trains
+    weight_sync_steps: int = 1  # optimizer steps between weight syncs to a sampler of its own (vLLM, Ray workers, the copy sampling ahead)
 
     def _rules(self) -> list[str]:
         problems = []
         if self.rollout_workers < 0:
             problems.append("rollout_workers must be >= 0 (0 = sample in the training process)")
-        if self.max_staleness not in (0, 1):
-            problems.append(f"max_staleness must be 0 (on-policy) or 1 (one step off-policy), got {self.max_staleness}")
+        if self.max_staleness < 0:
+            problems.append(f"max_staleness must be >= 0 (0: on-policy), got {self.max_staleness}")
+        if self.weight_sync_steps < 1:
+            problems.append(f"weight_sync_steps must be >= 1 (1: after every optimizer step), got {self.weight_sync_steps}")
+        elif self.max_staleness >= 0 and self.staleness_bound > self.max_staleness:
+            ahead = self.max_staleness >= 1
+            problems.append(
+                f"weight_sync_steps={self.weight_sync_steps} lets a sample lag up to {self.staleness_bound} weight versions "
+                f"({'sampled one generation ahead, ' if ahead else ''}from weights sent every {self.weight_sync_steps} steps), "
+                f"more than max_staleness={self.max_staleness}: set max_staleness >= {self.weight_sync_steps} "
+                f"or weight_sync_steps <= {max(self.max_staleness, 1)}")
         return problems
+
+    @property
+    def staleness_bound(self) -> int:
+        """The most weight versions a sample lags the policy it trains: weight_sync_steps - 1 from the
+        sync schedule, one more when it was sampled ahead (max_staleness >= 1)."""
+        return self.weight_sync_steps - 1 + (1 if self.max_staleness >= 1 else 0)
 
 
 @dataclass(frozen=True)

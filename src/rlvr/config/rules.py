@@ -27,7 +27,7 @@ def cross_section_problems(cfg) -> list[str]:
          "rollout_workers with use_vllm=true runs vLLM inside each Ray worker, not on `rlvr vllm-serve` servers: "
          "set vllm_mode=colocate (the default), or rollout_workers=0 to sample on the servers"),
         (not (cfg.max_staleness and cfg.use_peft and cfg.beta > 0 and cfg.kl_penalty == "reward"),
-         "max_staleness=1 with use_peft and kl_penalty=reward is not supported: the reward's KL would need the adapter "
+         "max_staleness >= 1 with use_peft and kl_penalty=reward is not supported: the reward's KL would need the adapter "
          "switched off while the update trains it; use kl_penalty=loss"),
         (not (cfg.multi_turn and cfg.rollout_workers > 0),
          "tools, environment and rollout_func run in the training processes: rollout_workers > 0 is "
@@ -65,7 +65,7 @@ def qlora_rules(cfg) -> list[tuple[bool, str]]:
         (not cfg.rollout_workers, "load_in_4bit (QLoRA) with rollout_workers is not supported: the Ray workers rebuild the model "
                                   "from the trainer's weights, which are packed 4-bit ones; sample in the training process"),
         (not (cfg.max_staleness and not cfg.use_vllm),
-         "load_in_4bit (QLoRA) with max_staleness=1 and the in-process sampler is not supported: sampling ahead copies the "
+         "load_in_4bit (QLoRA) with max_staleness >= 1 and the in-process sampler is not supported: sampling ahead copies the "
          "policy's weights, which are packed 4-bit ones; use max_staleness=0, or use_vllm=true"),
     ]
 
@@ -75,7 +75,7 @@ def sleep_mode_rules(cfg) -> list[tuple[bool, str]]:
     if not (cfg.vllm_enable_sleep_mode and cfg.use_vllm and cfg.vllm_mode == "colocate"):
         return []  # without vLLM in this process (use_vllm=false, or servers) it has no effect, as in TRL
     return [
-        (not cfg.max_staleness, "vllm_enable_sleep_mode=true puts vLLM to sleep while the policy trains, but with max_staleness=1 "
+        (not cfg.max_staleness, "vllm_enable_sleep_mode=true puts vLLM to sleep while the policy trains, but with max_staleness >= 1 "
                                 "it samples the next batch during the update: set one of them"),
         (not cfg.rollout_workers, "vllm_enable_sleep_mode=true is for vLLM colocated with the training process; with "
                                   "rollout_workers vLLM runs in the Ray workers, beside no training: set vllm_enable_sleep_mode=false"),

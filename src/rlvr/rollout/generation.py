@@ -6,8 +6,8 @@ groups carry signal or `max_sampling_rounds` extra rounds have run.  Rewards are
 within each group (advantages.py); groups whose rewards are all equal carry no signal and are
 left out of the batch, and counted.
 
-With `max_staleness=1` the next generation is sampled in a thread while the current step trains
-(from the weights before its update); a step that fails or is interrupted before its optimizer
+With `max_staleness` >= 1 the next generation is sampled in a thread while the current step trains
+(from the sampler's weights before its update); a step that fails or is interrupted before its optimizer
 step drops it and rewinds the prompt stream and the sampler's generator, so a checkpoint saved
 then resumes exactly.  With
 several processes the groups are gathered in the sampling process group (distributed.py), so the
@@ -41,7 +41,7 @@ class GenerationSettings:
     dynamic_sampling: bool
     max_sampling_rounds: int
     num_completions_to_print: int | None  # None: all
-    sample_ahead: bool  # max_staleness=1
+    sample_ahead: bool  # max_staleness >= 1
     skip_without_signal: bool  # leave groups without signal out of the batch (see `of`)
 
     @classmethod
@@ -151,7 +151,7 @@ class Generations:
             self.rewind(before)
             raise
 
-    # --- sampling ahead (max_staleness=1) ---------------------------------------------------
+    # --- sampling ahead (max_staleness >= 1) ---------------------------------------------------
 
     def start_ahead(self, state: TrainerState) -> None:
         """Start sampling the next generation in a thread, from the sampler's current weights."""
@@ -164,7 +164,6 @@ class Generations:
         try:
             with self.rollout.side_stream():
                 gen = self.generate_or_rewind(state)
-            gen.staleness = 1
             future.set_result(gen)
         except BaseException as e:  # raised by finish_ahead
             future.set_exception(e)
