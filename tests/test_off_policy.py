@@ -177,4 +177,11 @@ def test_weights_synced_every_few_steps_sample_from_the_version_they_say(tiny, t
             assert not all(torch.equal(held[k], weights[trainer.step][k]) for k in held)  # not the policy's own
     assert [r["sampling/weight_version"] for r in rows] == [0, 0, 0, 2, 2]
     assert [r["sampling/staleness"] for r in rows] == [0, 1, 2, 1, 2]
+    # where each overlapped step's time went (the last step samples nothing ahead)
+    assert [("timing/trainer_idle" in r, "timing/sampler_idle" in r) for r in rows] == [(True, True)] * 4 + [(False, False)]
+    for r in rows[:4]:
+        assert 0 <= r["timing/trainer_idle"] <= r["step_time"] and 0 <= r["timing/sampler_idle"] <= r["step_time"]
+    for r in rows:
+        assert r["timing/rollout_tokens_per_second"] == pytest.approx(r["completions/num_tokens"] / r["timing/rollout"])
+        assert r["timing/update_tokens_per_second"] == pytest.approx(r["update_tokens"] / r["timing/update"])
     trainer.close()

@@ -395,6 +395,7 @@ class Trainer(RunCore):
         self.uses = cfg.num_iterations * self.parts  # optimizer steps per generation
         self.pending: Generation | None = None  # the generation being trained on
         self.sync_every = cfg.weight_sync_steps  # the samplers of their own get the weights every this many steps
+        self.waited = 0.0  # seconds the last update waited for the generation sampled ahead
 
     @classmethod
     def load_data(cls, cfg: Config, objects=None) -> RunData:
@@ -483,6 +484,13 @@ class Trainer(RunCore):
             metrics["sampling/weight_version"] = gen.weight_version
         metrics.update(self.rollout.metrics())
         self._timed(metrics, t0)
+        if following:  # where the overlapped step's time went: each side's wait for the other
+            metrics["timing/trainer_idle"] = self.waited
+            metrics["timing/sampler_idle"] = max(0.0, metrics["step_time"] - self.batches.ahead_seconds)
+        for side, seconds, tokens in (("rollout", gen.metrics.get("timing/rollout"), gen.metrics.get("completions/num_tokens")),
+                                      ("update", metrics.get("timing/update"), metrics.get("update_tokens"))):
+            if seconds and tokens:
+                metrics[f"timing/{side}_tokens_per_second"] = tokens / seconds
         # As TRL counts it: each optimizer step on a generation takes its share of the generation's prompts
         metrics["epoch"] = gen.epochs_after - gen.epochs_drawn * (1 - gen.iterations_done / self.uses)
         metrics["tokens_per_second"] = gen.metrics["completions/num_tokens"] / self.parts / metrics["step_time"]
@@ -490,7 +498,9 @@ class Trainer(RunCore):
     def _finish_ahead(self) -> list[Generation]:
         if self.batches.ahead is None:
             return []
+        t0 = time.perf_counter()
         gen = self.batches.finish_ahead()
+        self.waited = time.perf_counter() - t0  # the update, done, waited for it (serving its reward calls)
         gen.weight_version = self.synced_at  # the samplers get new weights only after the optimizer step
         return [gen]
 

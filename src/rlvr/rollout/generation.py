@@ -17,6 +17,7 @@ thread's gathers never pair up with the update's collectives.
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
@@ -74,6 +75,7 @@ class Generations:
         self.kl, self.world, self.home = kl, world, home
         self.ahead: Future | None = None  # the next generation, sampled while a step trains
         self._before_ahead: tuple | None = None
+        self.ahead_seconds = 0.0  # wall seconds the last generation sampled ahead took
 
     def generate(self, state: TrainerState) -> Generation:
         """Sample and score G completions per prompt (1, 2), then compute advantages (3)."""
@@ -162,8 +164,10 @@ class Generations:
 
     def _generate_ahead(self, state: TrainerState, future: Future) -> None:
         try:
+            t0 = time.perf_counter()
             with self.rollout.side_stream():
                 gen = self.generate_or_rewind(state)
+            self.ahead_seconds = time.perf_counter() - t0  # the sampler's busy time (its rewards included)
             future.set_result(gen)
         except BaseException as e:  # raised by finish_ahead
             future.set_exception(e)
