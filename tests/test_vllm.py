@@ -433,7 +433,7 @@ def test_sleep_mode_is_refused_on_the_cpu_before_the_model_loads():
     for settings in ({"vllm_enable_sleep_mode": True}, {"vllm_enable_sleep_mode": True, "use_vllm": True, "vllm_mode": "server"}):
         build_config(settings)  # without vLLM in this process it has no effect, as in TRL: accepted anywhere
     with pytest.raises(ConfigError, match="vllm_enable_sleep_mode=true puts vLLM to sleep while the policy trains, but with "
-                                          "max_staleness=1 it samples the next batch during the update: set one of them"):
+                                          "max_staleness >= 1 it samples the next batch during the update: set one of them"):
         build_config({"use_vllm": True, "vllm_enable_sleep_mode": True, "max_staleness": 1})
     with pytest.raises(ConfigError, match="with rollout_workers vLLM runs in the Ray workers, beside no training"):
         build_config({"use_vllm": True, "vllm_enable_sleep_mode": True, "rollout_workers": 2})
