@@ -1,6 +1,10 @@
 """Checkpoints and exact resume, on the tiny model."""
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -184,7 +188,7 @@ def test_a_sharded_checkpoint_round_trips_and_a_full_disk_leaves_the_previous_on
     one DiskFull error, with the partial directory removed and the previous checkpoint kept."""
     import torch.distributed.checkpoint as dcp
 
-    from rlvr.checkpoint import DiskFull, is_sharded, load_shards, load_weights, verify
+    from rlvr.checkpoint import CheckpointError, DiskFull, is_sharded, load_shards, load_weights, verify
 
     model, tokenizer = tiny
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -205,6 +209,9 @@ def test_a_sharded_checkpoint_round_trips_and_a_full_disk_leaves_the_previous_on
         f.seek(100)
         f.write(bytes([byte[0] ^ 1]))
     assert "dcp/__0_0.distcp does not match its SHA-256" in verify(first)
+    (first / "dcp" / "__0_0.distcp").unlink()  # a rank's file gone: one line saying so, not dcp's BaseException
+    with pytest.raises(CheckpointError, match=r"checkpoint-1: its shards \(dcp/\) could not be read: .*__0_0.distcp"):
+        load_shards(first, back)
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -213,3 +220,68 @@ def test_a_sharded_checkpoint_round_trips_and_a_full_disk_leaves_the_previous_on
     with pytest.raises(DiskFull, match=r"disk full: could not write .*checkpoint-2 .*checkpoint-1 stays"):
         _sharded_save(tmp_path, 2, model, optimizer, tokenizer)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]
+
+
+# Two gloo ranks save a sharded checkpoint, then a second one during which rank 1's disk fills (its
+# torch.distributed.checkpoint file cannot be written); each rank writes what it saw.
+FULL_ON_ONE_RANK = """
+import contextlib, json, sys
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.filesystem import FileSystem
+from rlvr import distributed
+from rlvr.checkpoint import DiskFull, save_sharded_checkpoint
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+world = distributed.World(rank=rank, world_size=2)
+out = Path(sys.argv[1])
+
+class Tokenizer:
+    def save_pretrained(self, directory):
+        (Path(directory) / "tokenizer.json").write_text("{}")
+
+def write_model(directory):
+    (Path(directory) / "config.json").write_text("{}")
+
+def save(step):
+    shards = {"model": {f"rank{rank}.weight": torch.full((64,), float(rank + step))}}
+    return save_sharded_checkpoint(out, step, write_model, Tokenizer(), {"step": step}, shards, None, world)
+
+first = save(1)
+if rank == 1:
+    @contextlib.contextmanager
+    def full(self, path, mode):
+        raise OSError(28, "No space left on device")
+        yield
+    FileSystem.create_stream = full
+try:
+    save(2)
+    seen = {"raised": None}
+except Exception as e:
+    seen = {"raised": type(e).__name__, "message": str(e)}
+seen["first"] = str(first) if first else None
+(out / f"seen-{rank}.json").write_text(json.dumps(seen))
+dist.barrier()
+dist.destroy_process_group()  # else gloo's threads may abort the process as it exits
+"""
+
+
+@pytest.mark.processes
+def test_a_disk_that_fills_on_one_rank_fails_the_sharded_save_on_every_rank(tmp_path):
+    """fsdp's checkpoint with two ranks: rank 1 cannot write its shard file; both ranks raise the same
+    DiskFull (not a hang, not one rank going on), the partial directory is removed, checkpoint-1 stays."""
+    script = tmp_path / "full_on_one_rank.py"
+    script.write_text(FULL_ON_ONE_RANK)
+    out = tmp_path / "run"
+    out.mkdir()
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(out)]
+    done = subprocess.run(launch, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = [json.loads((out / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [s["raised"] for s in seen] == ["DiskFull", "DiskFull"], seen
+    assert seen[0]["message"] == seen[1]["message"]
+    assert re.search(r"disk full: could not write .*checkpoint-2 .*checkpoint-1 stays", seen[0]["message"]), seen[0]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["checkpoint-1"]
+    assert sorted(p.name for p in (out / "checkpoint-1" / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]

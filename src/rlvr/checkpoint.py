@@ -78,6 +78,7 @@ def save_sharded_checkpoint(output_dir: Path, step: int, write_model, tokenizer,
     place.  The path on rank 0, None on the others; a failure on any rank fails the save on every
     rank, a full disk as DiskFull with the partial directory removed."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
@@ -94,7 +95,7 @@ def save_sharded_checkpoint(output_dir: Path, step: int, write_model, tokenizer,
     if failed is None:
         try:
             dcp.save(shards, checkpoint_id=tmp / DCP_DIR)  # a failure on one rank is raised on every rank
-        except Exception as e:  # noqa: BLE001
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException is a BaseException
             failure = e
         if world.is_main and failure is None:
             try:
@@ -115,7 +116,7 @@ def save_sharded_checkpoint(output_dir: Path, step: int, write_model, tokenizer,
         shutil.rmtree(tmp, ignore_errors=True)
     if failed[0] == "disk full":
         raise DiskFull(_disk_full_message(final, output_dir)) from None
-    if failure is not None:
+    if isinstance(failure, Exception):
         raise failure
     raise CheckpointError(f"checkpoint-{step} could not be written: {failed[1]}")
 
@@ -124,7 +125,16 @@ def _failure(error: BaseException | None) -> tuple[str, str] | None:
     """What every rank is told of a failed save: ("disk full" or "error", one line), None if none."""
     if error is None:
         return None
-    return ("disk full" if is_disk_full(error) else "error", f"{error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+    return ("disk full" if is_disk_full(error) else "error", _one_line(error))
+
+
+def _one_line(error: BaseException) -> str:
+    """An error in one line; torch.distributed.checkpoint's, which holds every failed rank's traceback,
+    as its last line (the error itself)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if type(error).__name__ == "CheckpointException":  # torch.distributed.checkpoint's, not imported for this
+        return lines[-1] if lines else "CheckpointException"
+    return f"{error.__class__.__name__}: {lines[0] if lines else ''}"
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
@@ -292,8 +302,12 @@ def load_shards(path: Path, shards: dict) -> None:
     """Fill `shards` (laid out as save_sharded_checkpoint was given them) from a sharded checkpoint:
     every rank reads its own part (a collective); onto another number of ranks too."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    dcp.load(shards, checkpoint_id=Path(path) / DCP_DIR)
+    try:
+        dcp.load(shards, checkpoint_id=Path(path) / DCP_DIR)
+    except CheckpointException as e:  # a BaseException, with every failed rank's traceback in it
+        raise CheckpointError(f"{path}: its shards (dcp/) could not be read: {_one_line(e)}") from None
 
 
 def _sharded_weights(path: Path) -> dict:
