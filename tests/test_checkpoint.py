@@ -212,6 +212,8 @@ def test_a_sharded_checkpoint_round_trips_and_a_full_disk_leaves_the_previous_on
     (first / "dcp" / "__0_0.distcp").unlink()  # a rank's file gone: one line saying so, not dcp's BaseException
     with pytest.raises(CheckpointError, match=r"checkpoint-1: its shards \(dcp/\) could not be read: .*__0_0.distcp"):
         load_shards(first, back)
+    with pytest.raises(CheckpointError, match=r"checkpoint-1: its shards \(dcp/\) could not be read: .*__0_0.distcp"):
+        load_weights(first, other)  # read in one process (rlvr eval of a checkpoint)
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")

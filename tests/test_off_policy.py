@@ -22,14 +22,19 @@ def noisy_rewards(monkeypatch):
     monkeypatch.setitem(rewards.REWARDS, "boxed_format", lambda completions, **kw: torch.rand(len(completions), generator=gen).tolist())
 
 
-@pytest.mark.trains
-def test_the_next_batch_comes_from_the_weights_before_the_update(tiny, tmp_path, noisy_rewards):
+def _trainer(tiny, tmp_path, total_steps: int, **settings) -> Trainer:
+    """A GRPO trainer of the tiny model on 20 additions, 2 prompts x 4 completions a step, sampling ahead."""
     model, tokenizer = tiny
     cfg = build_config({"model": "default", "reward_funcs": ["boxed_format"], "num_generations": 4,
-                        "per_device_train_batch_size": 8, "max_completion_length": 6, "learning_rate": 1e-2,
-                        "temperature": 1.0, "max_staleness": 1})
+                        "per_device_train_batch_size": 8, "max_completion_length": 6, "learning_rate": 1e-2, **settings})
     examples = [Example(f"what is {i}+{i}?", str(2 * i)) for i in range(20)]
-    trainer = Trainer(cfg, model, tokenizer, examples, output_dir=tmp_path, total_steps=3)
+    return Trainer(cfg, model, tokenizer, examples, output_dir=tmp_path, total_steps=total_steps)
+
+
+@pytest.mark.trains
+def test_the_next_batch_comes_from_the_weights_before_the_update(tiny, tmp_path, noisy_rewards):
+    model, _ = tiny
+    trainer = _trainer(tiny, tmp_path, 3, temperature=1.0, max_staleness=1)
     start = copy.deepcopy(model)
     first = trainer.train_step()
     ahead = trainer.pending.batch  # sampled during step 1, for step 2
@@ -158,12 +163,8 @@ def test_weights_synced_every_few_steps_sample_from_the_version_they_say(tiny, t
     """weight_sync_steps=2, max_staleness=2: the copy sampling ahead gets the weights after steps 2 and 4
     only, so the generations of steps 1-5 were sampled with the weights of steps 0, 0, 0, 2, 2 (the
     first on-policy, the rest one generation ahead) and lag the policy they train by 0, 1, 2, 1, 2."""
-    model, tokenizer = tiny
-    cfg = build_config({"model": "default", "reward_funcs": ["boxed_format"], "num_generations": 4,
-                        "per_device_train_batch_size": 8, "max_completion_length": 6, "learning_rate": 1e-2,
-                        "max_staleness": 2, "weight_sync_steps": 2})
-    examples = [Example(f"what is {i}+{i}?", str(2 * i)) for i in range(20)]
-    trainer = Trainer(cfg, model, tokenizer, examples, output_dir=tmp_path, total_steps=5)
+    model, _ = tiny
+    trainer = _trainer(tiny, tmp_path, 5, max_staleness=2, weight_sync_steps=2)
     sampler = trainer.rollout.sampler.model
     weights = [copy.deepcopy(model.state_dict())]  # after step 0, 1, ...
     rows = []

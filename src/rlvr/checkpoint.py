@@ -301,12 +301,18 @@ def is_sharded(path: Path) -> bool:
 def load_shards(path: Path, shards: dict) -> None:
     """Fill `shards` (laid out as save_sharded_checkpoint was given them) from a sharded checkpoint:
     every rank reads its own part (a collective); onto another number of ranks too."""
+    _dcp_load(path, shards, checkpoint_id=Path(path) / DCP_DIR)
+
+
+def _dcp_load(path: Path, shards: dict, **how) -> None:
+    """torch.distributed.checkpoint.load(shards, **how) of checkpoint `path`, whose failure (a
+    CheckpointException: a BaseException holding every failed rank's traceback) is one CheckpointError line."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        dcp.load(shards, checkpoint_id=Path(path) / DCP_DIR)
-    except CheckpointException as e:  # a BaseException, with every failed rank's traceback in it
+        dcp.load(shards, **how)
+    except CheckpointException as e:
         raise CheckpointError(f"{path}: its shards (dcp/) could not be read: {_one_line(e)}") from None
 
 
@@ -321,7 +327,7 @@ def _sharded_weights(path: Path) -> dict:
             weights[key.removeprefix("model.")] = torch.empty(item.size, dtype=item.properties.dtype)
     with warnings.catch_warnings():  # it says it assumes one process, which is what this is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load({"model": weights}, storage_reader=reader, no_dist=True)
+        _dcp_load(path, {"model": weights}, storage_reader=reader, no_dist=True)
     return weights
 
 

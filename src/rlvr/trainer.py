@@ -137,6 +137,7 @@ class RunCore(StepRecord):
     poisoned: str | None = None  # why the weights may no longer be saved (an update made them non-finite)
     rollout: RolloutStage  # sampling and scoring: evaluation samples with `rollout.sampler`
     events = None  # the run's events.TrainerEvents (loop.py sets it): told the callback points inside a step
+    sync_every = 1  # optimizer steps between weight pushes to the samplers (GRPO: weight_sync_steps)
 
     def __init__(self, cfg: Config, model, tokenizer, output_dir: Path, world: distributed.World = distributed.SINGLE,
                  full_model=None, temperature: float = 1.0):
@@ -280,7 +281,7 @@ class RunCore(StepRecord):
         nor after an update made the weights non-finite.  `keep`: a checkpoint save_total_limit never removes."""
         if (self.sharded and not collective) or self.poisoned:
             return None
-        if self.synced_at != self.step and (collective or not self.world.enabled):
+        if self.sync_every > 1 and self.synced_at != self.step and (collective or not self.world.enabled):
             # off the weight_sync_steps schedule (a save_steps or a signal): the samplers get these weights
             # now, as a resume from this checkpoint would give them, so that the two runs go on alike
             self.publish_weights()
@@ -435,7 +436,7 @@ class Trainer(RunCore):
     def _prepare(self) -> Generation:
         if self.pending is None:
             self.pending = self.batches.generate_or_rewind(self._state())
-            self.pending.weight_version = self.synced_at if self.rollout.off_policy else self.step
+            self.pending.weight_version = self.synced_at  # the step itself where the sampler is the policy (synced every step)
         return self.pending
 
     def _step(self, gen: Generation, t0: float) -> dict:
