@@ -72,7 +72,7 @@ def start_vllm_serve(log: Path, *settings: str, timeout: float = 120) -> tuple[s
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
-        found = re.search(r"(http://127\.0\.0\.1:\d+) answers 503", log.read_text())
+        found = re.search(r"rlvr vllm-serve: .*(http://127\.0\.0\.1:\d+)", log.read_text())  # rlvr's server or vLLM's
         if found:
             return proc, found.group(1)
         if proc.poll() is not None:

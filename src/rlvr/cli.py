@@ -370,13 +370,14 @@ def cmd_vllm_serve(args: list[str]) -> int:
     settings as training."""
     from rlvr.models import resolve_model_path
     from rlvr.rollout.vllm import engine_args, import_vllm
-    from rlvr.rollout.vllm_server import serve
+    from rlvr.rollout.vllm_server import serve, serve_vllm
 
     cfg = resolve_config(args)
     import_vllm()  # a clear message before anything else when vLLM is missing
     engine = engine_args(cfg.rollout_settings, cfg.model_settings, max_prompt_length=cfg.max_prompt_length, bf16=cfg.bf16,
                          seed=cfg.seed)
-    serve(cfg.rollout_settings, resolve_model_path(cfg.model), engine)
+    run = serve_vllm if cfg.rollout_settings.vllm_server_impl == "vllm" else serve
+    run(cfg.rollout_settings, resolve_model_path(cfg.model), engine)
     return 0
 
 

@@ -35,6 +35,10 @@ class VLLMError(RuntimeError):
     """vLLM missing, or a vLLM server that cannot be reached or fails."""
 
 
+class StaleWeights(VLLMError):
+    """A vLLM server holds another version of the weights than the trainer's latest (restarted since)."""
+
+
 class RewardError(RuntimeError):
     """A reward function that failed in a way that must stop the run (it raised, or its worker died)."""
 

@@ -62,6 +62,7 @@ class VLLMSettings(Section):
     vllm_server_port: int = 8000  # server mode (rlvr vllm-serve: 0 listens on any free port and prints it)
     vllm_server_base_url: str | None = None  # server mode: e.g. http://host:8000, or several (a list); overrides host and port
     vllm_server_timeout: float = 240.0  # seconds to wait for the server (start, generation, weight push) before failing
+    vllm_server_impl: str = "rlvr"  # rlvr vllm-serve: rlvr (rlvr's HTTP server around vLLM's engine, one request at a time) | vllm (vLLM's own OpenAI server with rlvr's weight-transfer plugin: concurrent requests batched); the trainer finds which it talks to
     vllm_weight_transfer: str = "http"  # server mode: http (one stream relayed by the servers) | collective (a torch.distributed broadcast: NCCL on GPU, gloo on CPU)
     vllm_importance_sampling_correction: bool = True  # correct for the trainer / sampler probability ratio of vLLM's tokens
     vllm_importance_sampling_mode: str = "sequence_mask"  # token_truncate | token_mask | sequence_truncate | sequence_mask
@@ -70,6 +71,7 @@ class VLLMSettings(Section):
 
     def _rules(self) -> list[str]:
         problems = choices(self, vllm_mode=("server", "colocate"), vllm_weight_transfer=("http", "collective"),
+                           vllm_server_impl=("rlvr", "vllm"),
                            vllm_importance_sampling_mode=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
         clip_min, clip_max = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
         rules = [

