@@ -32,8 +32,8 @@ class FakeVLLM(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, wait_for: int = 1, dev_mode: bool = True, engine: str | None = "rlvr"):
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, wait_for: int = 1, dev_mode: bool = True, engine: str | None = "rlvr", port: int = 0):
+        super().__init__(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.dev_mode, self.engine = dev_mode, engine
         self.version, self.weights, self.calls, self.completions = "default", {}, [], []
@@ -230,3 +230,27 @@ def test_vllm_serve_runs_vllms_own_server_with_rlvrs_engine():
     assert "--enforce-eager" in cmd and "--enable-prefix-caching" in cmd
     assert "--no-enable-chunked-prefill" in cmd and "--no-enable-chunked-prefill" not in vllm_command(settings, "/m", args, 1, cpu=False)
     assert any("vllm_server_impl" in p for p in VLLMSettings(vllm_server_impl="sglang").problems())
+
+
+def test_collective_transfer_to_vllms_own_server_goes_over_http_and_says_so(fakes, capsys):
+    fake = fakes()
+    servers = VLLMServers([fake.url], TOKENIZER, eos_token_ids=[7], timeout=30, transfer="collective")
+    assert servers.transfer == "http" and "over HTTP only" in capsys.readouterr().err
+    servers.update_weights(Policy())
+    assert fake.version == "rlvr-1"
+
+
+def test_a_server_that_stops_answering_is_dropped_and_rejoins_when_it_is_back(fakes, capsys):
+    first, second = fakes(), fakes()
+    servers = VLLMServers([first.url, second.url], TOKENIZER, eos_token_ids=[7], timeout=30)
+    servers.update_weights(Policy())
+    port = second.server_address[1]
+    second.stop()
+    groups = servers.generate([[1, 2], [3, 4], [5, 6]], SamplingParams(n=2, max_tokens=4), GroupGenerators([1, 2, 3]))
+    assert len(groups) == 3 and all(len(g) == 2 for g in groups)
+    assert len(first.completions) == 3  # its own share and the share of the server that went away
+    assert servers.metrics()["vllm/servers"] == 1 and "dropped" in capsys.readouterr().err
+    back = fakes(port=port)  # restarted at its address, with its starting weights
+    servers.update_weights(Policy())
+    assert back.version == "rlvr-2" and servers.metrics()["vllm/servers"] == 2
+    assert "answers again" in capsys.readouterr().err

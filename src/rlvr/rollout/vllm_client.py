@@ -139,6 +139,10 @@ class VLLMServers:
         infos = self._wait_ready()
         self.dtype = wire_dtype(infos[0].get("dtype", "float32"))
         self.adapters = all(i.get("adapters") for i in infos)
+        if self.transfer == "collective" and any(s.stock is not None for s in self.servers):
+            print("rlvr: vllm_weight_transfer=collective: vLLM's own server takes rlvr's weights over HTTP only "
+                  "(rollout/vllm_transfer.py); they go over HTTP", file=sys.stderr, flush=True)
+            self.transfer = "http"
 
     @property
     def alive(self) -> list[Server]:
