@@ -32,10 +32,11 @@ class FakeVLLM(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, wait_for: int = 1, dev_mode: bool = True, engine: str | None = "rlvr", port: int = 0):
+    def __init__(self, wait_for: int = 1, dev_mode: bool = True, engine: str | None = "rlvr", port: int = 0, lora: bool = False):
         super().__init__(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
-        self.dev_mode, self.engine = dev_mode, engine
+        self.dev_mode, self.engine, self.lora = dev_mode, engine, lora
+        self.adapters = {}  # name -> (tensors, its adapter_config), as the rlvr engine writes them for vLLM's resolver
         self.version, self.weights, self.calls, self.completions = "default", {}, [], []
         self.open_update, self.fail_chunk = None, None  # fail_chunk: answer 500 to that /update_weights (0-based)
         self.barrier = threading.Barrier(wait_for, timeout=60)
@@ -80,6 +81,10 @@ class Handler(BaseHTTPRequestHandler):
             return self._json({"object": "text_completion", "choices": choices})
         if not s.dev_mode:
             return self._json({"detail": "Not Found"}, 404)
+        if self.path == "/collective_rpc":  # list_loras: a worker method that fails without a LoRA slot
+            return self._json({"results": [[]]}) if s.lora else self._json({"error": "LoRA is not enabled."}, 500)
+        if self.path == "/v1/unload_lora_adapter":
+            return self._send(200, b"Success: LoRA adapter removed successfully.")  # plain text, as vLLM's
         if self.path == "/init_weight_transfer_engine":
             if s.engine != "rlvr":  # vLLM's nccl engine refuses rlvr's empty init info
                 return self._json({"error": "Invalid init_info for NCCLWeightTransferEngine"}, 500)
@@ -92,6 +97,10 @@ class Handler(BaseHTTPRequestHandler):
             if chunk == s.fail_chunk:
                 return self._json({"error": "worker died"}, 500)
             meta, tensors = decode(io.BytesIO(base64.b64decode(req["update_info"]["stream"])).read)
+            if meta.get("adapter") is not None:
+                s.adapters[meta["adapter_name"]] = ({k: t.clone() for k, t in tensors},
+                                                    {**meta["adapter"], "base_model_name_or_path": meta["base_model"]})
+                return self._json({"message": "Weights updated"})
             for name, t in tensors:
                 s.open_update[name] = t.clone()
             for alias, source in (meta.get("aliases") or {}).items():
@@ -175,7 +184,7 @@ def test_weights_go_in_chunks_through_vllms_update_routes(fakes, monkeypatch):
     servers = VLLMServers([fake.url], TOKENIZER, eos_token_ids=[7], timeout=30)
     policy = Policy()
     servers.update_weights(policy)
-    assert fake.calls == ["/init_weight_transfer_engine", "/init_weight_transfer_engine", "/start_weight_update",
+    assert fake.calls == ["/init_weight_transfer_engine", "/collective_rpc", "/init_weight_transfer_engine", "/start_weight_update",
                           "/update_weights", "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
     assert fake.version == "rlvr-1"
     embed = policy.model.embed_tokens.weight.detach().to(torch.bfloat16)  # in the server's dtype
@@ -229,6 +238,9 @@ def test_vllm_serve_runs_vllms_own_server_with_rlvrs_engine():
     assert flags["--max-model-len"] == "512" and flags["--kv-cache-memory-bytes"] == str(2**28) and flags["--port"] == "8123"
     assert "--enforce-eager" in cmd and "--enable-prefix-caching" in cmd
     assert "--no-enable-chunked-prefill" in cmd and "--no-enable-chunked-prefill" not in vllm_command(settings, "/m", args, 1, cpu=False)
+    assert "--enable-lora" not in cmd
+    lora = vllm_command(settings, "/m", {**args, "enable_lora": True, "max_loras": 1, "max_lora_rank": 16}, 1, cpu=True)
+    assert lora[lora.index("--enable-lora") + 1:lora.index("--enable-lora") + 5] == ["--max-loras", "1", "--max-lora-rank", "16"]
     assert any("vllm_server_impl" in p for p in VLLMSettings(vllm_server_impl="sglang").problems())
 
 
@@ -254,3 +266,40 @@ def test_a_server_that_stops_answering_is_dropped_and_rejoins_when_it_is_back(fa
     servers.update_weights(Policy())
     assert back.version == "rlvr-2" and servers.metrics()["vllm/servers"] == 2
     assert "answers again" in capsys.readouterr().err
+
+
+class LoraPolicy(torch.nn.Module):
+    """A peft model as rollout/weights.weight_update sees it: it has a peft_config."""
+
+    def __init__(self):
+        super().__init__()
+        self.lora_A = torch.nn.Parameter(torch.ones(2, 3))
+        self.peft_config = {"default": None}  # (adapter_weights, which reads it, is replaced in the test)
+
+
+def test_with_a_lora_slot_only_the_adapter_goes_and_requests_name_it(fakes, monkeypatch):
+    import rlvr.rollout.weights as weights
+
+    monkeypatch.setattr(weights, "adapter_weights", lambda m: ({"base_model.model.q_proj.lora_A.weight": m.lora_A.detach()},
+                                                             {"peft_type": "LORA", "r": 2, "target_modules": ["q_proj"]}))
+    fake = fakes(lora=True)
+    servers = VLLMServers([fake.url], TOKENIZER, eos_token_ids=[7], timeout=30)
+    assert servers.adapters and servers.servers[0].stock["adapters"]
+    policy = LoraPolicy()
+    servers.update_weights(policy)
+    tensors, config = fake.adapters["rlvr-policy-1"]
+    assert torch.equal(tensors["base_model.model.q_proj.lora_A.weight"], torch.ones(2, 3))
+    assert config["base_model_name_or_path"] == "/models/stand-in" and config["peft_type"] == "LORA"
+    assert fake.weights == {} and fake.version == "rlvr-1"  # the base model untouched
+    servers.generate([[1, 2]], SamplingParams(n=1, max_tokens=4), GroupGenerators([3]))
+    assert fake.completions[-1]["model"] == "rlvr-policy-1"
+    servers.update_weights(policy)
+    assert "rlvr-policy-2" in fake.adapters and fake.calls[-1] == "/v1/unload_lora_adapter"  # the one before goes
+
+
+def test_without_a_lora_slot_a_lora_policy_is_sent_merged(fakes):
+    fake = fakes(lora=False)
+    servers = VLLMServers([fake.url], TOKENIZER, eos_token_ids=[7], timeout=30)
+    assert not servers.adapters
+    servers.generate([[1, 2]], SamplingParams(n=1, max_tokens=4), GroupGenerators([3]))
+    assert fake.completions[-1]["model"] == "/models/stand-in"

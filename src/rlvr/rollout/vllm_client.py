@@ -182,7 +182,9 @@ class VLLMServers:
     def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
         check_prompts(prompt_ids)
         seeds = request_seeds(len(prompt_ids), generator)
-        body = {"params": params_dict(params, self.eos), "version": self.version}
+        adapter = self._update is not None and self._update.adapter is not None
+        body = {"params": params_dict(params, self.eos), "version": self.version,
+                "adapter": vllm_openai.adapter_name(self.version) if adapter else None}  # (rlvr's server ignores it)
         alive = self.alive
         if not alive:
             raise self._none_left()
@@ -220,8 +222,8 @@ class VLLMServers:
     def _ask(self, server: Server, body: dict) -> list:
         if server.stock is None:
             return server.call("POST", "/generate", body)["groups"]
-        return vllm_openai.generate(server, server.stock["model"], body["prompt_ids"], body["seeds"], body["params"],
-                                    body["version"])
+        return vllm_openai.generate(server, body["adapter"] or server.stock["model"], body["prompt_ids"], body["seeds"],
+                                    body["params"], body["version"])
 
     def _drop(self, server: Server, why: str, share: int) -> None:
         server.failure = why

@@ -10,7 +10,9 @@ of the distribution it sampled from, as from rlvr's server.
 Weights.  vLLM's own weight-update routes (dev mode): /init_weight_transfer_engine, /start_weight_update,
 /update_weights (once per chunk of a few dozen MB: rlvr's weight stream, base64, read by the "rlvr"
 engine of rollout/vllm_transfer.py), /finish_weight_update with the trainer's version, then
-/reset_prefix_cache, whose entries the old weights computed.  /weight_info says which version a
+/reset_prefix_cache, whose entries the old weights computed.  With LoRA, when the server has a LoRA slot,
+only the adapter goes: the engine writes it where vLLM's filesystem resolver finds it by name
+(adapter_name), and the requests name it.  /weight_info says which version a
 server holds: one restarted since ("default", its starting weights) is sent the current weights
 before it samples.
 """
@@ -51,7 +53,17 @@ def describe(server) -> dict:
         raise VLLMError(f"{e}\nvLLM's server at {server.url} was not started with rlvr's weight transfer: start it with "
                         "--weight-transfer-config '{\"backend\": \"rlvr\"}' (rlvr vllm-serve vllm_server_impl=vllm does)") from None
     dtype = re.search(r"dtype=torch\.(\w+)", config)
-    return {"model": models[0].get("id"), "dtype": dtype.group(1) if dtype else "float32", "adapters": False, "stock": True}
+    try:  # a worker method that fails when the engine has no LoRA slot
+        server.call("POST", "/collective_rpc", {"method": "list_loras"})
+        adapters = True
+    except VLLMError:
+        adapters = False
+    return {"model": models[0].get("id"), "dtype": dtype.group(1) if dtype else "float32", "adapters": adapters, "stock": True}
+
+
+def adapter_name(version: int) -> str:
+    """The name the adapter of the trainer's `version` has on vLLM's server (and the requests sampling with it)."""
+    return f"rlvr-policy-{version}"
 
 
 def held_version(server) -> str:
@@ -59,8 +71,8 @@ def held_version(server) -> str:
 
 
 def generate(server, model: str, prompt_ids: list[list[int]], seeds: list[int], params: dict, version: int) -> list[list[dict]]:
-    """One request per prompt, all at once; per prompt its n rollouts as dicts (Rollout's fields).
-    StaleWeights when the server holds another version than `version`."""
+    """One request per prompt, all at once, to `model` (the served model, or an adapter's name); per prompt its
+    n rollouts as dicts (Rollout's fields).  StaleWeights when the server holds another version than `version`."""
     held = held_version(server)
     if held != version_name(version):
         raise StaleWeights(f"vLLM server {server.url} holds weights {held!r}, not {version_name(version)!r}")
@@ -109,9 +121,11 @@ def _part(update: WeightUpdate, names: list[str], aliases: dict) -> WeightUpdate
 
 
 def push(server, update: WeightUpdate, dtype) -> int:
-    """Load `update` into the server through vLLM's weight-update routes; the bytes sent."""
+    """Load `update` into the server through vLLM's weight-update routes; the bytes sent.  An adapter is
+    written on the server under adapter_name(version), the one before it unloaded."""
     if update.adapter is not None:
-        raise VLLMError("vLLM's own server takes whole weights here (a LoRA adapter merged in)")
+        update = WeightUpdate(update.tensors, update.adapter, update.version, gather=update.gather,
+                              meta={**update.meta, "adapter_name": adapter_name(update.version), "base_model": server.stock["model"]})
     server.call("POST", "/init_weight_transfer_engine", {"init_info": {}})  # again: the server may have restarted since
     server.call("POST", "/start_weight_update")
     sent = 0
@@ -127,4 +141,7 @@ def push(server, update: WeightUpdate, dtype) -> int:
         raise
     server.call("POST", "/finish_weight_update", {"weight_version": version_name(update.version)})
     server.call("POST", "/reset_prefix_cache")
+    if update.adapter is not None:  # the previous adapter, if a request loaded it (vLLM keeps its name otherwise)
+        with contextlib.suppress(VLLMError, ValueError):  # (vLLM answers in plain text)
+            server.call("POST", "/v1/unload_lora_adapter", {"lora_name": adapter_name(update.version - 1)})
     return sent

