@@ -118,7 +118,8 @@ def reference(servers, tmp_path_factory):
 
 @pytest.mark.parametrize("layout", ["two processes, one server", "two processes, two servers", "two processes, colocated",
                                     "two processes, fsdp, one server", "two processes, fsdp, colocated",
-                                    "two processes, vLLM's own server", "two processes, fsdp, vLLM's own server"])
+                                    # (without fsdp too: passed in both full runs of 2026-12-06, left out for CI's time, 2.5 min a layout)
+                                    "two processes, fsdp, vLLM's own server"])
 def test_several_processes_with_vllm_train_to_the_weights_of_one(servers, reference, tmp_path, layout):
     """With fsdp the weights vLLM gets are gathered from the shards a tensor at a time (rollout/weights.py)."""
     where = {"two processes, one server": ["vllm_mode=server", f"vllm_server_base_url={servers['plain'][0]}"],
@@ -126,7 +127,6 @@ def test_several_processes_with_vllm_train_to_the_weights_of_one(servers, refere
              "two processes, colocated": ["vllm_mode=colocate"],
              "two processes, fsdp, one server": ["vllm_mode=server", f"vllm_server_base_url={servers['plain'][0]}", "fsdp=true"],
              "two processes, fsdp, colocated": ["vllm_mode=colocate", "fsdp=true"],
-             "two processes, vLLM's own server": ["vllm_mode=server", f"vllm_server_base_url={servers['stock']}"],
              "two processes, fsdp, vLLM's own server": ["vllm_mode=server", f"vllm_server_base_url={servers['stock']}", "fsdp=true"]}[layout]
     ref_dir, ref = reference
     lines = train(tmp_path / "run", 2, *where)
