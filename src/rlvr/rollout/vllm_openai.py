@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 from rlvr.errors import StaleWeights, VLLMError
-from rlvr.rollout.weights import WeightUpdate, encode
+from rlvr.rollout.weights import WeightUpdate, encode, nbytes
+from rlvr.rollout.weights import describe as describe_stream
 
 CHUNK_BYTES = 64 * 2**20  # the weight stream's bytes per /update_weights request (a larger tensor goes alone)
 MAX_IN_FLIGHT = 256  # requests one call keeps open at once
@@ -42,7 +42,7 @@ def describe(server) -> dict:
     a clear error when it cannot take rlvr's weight updates (not in dev mode, or without the rlvr engine)."""
     models = server.call("GET", "/v1/models").get("data") or [{}]
     try:
-        config = json.dumps(server.call("GET", "/server_info").get("vllm_config", ""))
+        config = str(server.call("GET", "/server_info").get("vllm_config", ""))
     except VLLMError as e:
         raise VLLMError(f"{e}\nvLLM's server at {server.url} takes no weight updates: start it with "
                         f"`rlvr vllm-serve vllm_server_impl=vllm`, or as VLLM_SERVER_DEV_MODE=1 vllm serve MODEL "
@@ -103,8 +103,8 @@ def chunks(update: WeightUpdate, dtype, limit: int | None = None):
     limit = CHUNK_BYTES if limit is None else limit
     aliases = (update.meta or {}).get("aliases") or {}
     part, size = [], 0
-    for name, t in update.tensors.items():
-        n = t.numel() * (dtype.itemsize if dtype is not None and t.is_floating_point() and update.adapter is None else t.element_size())
+    for name, entry in zip(update.tensors, describe_stream(update, dtype)["tensors"]):  # each tensor's bytes on the wire
+        n = nbytes(entry)
         if part and size + n > limit:
             yield _part(update, part, aliases)
             part, size = [], 0

@@ -177,7 +177,7 @@ def encode(update: WeightUpdate, dtype: torch.dtype | None = None) -> tuple[int,
     described = describe(update, dtype)
     entries = described["tensors"]
     header = json.dumps(described).encode()
-    total = 8 + len(header) + sum(_nbytes(e) for e in entries)
+    total = 8 + len(header) + sum(nbytes(e) for e in entries)
 
     def pieces() -> Iterator[bytes]:
         yield struct.pack("<Q", len(header)) + header
@@ -210,7 +210,7 @@ def decode(read: Callable[[int], bytes]) -> tuple[dict, Iterator[tuple[str, torc
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for entry in header["tensors"]:
-            data = bytearray(read_exactly(read, _nbytes(entry)))
+            data = bytearray(read_exactly(read, nbytes(entry)))
             flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
             yield entry["name"], flat.view(entry_dtype(entry)).reshape(entry["shape"])
 
@@ -228,7 +228,7 @@ def read_exactly(read: Callable[[int], bytes], n: int) -> bytes:
     return b"".join(parts)
 
 
-def _nbytes(entry: dict) -> int:
+def nbytes(entry: dict) -> int:
     count = 1
     for size in entry["shape"]:
         count *= size
