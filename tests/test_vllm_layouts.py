@@ -69,18 +69,33 @@ def stop(procs) -> None:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """Two `rlvr vllm-serve` of the default model, one more that takes LoRA adapters, and vLLM's own server
-    (`rlvr vllm-serve vllm_server_impl=vllm`); tests/test_vllm_stock.py starts vLLM's own with a LoRA slot
-    once these have stopped (all of them at once do not fit in 24 GiB beside two trainer processes)."""
+def first_server(tmp_path_factory):
+    """One `rlvr vllm-serve` of the default model: the reference's, and the only server up while the
+    colocated layouts run (their two engines beside four servers did not fit in CI's 24 GiB: the OOM
+    killer took a trainer process on 2026-12-06)."""
     logs = tmp_path_factory.mktemp("serve")
-    procs, urls = start_servers(2, logs, "plain")
+    procs, urls = start_servers(1, logs, "plain")
+    try:
+        wait_for(procs, urls, logs)
+        yield urls[0]
+    finally:
+        stop(procs)
+
+
+@pytest.fixture(scope="module")
+def servers(first_server, tmp_path_factory):
+    """Beside the first server, started once the colocated layouts are done: a second `rlvr vllm-serve`,
+    one that takes LoRA adapters, and vLLM's own server (`rlvr vllm-serve vllm_server_impl=vllm`);
+    tests/test_vllm_stock.py starts vLLM's own with a LoRA slot once these have stopped (all of them at
+    once do not fit in 24 GiB beside two trainer processes)."""
+    logs = tmp_path_factory.mktemp("serve")
+    procs, urls = start_servers(1, logs, "plain")
     lora_procs, lora_urls = start_servers(1, logs, "lora", "use_peft=true", "lora_r=8")
     stock_procs, stock_urls = start_servers(1, logs, "stock", "vllm_server_impl=vllm")
     everything = procs + lora_procs + stock_procs
     try:
         wait_for(everything, urls + lora_urls + stock_urls, logs)
-        yield {"plain": urls, "lora": lora_urls[0], "stock": stock_urls[0]}
+        yield {"plain": [first_server, *urls], "lora": lora_urls[0], "stock": stock_urls[0]}
     finally:
         stop(everything)
 
@@ -110,24 +125,27 @@ def gap(a: dict, b: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def reference(servers, tmp_path_factory):
+def reference(first_server, tmp_path_factory):
     """One process, one server: what every layout must reproduce."""
     out = tmp_path_factory.mktemp("one") / "run"
-    return out, train(out, 1, "vllm_mode=server", f"vllm_server_base_url={servers['plain'][0]}")
+    return out, train(out, 1, "vllm_mode=server", f"vllm_server_base_url={first_server}")
 
 
-@pytest.mark.parametrize("layout", ["two processes, one server", "two processes, two servers", "two processes, colocated",
-                                    "two processes, fsdp, one server", "two processes, fsdp, colocated",
+# the colocated layouts first, while only the reference's server is up (see first_server)
+@pytest.mark.parametrize("layout", ["two processes, colocated", "two processes, fsdp, colocated",
+                                    "two processes, one server", "two processes, two servers", "two processes, fsdp, one server",
                                     # (without fsdp too: passed in both full runs of 2026-12-06, left out for CI's time, 2.5 min a layout)
                                     "two processes, fsdp, vLLM's own server"])
-def test_several_processes_with_vllm_train_to_the_weights_of_one(servers, reference, tmp_path, layout):
+def test_several_processes_with_vllm_train_to_the_weights_of_one(request, reference, tmp_path, layout):
     """With fsdp the weights vLLM gets are gathered from the shards a tensor at a time (rollout/weights.py)."""
-    where = {"two processes, one server": ["vllm_mode=server", f"vllm_server_base_url={servers['plain'][0]}"],
-             "two processes, two servers": ["vllm_mode=server", f"vllm_server_base_url=[{','.join(servers['plain'])}]"],
-             "two processes, colocated": ["vllm_mode=colocate"],
-             "two processes, fsdp, one server": ["vllm_mode=server", f"vllm_server_base_url={servers['plain'][0]}", "fsdp=true"],
-             "two processes, fsdp, colocated": ["vllm_mode=colocate", "fsdp=true"],
-             "two processes, fsdp, vLLM's own server": ["vllm_mode=server", f"vllm_server_base_url={servers['stock']}", "fsdp=true"]}[layout]
+    if "colocated" in layout:
+        where = ["vllm_mode=colocate"]
+    else:
+        servers = request.getfixturevalue("servers")  # (started once the colocated layouts are done)
+        url = (servers["stock"] if "vLLM's own" in layout else
+               f"[{','.join(servers['plain'])}]" if "two servers" in layout else servers["plain"][0])
+        where = ["vllm_mode=server", f"vllm_server_base_url={url}"]
+    where += ["fsdp=true"] if "fsdp" in layout else []
     ref_dir, ref = reference
     lines = train(tmp_path / "run", 2, *where)
     assert [m["reward"] for m in lines] == [m["reward"] for m in ref]  # the same completions, scored the same
@@ -166,12 +184,12 @@ def check_lora_run(lines: list[dict]) -> None:
     assert max(m["sampling/sampling_logp_difference/mean"] for m in lines) < lines[-1]["kl"] / 10  # ...and vLLM sampled with it
 
 
-def test_weights_go_to_the_server_every_weight_sync_steps(servers, tmp_path):
+def test_weights_go_to_the_server_every_weight_sync_steps(first_server, tmp_path):
     """max_staleness=2, weight_sync_steps=2 (TRL's AsyncGRPOConfig names): the server is sent the weights
     when the run starts and after steps 2 and 4 only, and each batch says which of them sampled it."""
     from rlvr.rollout.vllm_client import Server
 
-    url = servers["plain"][0]
+    url = first_server
     before = Server(url, 30).call("GET", "/health")["weight_updates"]
     lines = train(tmp_path / "run", 1, "vllm_mode=server", f"vllm_server_base_url={url}", "max_staleness=2",
                   "weight_sync_steps=2", "max_steps=4")
