@@ -50,7 +50,7 @@ demo: install
 # test file in one worker (files share their tiny runs through module fixtures); see tests/conftest.py.
 TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The unit tests alone (no training runs, no processes started): about a minute.
 test-fast: install

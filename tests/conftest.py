@@ -57,11 +57,80 @@ def pytest_unconfigure(config):
         shutil.rmtree(root, ignore_errors=True)
 
 
+# The modules that take longest (seconds in `make test`, --durations=0, 2026-12-06), run first: with
+# `--dist loadscope --no-loadscope-reorder` (make test) each xdist worker takes whole modules in this
+# order, so the long ones start at once and the many short ones fill in at the end, instead of
+# xdist's default order (most tests first) leaving a long module to run alone at the end.  The
+# modules of ONE_LANE (two training processes a launch) go to one worker together, so that the two
+# cores never hold two such launches at once beside each other.
+LONGEST_FIRST = ["test_distributed.py", "test_fsdp_runs.py", "test_chaos.py", "test_end_to_end.py", "test_trl_differential.py",
+                 "test_workers.py", "test_trl_scripts.py"]
+ONE_LANE = ("tests/test_distributed.py", "tests/test_fsdp_runs.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's loadscope, with the modules of ONE_LANE one scope (module fixtures work as before)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneLane(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return ONE_LANE[0] if scope in ONE_LANE else scope
+
+    return OneLane(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """A test marked neither `trains` nor `processes` is a unit test: `pytest -m unit` (make test-fast)."""
+    """A test marked neither `trains` nor `processes` is a unit test: `pytest -m unit` (make test-fast).
+    The modules in LONGEST_FIRST come first, then the others, most tests first (xdist's own order)."""
     for item in items:
         if item.get_closest_marker("trains") is None and item.get_closest_marker("processes") is None:
             item.add_marker(pytest.mark.unit)
+    sizes: dict[str, int] = {}
+    for item in items:
+        sizes[item.path.name] = sizes.get(item.path.name, 0) + 1
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -sizes[item.path.name], str(item.path)))
+
+
+def launch_ranks(argv: list[str], processes: int, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python argv` as `processes` training processes, each with the environment torchrun gives its
+    workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: all rlvr reads),
+    without torchrun's agent process, which costs 2.6 s of CPU a launch on the 2-core machine.  As
+    torchrun does, the others are stopped when one fails.  Returns rank 0's stdout, every rank's stderr
+    and the first failing exit code (0 when all succeed); a launch still running at `timeout` is killed
+    whole and fails the test."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(processes),
+            "LOCAL_WORLD_SIZE": str(processes)}
+    with tempfile.TemporaryDirectory() as logs:
+        procs = []
+        for rank in range(processes):
+            with open(Path(logs) / f"{rank}.out", "w") as out, open(Path(logs) / f"{rank}.err", "w") as err:
+                procs.append(subprocess.Popen([sys.executable, *argv], stdout=out, stderr=err, start_new_session=True,
+                                              env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
+        deadline, timed_out = time.monotonic() + timeout, False
+        while any(p.poll() is None for p in procs):
+            failed = any(p.returncode not in (None, 0) for p in procs)
+            timed_out = time.monotonic() > deadline
+            if failed or timed_out:
+                for p in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, 9)
+            time.sleep(0.1)
+        codes = [p.wait() for p in procs]
+        stdout = (Path(logs) / "0.out").read_text()
+        stderr = "".join((Path(logs) / f"{rank}.err").read_text() for rank in range(processes))
+    if timed_out:
+        pytest.fail(f"{processes} processes of {' '.join(argv[:3])}... still ran after {timeout} s:\n{stdout[-3000:]}{stderr[-3000:]}")
+    code = next((c for c in codes if c), 0)
+    return subprocess.CompletedProcess([sys.executable, *argv], code, stdout, stderr)
 
 
 def start_vllm_serve(log: Path, *settings: str, timeout: float = 120) -> tuple[subprocess.Popen, str]:

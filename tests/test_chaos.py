@@ -90,8 +90,11 @@ def _until_done(args: list[str], out: Path, attempts: int = 12) -> int:
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM], ids=["kill-9", "SIGINT", "SIGTERM"])
-def test_a_signal_at_a_random_moment(sig, trial, tiny_model_dir, reward_file, straight, tmp_path):
+@pytest.mark.parametrize("kind", ["kill-9", "graceful"])
+def test_a_signal_at_a_random_moment(kind, trial, tiny_model_dir, reward_file, straight, tmp_path):
+    """kill -9, or a stop that lets the step finish: SIGTERM on even trials, SIGINT (Ctrl-C) on odd ones
+    (make test runs trial 0; SIGINT at each phase of a step is tests/test_interrupts.py's)."""
+    sig = signal.SIGKILL if kind == "kill-9" else signal.SIGINT if trial % 2 else signal.SIGTERM
     rng = random.Random(f"{sig}-{trial}")
     out = tmp_path / "run"
     args = _settings(tiny_model_dir, reward_file, out)
