@@ -199,7 +199,7 @@ def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
         vals = torch.tensor([v for g in groups for v in g.per_func[name] if v is not None] or [math.nan])
         metrics[f"rewards/{name}/mean"] = vals.mean().item()
         metrics[f"rewards/{name}/std"] = vals.std().item() if len(vals) > 1 else 0.0
-        for counter in ("timeouts", "errors"):
+        for counter in ("timeouts", "errors", "retries"):
             count = sum(r.counters.get(name, {}).get(counter, 0) for r in rounds)
             if count:
                 metrics[f"rewards/{name}/{counter}"] = count

@@ -244,13 +244,15 @@ class Generation:
 
 class ScoreList(list):
     """What a reward function returns: a list of float | None, plus counts of the completions it
-    could not score (grading that timed out, code that could not run).  A plain list works too;
-    these counters are reported as rewards/<fn>/timeouts and rewards/<fn>/errors."""
+    could not score (grading that timed out, code that could not run) and of checks it ran twice
+    (one that ran out of its bound once).  A plain list works too; these counters are reported as
+    rewards/<fn>/timeouts, rewards/<fn>/errors and rewards/<fn>/retries."""
 
-    def __init__(self, values=(), timeouts: int = 0, errors: int = 0):
+    def __init__(self, values=(), timeouts: int = 0, errors: int = 0, retries: int = 0):
         super().__init__(values)
         self.timeouts = timeouts
         self.errors = errors
+        self.retries = retries
 
 
 @dataclass(frozen=True)

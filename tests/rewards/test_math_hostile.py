@@ -89,17 +89,18 @@ def test_near_misses_that_must_not(completion, ref):
 )
 def test_pathological_answers_time_out_score_zero_and_are_counted(completion):
     start = time.perf_counter()
-    scores = accuracy([completion], answer=["1"], timeout=1.0)
+    scores = accuracy([completion], answer=["1"], timeout=0.25)
     assert time.perf_counter() - start < SLOW
     assert scores == [0.0]
     assert scores.timeouts + scores.errors <= 1  # an overrun is counted, never raised
+    assert scores.retries == scores.timeouts  # a check that ran out was run once more before it scored
 
 
 @pytest.mark.processes
 def test_timeouts_are_counted_per_batch():
-    scores = accuracy([r"\boxed{10^{10^{10}}}", r"\boxed{2}", r"\boxed{9^{9^{9^{9}}}}"], answer=["1", "2", "3"], timeout=1.0)
+    scores = accuracy([r"\boxed{10^{10^{10}}}", r"\boxed{2}", r"\boxed{9^{9^{9^{9}}}}"], answer=["1", "2", "3"], timeout=0.25)
     assert list(scores) == [0.0, 1.0, 0.0]
-    assert scores.timeouts == 2
+    assert scores.timeouts == 2 and scores.retries == 2
 
 
 @pytest.mark.parametrize(
@@ -176,11 +177,12 @@ SYMBOLIC_EXPECTED = [1.0, 1.0, 0.0, 1.0, 0.0]
 
 
 def _grade_symbolic():
-    # The four decidable cases get a bound far above their grading time (milliseconds), so that a loaded
-    # machine cannot turn a correct answer into a timed-out zero; 10^(10^10), graded on its own, runs
-    # into its 1 s bound in every context, which is what the test compares (it scores 0 either way).
+    # The bound counts CPU time (rewards/pool.py), so a loaded machine cannot turn a correct answer
+    # into a timed-out zero; the four decidable cases still get a bound far above their grading time
+    # (milliseconds); 10^(10^10), graded on its own, runs into its bound twice (0.25 s, then the retry's
+    # 0.5 s) in every context, which is what the test compares (it scores 0 either way).
     decidable = list(accuracy([c for c, _ in SYMBOLIC[:-1]], answer=[r for _, r in SYMBOLIC[:-1]], timeout=5.0))
-    return decidable + list(accuracy([SYMBOLIC[-1][0]], answer=[SYMBOLIC[-1][1]], timeout=1.0))
+    return decidable + list(accuracy([SYMBOLIC[-1][0]], answer=[SYMBOLIC[-1][1]], timeout=0.25))
 
 
 @pytest.mark.processes
@@ -199,3 +201,25 @@ def test_same_results_from_main_thread_worker_thread_and_subprocess():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     assert eval(result.stdout.strip().splitlines()[-1]) == SYMBOLIC_EXPECTED
+
+
+class _OnceSlow:
+    """A grading pool whose first call runs out of its bound; the retry, with the larger bound, answers."""
+
+    def __init__(self):
+        self.bounds = []
+
+    def map(self, fn, jobs, timeout):
+        self.bounds.append(timeout)
+        return ["timeout"] * len(jobs) if len(self.bounds) == 1 else [True] * len(jobs)
+
+
+def test_a_check_that_runs_out_once_is_run_again_with_a_larger_bound_and_counted(monkeypatch):
+    import rlvr.rewards.math as math_rewards
+
+    slow = _OnceSlow()
+    monkeypatch.setattr(math_rewards, "shared_pool", lambda: slow)
+    scores = accuracy([r"\boxed{2\sqrt{2}}", r"\boxed{5}"], answer=[r"\sqrt{8}", "5"], timeout=0.5)
+    assert list(scores) == [1.0, 1.0]  # the first needs the symbolic check; the second is equal as a number
+    assert slow.bounds == [0.5, 0.5 * math_rewards.RETRY_FACTOR]
+    assert scores.retries == 1 and scores.timeouts == 0

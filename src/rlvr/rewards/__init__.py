@@ -184,7 +184,7 @@ def reward_name(name: str) -> str:
 class Scores:
     total: list[float]  # weighted sum per completion (None counts as 0)
     per_func: dict[str, list[float | None]]
-    counters: dict[str, dict[str, int]] = field(default_factory=dict)  # per function: timeouts, errors
+    counters: dict[str, dict[str, int]] = field(default_factory=dict)  # per function: timeouts, errors, retries
     extra: dict[str, list] = field(default_factory=dict)  # log_extra's columns, one value per completion
     logged: dict[str, list[float]] = field(default_factory=dict)  # log_metric's values by name (calls.py)
 
@@ -194,7 +194,7 @@ class Scores:
 
 
 def merge_counters(parts) -> dict[str, dict[str, int]]:
-    """Per-function counters (timeouts, errors) of several rounds, processes or workers, added up."""
+    """Per-function counters (timeouts, errors, retries) of several rounds, processes or workers, added up."""
     out: dict[str, dict[str, int]] = {}
     for counters in parts:
         for name, counts in counters.items():
@@ -290,7 +290,7 @@ class RewardSet:
             except Exception as e:
                 raise RewardError(f"reward function {name!r} raised {e.__class__.__name__}: {e}") from e
             per_func[name] = _check_output(name, values, n)
-            counters[name] = {"timeouts": getattr(values, "timeouts", 0), "errors": getattr(values, "errors", 0)}
+            counters[name] = {k: getattr(values, k, 0) for k in ("timeouts", "errors", "retries")}
         total = [
             float(sum(w * v for w, v in zip(self.weights, vals) if v is not None))  # 0.0 when all are None
             for vals in zip(*(per_func[name] for name in self.names))

@@ -9,7 +9,10 @@ with units, then math-verify in worker processes with a hard time bound).  Knobs
 - final_number: also the last number of the text, when nothing else gave an answer;
 - compare: "full" (the three steps) or "plain", the textbook's rule: the last box alone, equal
   once spaces are removed, else equal as floats within 1e-6 (sources must be [boxed]);
-- timeout: seconds for one symbolic check (an overrun scores 0 and is counted).
+- timeout: CPU seconds for one symbolic check (the work it does, not the time it waits on a busy
+  machine: rewards/pool.py); a check that runs out is run once more with RETRY_FACTOR times the
+  bound (counted in rewards/<name>/retries), and scores 0 only if it runs out again (counted in
+  rewards/<name>/timeouts).
 
 Model output is untrusted: any error while grading means "not equal", and is counted.
 """
@@ -24,23 +27,26 @@ from rlvr.types import Completion, ScoreList, completion_text
 __all__ = ["accuracy", "numeric_accuracy", "signed_accuracy", "extract_answer", "extract_boxed", "reference_answer",
            "answer_key", "is_equivalent", "grade_pairs"]
 
-DEFAULT_TIMEOUT = 5.0  # seconds for one symbolic check
+DEFAULT_TIMEOUT = 5.0  # CPU seconds for one symbolic check
+RETRY_FACTOR = 2  # the bound of a check's second run, once it ran out of the first
 COMPARE = ("full", "plain")
 CORRECT, WRONG, MISSING, TIMEOUT, ERROR = "correct", "wrong", "missing", "timeout", "error"
 
 
 def is_equivalent(pred: str, ref: str, timeout: float = DEFAULT_TIMEOUT) -> bool:
     """Whether the predicted answer equals the reference (rewards/equivalence.py); the symbolic
-    step runs in a worker process and is abandoned after `timeout` seconds (then: not equal)."""
+    step runs in a worker process and is abandoned after `timeout` CPU seconds, and once more after
+    RETRY_FACTOR times that (then: not equal)."""
     return grade_pairs([pred], [ref], timeout=timeout)[0] == CORRECT
 
 
 def grade_pairs(preds: list[str | None], refs: list[str | None], numeric_only: bool = False,
-                timeout: float = DEFAULT_TIMEOUT) -> list[str | None]:
+                timeout: float = DEFAULT_TIMEOUT, retried: list | None = None) -> list[str | None]:
     """Grade extracted answers against references, the slow symbolic checks in parallel.
 
     Per pair: None (no reference), MISSING (no answer), CORRECT, WRONG, or
-    TIMEOUT / ERROR (the symbolic check overran or crashed; both count as wrong).
+    TIMEOUT / ERROR (the symbolic check overran twice, or crashed; both count as wrong).
+    `retried`, when given, gets the index of every pair whose check ran out once and was run again.
     """
     grades: list[str | None] = [None] * len(preds)
     symbolic: list[tuple[int, str, str]] = []
@@ -58,6 +64,13 @@ def grade_pairs(preds: list[str | None], refs: list[str | None], numeric_only: b
             grades[i] = CORRECT if verdict else WRONG
     if symbolic:
         results = shared_pool().map(symbolic_equal, [(p, r) for _, p, r in symbolic], timeout=timeout)
+        again = [k for k, result in enumerate(results) if result == TIMEOUT]
+        if again:  # once more with a larger bound: a check that was merely slow gets its verdict
+            second = shared_pool().map(symbolic_equal, [symbolic[k][1:] for k in again], timeout=timeout * RETRY_FACTOR)
+            for k, result in zip(again, second):
+                results[k] = result
+            if retried is not None:
+                retried.extend(symbolic[k][0] for k in again)
         for (i, _, _), result in zip(symbolic, results):
             grades[i] = result if result in (TIMEOUT, ERROR) else (CORRECT if result is True else WRONG)
     return grades
@@ -135,15 +148,17 @@ def _score(completions, answer, values: dict, final_number: bool, timeout: float
         )
     refs = [reference_answer(a) for a in answer]
     texts = [None if ref is None else completion_text(c) for c, ref in zip(completions, refs)]
+    retried: list[int] = []
     if compare == "plain":
         preds = [None if t is None else plain_last_box(tail(t)) for t in texts]
         grades = [None if r is None else MISSING if p is None else CORRECT if plain_equal(p, r) else WRONG
                   for p, r in zip(preds, refs)]
     else:
         preds = [None if t is None else extract_answer(t, final_number=final_number, sources=sources) for t in texts]
-        grades = grade_pairs(preds, refs, numeric_only=numeric_only, timeout=timeout)
+        grades = grade_pairs(preds, refs, numeric_only=numeric_only, timeout=timeout, retried=retried)
     wrong = values[WRONG]
     scores = ScoreList([None if g is None else values.get(g, wrong) for g in grades])
+    scores.retries = len(retried)
     scores.timeouts = grades.count(TIMEOUT)
     scores.errors = grades.count(ERROR)
     return scores
