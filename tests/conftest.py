@@ -100,8 +100,8 @@ def launch_ranks(argv: list[str], processes: int, timeout: float, env: dict | No
     workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: all rlvr reads),
     without torchrun's agent process, which costs 2.6 s of CPU a launch on the 2-core machine.  As
     torchrun does, the others are stopped when one fails.  Returns rank 0's stdout, every rank's stderr
-    and the first failing exit code (0 when all succeed); a launch still running at `timeout` is killed
-    whole and fails the test."""
+    and the exit code of the first rank to fail (0 when all succeed); a launch still running at
+    `timeout` is killed whole and fails the test."""
     import socket
 
     with socket.socket() as sock:
@@ -116,20 +116,26 @@ def launch_ranks(argv: list[str], processes: int, timeout: float, env: dict | No
                 procs.append(subprocess.Popen([sys.executable, *argv], stdout=out, stderr=err, start_new_session=True,
                                               env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
         deadline, timed_out = time.monotonic() + timeout, False
-        while any(p.poll() is None for p in procs):
-            failed = any(p.returncode not in (None, 0) for p in procs)
-            timed_out = time.monotonic() > deadline
-            if failed or timed_out:
-                for p in procs:
-                    if p.poll() is None:
-                        os.killpg(p.pid, 9)
-            time.sleep(0.1)
-        codes = [p.wait() for p in procs]
+        try:
+            while None in [p.poll() for p in procs]:  # every rank polled (any() would stop at the first running)
+                failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+                timed_out = time.monotonic() > deadline
+                if failed or timed_out:
+                    code = failed[0] if failed else None  # the first to fail, not the ranks stopped after it
+                    break
+                time.sleep(0.1)
+            else:
+                code = next((p.returncode for p in procs if p.returncode), 0)
+        finally:  # also when the test itself is interrupted: no rank is left running
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+            for p in procs:
+                p.wait()
         stdout = (Path(logs) / "0.out").read_text()
         stderr = "".join((Path(logs) / f"{rank}.err").read_text() for rank in range(processes))
     if timed_out:
         pytest.fail(f"{processes} processes of {' '.join(argv[:3])}... still ran after {timeout} s:\n{stdout[-3000:]}{stderr[-3000:]}")
-    code = next((c for c in codes if c), 0)
     return subprocess.CompletedProcess([sys.executable, *argv], code, stdout, stderr)
 
 
