@@ -1,13 +1,11 @@
 """Checkpoints and exact resume, on the tiny model."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import launch_ranks
 from safetensors.torch import load_file
 
 from rlvr.run import train
@@ -278,8 +276,7 @@ def test_a_disk_that_fills_on_one_rank_fails_the_sharded_save_on_every_rank(tmp_
     script.write_text(FULL_ON_ONE_RANK)
     out = tmp_path / "run"
     out.mkdir()
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(out)]
-    done = subprocess.run(launch, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = launch_ranks([str(script), str(out)], 2, 180, env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     seen = [json.loads((out / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
     assert [s["raised"] for s in seen] == ["DiskFull", "DiskFull"], seen

@@ -88,7 +88,8 @@ def fsdp_kl(tiny_model_dir, tmp_path_factory):
 @pytest.mark.trains
 @pytest.mark.processes
 def test_fsdp_with_a_kl_reference_shards_it_trains_to_the_weights_of_one_process_and_resumes_exactly(tiny_model_dir, tmp_path, fsdp_kl):
-    """fsdp=true with beta > 0 and full fine-tuning: the reference is sharded like the policy (each rank
+    """fsdp=true with beta > 0 and full fine-tuning trains to the weights of one process, and saves the
+    final model as one process does.  The reference is sharded like the policy (each rank
     1/2 of it, its forwards in lockstep also when one rank has fewer rows), moved toward the policy
     every 2 steps (sync_ref_model, each rank mixing into its own shard), gathered whole into the
     checkpoint as each rank's shard of it and read back on resume: the weights and the KL of one
@@ -101,10 +102,17 @@ def test_fsdp_with_a_kl_reference_shards_it_trains_to_the_weights_of_one_process
     start, one, two = _weights(tiny_model_dir), _weights(tmp_path / "one"), _weights(where / "ended")
     assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-3
     gap = max((one[k] - two[k]).abs().max().item() for k in one)
-    assert gap < 1e-5, gap  # measured: 0.0
+    # measured: 0.0 (1.2e-7 without the reference); 8.8e-6 when the sharded model trained through the
+    # model's own forward (the float rounding of the fast path differs slightly, and AdamW's steps magnify that)
+    assert gap < 1e-6, gap
     m1, m2 = _metrics(tmp_path / "one"), _metrics(where / "ended")
+    assert [m["grad_norm"] for m in m1] == pytest.approx([m["grad_norm"] for m in m2], rel=1e-5)
     assert m2[0]["kl"] == 0.0 and m2[-1]["kl"] > 0.0  # the reference is the starting model, then the policy moves away
     assert [m["kl"] for m in m1] == pytest.approx([m["kl"] for m in m2], rel=1e-4, abs=1e-9)
+    # The final model was streamed from the shards (fsdp.save_streamed): the files transformers writes.
+    for name in ("config.json", "generation_config.json"):
+        assert (where / "ended" / name).read_text() == (tmp_path / "one" / name).read_text(), name
+    assert sorted(one) == sorted(two)  # the tied output layer saved once, as transformers does
     sharded = where / "ended" / "checkpoint-2"
     files = json.loads((sharded / "manifest.json").read_text())["files"]
     assert {"dcp/__0_0.distcp", "dcp/__1_0.distcp", "dcp/.metadata", "config.json", "trainer_state.pt"} <= set(files)

@@ -363,18 +363,16 @@ with open(os.path.join(sys.argv[3], f"events-{os.environ['RANK']}.json"), "w") a
 @pytest.mark.trains
 @pytest.mark.processes
 def test_every_process_fires_every_event_and_only_rank_0_is_process_zero(tiny_model_dir, tmp_path):
-    """Under torchrun (two gloo processes) both ranks fire the same events, the evaluations (run on
-    rank 0) reach both with the same metrics, and state.is_world_process_zero is rank 0's alone."""
+    """Two gloo processes (started as torchrun starts them: conftest.launch_ranks): both ranks fire the
+    same events, the evaluations (run on rank 0) reach both with the same metrics, and
+    state.is_world_process_zero is rank 0's alone."""
     import json
-    import os
-    import subprocess
-    import sys
+
+    from conftest import launch_ranks
 
     script = tmp_path / "two_ranks.py"
     script.write_text(TWO_RANKS)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               str(tiny_model_dir), str(tmp_path / "run"), str(tmp_path)]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = launch_ranks([str(script), str(tiny_model_dir), str(tmp_path / "run"), str(tmp_path)], 2, 240, env={"OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"events-{rank}.json").read_text()) for rank in (0, 1)]
     assert ranks[0]["events"] == ranks[1]["events"] and ranks[0]["events"].count("on_evaluate") == 2
