@@ -48,13 +48,11 @@ def _settings(model_dir, plugin, reward: str, output_dir, loss_type: str, proces
 
 
 def _run(args: list[str], processes: int, timeout: int = 150, torchrun: bool = False) -> subprocess.CompletedProcess:
-    """`rlvr train args` in `processes` processes, asserting success: launched as torchrun launches them
-    (conftest.launch_ranks), or with `torchrun` under torchrun itself, as users do."""
-    if processes > 1 and not torchrun:
-        out = launch_ranks(["-m", "rlvr.cli", "train", *args], processes, timeout, env={"OMP_NUM_THREADS": "1"})
+    """`rlvr train args` in `processes` processes, asserting success (several: `_launch`)."""
+    if processes > 1:
+        out = _launch(args, processes, timeout, torchrun=torchrun)
     else:
-        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"] if processes > 1 else [sys.executable]
-        out = subprocess.run(launch + ["-m", "rlvr.cli", "train"] + args, capture_output=True, text=True, timeout=timeout,
+        out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train"] + args, capture_output=True, text=True, timeout=timeout,
                              env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out

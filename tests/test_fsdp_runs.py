@@ -3,10 +3,7 @@ LoRA, a sharded KL reference, the best checkpoint loaded from its shards, what a
 samples and while it updates, weights streamed from the shards, and a kill -9 of one rank resumed."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -292,9 +289,8 @@ def test_a_sharded_models_weights_stream_one_gathered_tensor_at_a_time(tiny_mode
     expected_state = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     limit = 3 * max(t.numel() * t.element_size() for t in expected_state.values())
     saved = tmp_path / "saved"
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
-    out = subprocess.run(launch + [str(tiny_model_dir), str(tmp_path / "got.pt"), str(saved), str(limit)],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = _launch([str(tiny_model_dir), str(tmp_path / "got.pt"), str(saved), str(limit)], processes=2, timeout=120, script=script,
+                  torchrun=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     got = torch.load(tmp_path / "got.pt")
     expected = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
