@@ -88,9 +88,7 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - pickle raises TypeError, AttributeError, PicklingError
             raise CallFailed("PicklingError", f"the arguments cannot be sent to the worker process: {e}") from None
         with self._lock:
-            if self.pid is None or _ended(self.pid):  # not started yet, or died between calls
-                self.close()
-                self._fork()
+            self._running()
             try:
                 self._conn.send_bytes(request)
                 return self._answer(time.monotonic() + timeout if timeout else None, timeout)
@@ -101,6 +99,17 @@ class Worker:
             except BaseException:  # Ctrl-C in the caller: the worker's answer would reach the next call
                 self.close()
                 raise
+
+    def start(self) -> None:
+        """Fork the worker now, from this thread, unless it runs: its life is tied to the thread that
+        forks it, so a caller that calls from a thread of its own starts it from a lasting one first."""
+        with self._lock:
+            self._running()
+
+    def _running(self) -> None:
+        if self.pid is None or _ended(self.pid):  # not started yet, or died between calls
+            self.close()
+            self._fork()
 
     def close(self) -> None:
         """Kill the worker and its process group (a later call forks a new one)."""

@@ -10,8 +10,8 @@ for chat prompts) and kwargs carries what TRL passes, aligned with the completio
 `log_extra` and `log_metric` (calls.py).  rlvr's own extras (`prompt_texts`, the
 text the model saw; `max_completion_length`; `answer`, the answer column by that
 name; `env_rewards`) reach a function that names them, or that takes **kwargs and
-was named in the settings rather than given to GRPOTrainer.  An `async def`
-function is awaited.  None means "not applicable": it is left out of that
+was named in the settings rather than given to GRPOTrainer.  `async def`
+functions are awaited together, each bounded by reward_timeout (calls.gather).  None means "not applicable": it is left out of that
 function's mean and counts as 0 in the weighted total (TRL's nansum).  A function
 may return a ScoreList to report completions it could not score (timeouts,
 errors).  `reward_args` in the config supplies keyword arguments per function.
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rlvr.isolation import CallFailed, CallTimedOut, Worker, WorkerDied
+from rlvr.isolation import CallFailed, CallTimedOut, Worker, WorkerDied, WorkerError
 from rlvr.rewards import calls
 from rlvr.rewards.code import code_tests
 from rlvr.rewards.countdown import countdown
@@ -226,13 +226,24 @@ class RewardSet:
             self.fns.append(functools.partial(fn, **kwargs) if kwargs else fn)
             self.extras.append(calls.accepted_extras(self.fns[-1], given=full in GIVEN))
         self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(self.fns)
-        own = {i: functools.partial(calls.call, fn) for i, fn in enumerate(self.fns) if not _builtin(fn)}
-        self.worker = Worker(own, "reward") if own and isolation == "process" else None  # forked at its first call
+        mine = {i: fn for i, fn in enumerate(self.fns) if not _builtin(fn)}
+        self.waiting = {i: fn for i, fn in mine.items() if calls.is_async(fn)}  # async def: awaited together
+        own = {i: functools.partial(calls.call, fn) for i, fn in mine.items() if i not in self.waiting}
+        process = isolation == "process"
+        self.worker = Worker(own, "reward") if own and process else None  # forked at its first call
+        # The async functions' own worker, so they wait on their services while the others score.
+        self.async_worker = Worker({"gather": functools.partial(calls.gather, self.waiting)}, "reward-async") \
+            if self.waiting and process else None
+        self._waiter = None  # the thread that waits for async_worker's answer
 
     def close(self) -> None:
         """Stop the worker process of your own reward functions (a later call starts another)."""
-        if self.worker is not None:
-            self.worker.close()
+        for worker in (self.worker, self.async_worker):
+            if worker is not None:
+                worker.close()
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=False, cancel_futures=True)
+            self._waiter = None
 
     def score_groups(self, examples: list[Example], groups: list[list[Rollout]], prompt_texts: list[str] | None = None,
                      trainer_state: TrainerState | None = None, max_completion_length: int | None = None) -> Scores:
@@ -265,30 +276,29 @@ class RewardSet:
         given to your functions only where they take them (calls.py); `answers`: the reference answers
         the built-in verifiers grade against, as `answer` (a dataset column named answer may differ)."""
         n = len(completions)
-        per_func, counters, extra, logged = {}, {}, {}, {}
-        for i, name in enumerate(self.names):
-            if _builtin(self.fns[i]):
+        drop = {i: extras - self.extras[i] for i, fn in enumerate(self.fns) if not _builtin(fn)}  # rlvr's, not asked for
+        waiting = self._start_async(completions, kwargs, drop)  # in its worker already, while the others score
+        got = {}
+        for i, fn in enumerate(self.fns):
+            if i in self.waiting:
+                continue
+            if _builtin(fn):
                 mine = kwargs if answers is None else {**kwargs, "answer": answers}
             else:
-                mine = {k: v for k, v in kwargs.items() if k not in extras - self.extras[i]}
-            try:
-                values = self._call(i, completions, mine)
-                if isinstance(values, calls.Logged):  # your own function's, with what it logged
-                    extra.update(values.extra)
-                    for key, vals in values.metrics.items():
-                        logged.setdefault(key, []).extend(vals)
-                    values = values.scores
-            except (RewardTimeout, CallTimedOut):
-                log.warning("reward function %r ran past reward_timeout=%g s: its %d scores of this batch are None, "
-                            "counted in rewards/%s/timeouts", name, self.timeout, n, name)
-                values = ScoreList([None] * n)
-                values.timeouts = n
-            except CallFailed as e:
-                raise RewardError(_failure(name, e)) from e
-            except WorkerDied as e:
-                raise RewardError(f"reward function {name!r} did not return: its worker process {e}") from None
-            except Exception as e:
-                raise RewardError(f"reward function {name!r} raised {e.__class__.__name__}: {e}") from e
+                mine = {k: v for k, v in kwargs.items() if k not in drop[i]}
+            got[i] = self._outcome(i, n, lambda: self._call(i, completions, mine))
+        if self.waiting:
+            answered = self._finish_async(waiting, completions, kwargs, drop)
+            for i in self.waiting:
+                got[i] = self._outcome(i, n, lambda: _answer(answered, i))
+        per_func, counters, extra, logged = {}, {}, {}, {}
+        for i, name in enumerate(self.names):
+            values = got[i]
+            if isinstance(values, calls.Logged):  # your own function's, with what it logged
+                extra.update(values.extra)
+                for key, vals in values.metrics.items():
+                    logged.setdefault(key, []).extend(vals)
+                values = values.scores
             per_func[name] = _check_output(name, values, n)
             counters[name] = {k: getattr(values, k, 0) for k in ("timeouts", "errors", "retries")}
         total = [
@@ -296,6 +306,48 @@ class RewardSet:
             for vals in zip(*(per_func[name] for name in self.names))
         ]
         return Scores(total=total, per_func=per_func, counters=counters, extra=extra, logged=logged)
+
+    def _outcome(self, i: int, n: int, scores):
+        """What scores() returned, or the i-th function's n scores as None when it ran past
+        reward_timeout (counted); its failure as the one RewardError line that names it."""
+        name = self.names[i]
+        try:
+            return scores()
+        except (RewardTimeout, CallTimedOut):
+            log.warning("reward function %r ran past reward_timeout=%g s: its %d scores of this batch are None, "
+                        "counted in rewards/%s/timeouts", name, self.timeout, n, name)
+            values = ScoreList([None] * n)
+            values.timeouts = n
+            return values
+        except CallFailed as e:
+            raise RewardError(_failure(name, e)) from e
+        except WorkerDied as e:
+            raise RewardError(f"reward function {name!r} did not return: its worker process {e}") from None
+        except Exception as e:
+            raise RewardError(f"reward function {name!r} raised {e.__class__.__name__}: {e}") from e
+
+    def _start_async(self, completions, kwargs: dict, drop: dict):
+        """The async functions' call, sent to their worker process and waited for in a thread (a
+        Future), or None where they run in this process (after the others, _finish_async)."""
+        if self.async_worker is None:
+            return None
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._waiter is None:
+            self._waiter = ThreadPoolExecutor(1, thread_name_prefix="rlvr-async-rewards")
+        self.async_worker.start()  # forked from this thread: its life is tied to this thread's, not the waiter's
+        payload = {"kwargs": {"completions": completions, **kwargs}, "drop": drop, "timeout": self.timeout}
+        return self._waiter.submit(self.async_worker.call, "gather", payload, _backstop(self.timeout))
+
+    def _finish_async(self, waiting, completions, kwargs: dict, drop: dict):
+        """index -> the async function's answer (calls.gather), or the exception that stopped them all."""
+        try:
+            if waiting is not None:
+                return waiting.result()
+            with time_limit(_backstop(self.timeout), "async reward functions"):
+                return calls.gather(self.waiting, {"completions": completions, **kwargs}, drop, self.timeout)
+        except (RewardTimeout, WorkerError) as e:  # the loop was blocked past the backstop, or the worker died
+            return e
 
     def _call(self, i: int, completions, kwargs: dict):
         """The i-th function's scores: a built-in here, your own in the worker process (or inline)."""
@@ -306,6 +358,27 @@ class RewardSet:
             return self.worker.call(i, {"completions": completions, **kwargs}, self.timeout)
         with time_limit(self.timeout, f"reward function {self.names[i]!r}"):
             return calls.call(fn, completions=completions, **kwargs)
+
+
+ASYNC_GRACE = 10.0  # seconds past reward_timeout before async functions that block their event loop are stopped
+
+
+def _backstop(timeout: float | None) -> float | None:
+    """The limit on the async functions' whole call: reward_timeout bounds each of them inside their
+    event loop; this stops a loop that one of them blocks (time.sleep in an `async def`)."""
+    return timeout + ASYNC_GRACE if timeout else None
+
+
+def _answer(answered, i: int):
+    """The i-th async function's scores (a Logged) from _finish_async's answer, or its failure raised."""
+    if isinstance(answered, BaseException):
+        raise answered
+    kind, *rest = answered[i]
+    if kind == "timeout":
+        raise CallTimedOut("ran past reward_timeout")
+    if kind == "failed":
+        raise CallFailed(*rest)
+    return rest[0]
 
 
 def _builtin(fn) -> bool:

@@ -15,10 +15,18 @@ rewards get everything.
 
 `call` runs where the function runs (in its worker process, or in the trainer's): the logged values
 come back with the scores in a `Logged`, so nothing but plain values crosses the process boundary.
+
+`async def` functions (and objects whose __call__ is one) are awaited together, as TRL's
+GRPOTrainer awaits them with asyncio.gather: `gather` runs one call of each at once in one event
+loop, each bounded by reward_timeout on its own, so three functions that each wait 1 s on a
+service take about 1 s, not 3.  A function that blocks the loop (time.sleep inside `async def`)
+holds the others: the caller's backstop (the worker's kill, or the signal inline) stops them all.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 from dataclasses import dataclass, field
 
@@ -60,3 +68,42 @@ def call(fn, **kwargs) -> Logged:
 
     out.scores = settle(fn(**kwargs, log_extra=log_extra, log_metric=log_metric))
     return out
+
+
+def is_async(fn) -> bool:
+    """An `async def` function, a partial of one, or an object whose __call__ is one."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(type(fn), "__call__", None))
+
+
+async def _attempt(fn, kwargs: dict) -> tuple:
+    """("ok", Logged) or ("failed", kind, message): what one async function did, SystemExit included."""
+    out = Logged(None)
+    try:
+        out.scores = await fn(**kwargs, log_extra=lambda column, values: out.extra.setdefault(str(column), []).extend(values),
+                              log_metric=lambda name, value: out.metrics.setdefault(str(name), []).append(float(value)))
+        return "ok", out
+    except (Exception, SystemExit) as e:  # sys.exit in one function is that function's failure; the
+        # caller's own BaseExceptions (Ctrl-C, the inline backstop's RewardTimeout) stop the whole call
+        message = ("" if e.code is None else repr(e.code)) if isinstance(e, SystemExit) else str(e)
+        return "failed", type(e).__name__, message
+
+
+def gather(fns: dict, kwargs: dict, drop: dict, timeout: float | None) -> dict:
+    """One call of every async function in `fns` (index -> function) at once, each given `kwargs`
+    less its `drop[index]` keys: index -> ("ok", Logged) | ("timeout",) | ("failed", kind, message).
+    `timeout` (seconds, None or 0 for none) bounds each function on its own."""
+
+    async def one(i):
+        task = asyncio.ensure_future(_attempt(fns[i], {k: v for k, v in kwargs.items() if k not in drop.get(i, ())}))
+        done, _ = await asyncio.wait({task}, timeout=timeout or None)
+        if not done:
+            task.cancel()
+            return ("timeout",)
+        return task.result()
+
+    async def every():
+        return await asyncio.gather(*(one(i) for i in fns))
+
+    return dict(zip(fns, settle(every())))
