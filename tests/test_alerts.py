@@ -168,6 +168,33 @@ def test_resumed_monitor_reports_what_an_uninterrupted_one_does():
     assert [(e.rule, e.event, e.step) for e in events] == [(e.rule, e.event, e.step) for e in whole]
 
 
+def test_reward_collapse_fires_on_a_sudden_drop_and_clears_on_recovery():
+    rng = random.Random(2)
+    stream = with_([healthy(s, rng) for s in range(1, 51)], "reward", [0.6] * 30 + [0.1] * 9 + [0.6] * 11)
+    events = run(AlertMonitor(cfg()), stream)
+    # Window 5: the last k = max(2, 5 // 4) = 2 steps against the best rolling mean, 0.6 (steps 5..30).
+    # Step 31: (0.6 + 0.1) / 2 = 0.35, a fall of 0.25 <= 0.5 * 0.6 = 0.3: not yet.  Step 32: 0.1, a fall
+    # of 0.5 > 0.3, and the step-to-step spread is 0 (the median of the windows' std: most are all 0.6).  Step 40: (0.1 + 0.6) / 2
+    # = 0.35 again, one quiet step = window // 4: cleared.
+    assert starts(events, "reward_collapse") == [32] and clears(events, "reward_collapse") == [40]
+    start = next(e for e in events if e.rule == "reward_collapse")
+    assert start.value == pytest.approx(0.1)
+    assert "from a rolling mean of 0.600 at step" in start.message and "checkpoint before the drop" in start.suggestion
+
+
+def test_reward_collapse_ignores_noise_and_slow_decline_below_its_threshold():
+    rng = random.Random(3)
+    base = [healthy(s, rng) for s in range(1, 201)]
+    # Step means anywhere in 0.2 .. 0.8: two low steps in a row fall far from the best rolling mean,
+    # but by less than four standard errors (std about 0.17: 4 * 0.17 * (1 / sqrt 2 + 1 / sqrt 5) = 0.78).
+    noisy = run(AlertMonitor(cfg()), with_(base, "reward", [rng.uniform(0.2, 0.8) for _ in base]))
+    assert starts(noisy, "reward_collapse") == []
+    # A fall of 40% of the best (0.5 -> 0.3) is below the default 50%; at 30% it fires.
+    drop = with_(base, "reward", [0.5] * 40 + [0.3] * 160)
+    assert starts(run(AlertMonitor(cfg()), drop), "reward_collapse") == []
+    assert starts(run(AlertMonitor(cfg(alert_reward_collapse=0.3)), drop), "reward_collapse") == [42]
+
+
 def test_nan_and_missing_metrics_keep_rules_off():
     rng = random.Random(9)
     stream = [{**healthy(s, rng), "kl": math.nan, "reward_std": None} for s in range(1, 30)]
@@ -181,7 +208,7 @@ def test_on_alert_names_are_checked():
     with pytest.raises(ConfigError, match="on_alert.kl_high must be warn or stop"):
         validate(cfg(on_alert={"kl_high": "halt"}))
     assert set(RULES) == {"reward_flat", "reward_std_low", "reward_std_high", "kl_high", "loss_zero",
-                          "throughput_low", "zero_std_high"}
+                          "throughput_low", "zero_std_high", "reward_collapse"}
 
 
 def test_a_value_hovering_at_the_threshold_does_not_flap():

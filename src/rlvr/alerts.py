@@ -20,6 +20,13 @@ ends the run when it starts (the trainer saves a checkpoint and exits non-zero).
                       early throughput (the median of steps 2 .. window + 1)
     zero_std_high     rolling mean fraction of groups whose rewards are all equal
                       above `alert_zero_std_high`
+    reward_collapse   the mean reward of the last few steps (a quarter of the window,
+                      at least 2) fell below the best rolling mean of the last
+                      `alert_reward_collapse_steps` steps by more than
+                      `alert_reward_collapse` of that best, and by more than four
+                      standard errors of the two means (the step-to-step spread: the
+                      median of the recent windows' std), so noise does not fire it
+                      (the textbook's "reward collapse", Table 18-3: a sudden drop)
 
 Note on loss_zero: with one update per batch the clipped loss is exactly the
 mean advantage, and for loss_type grpo that is 0 by construction; so a zero loss
@@ -33,6 +40,7 @@ This module imports nothing but the standard library (and rlvr.jsonl, which is t
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,6 +89,7 @@ class History:
     best_reward_step: int = 0
     early_tokens_per_second: list = field(default_factory=list)  # steps 1 .. window + 1: the baseline
     samples: list[dict] = field(default_factory=list)  # the latest logged completions
+    rolling: list = field(default_factory=list)  # [step, mean, std] of the recent rolling windows of reward (reward_collapse)
 
     def last(self, name: str, n: int | None = None) -> list[float] | None:
         """The last n (default: window) values of a metric, or None if fewer were recorded."""
@@ -124,6 +133,8 @@ class AlertMonitor:
             mean = sum(rolling) / len(rolling)
             if h.best_reward is None or mean > h.best_reward + max(0.01 * abs(h.best_reward), 1e-3):
                 h.best_reward, h.best_reward_step = mean, step
+            h.rolling.append([step, mean, statistics.stdev(rolling) if len(rolling) > 1 else 0.0])
+        h.rolling = [r for r in h.rolling if r[0] > step - self.settings.alert_reward_collapse_steps]
         events, patience = [], max(1, self.settings.alert_window // 4)
         for rule, check in RULES.items():
             finding = check(h, self.settings)
@@ -269,6 +280,28 @@ def zero_std_high(h: History, settings: AlertSettings) -> Finding | None:
     )
 
 
+def reward_collapse(h: History, settings: AlertSettings) -> Finding | None:
+    k = max(2, h.window // 4)
+    latest = h.last("reward", k)
+    if latest is None or not h.rolling:
+        return None
+    best_step, best, _ = max(h.rolling, key=lambda r: r[1])
+    now = _mean(latest)
+    # The step-to-step spread of the reward (the median of the recent windows', which the few windows
+    # that straddle a drop do not move): four standard errors of the latest mean plus the best's.
+    spread = statistics.median(r[2] for r in h.rolling)
+    noise = 4 * spread * (1 / math.sqrt(k) + 1 / math.sqrt(h.window))
+    if best - now <= max(settings.alert_reward_collapse * abs(best), noise):
+        return None
+    return Finding(
+        now,
+        f"reward fell to {now:.3f} over the last {k} steps from a rolling mean of {best:.3f} at step {best_step} "
+        f"(more than {settings.alert_reward_collapse:.0%} of it)",
+        f"compare completions.jsonl at step {best_step} and now (a new format, length at max_completion_length, "
+        "entropy collapsing); lower learning_rate, raise beta or clip less, and resume from a checkpoint before the drop",
+    )
+
+
 RULES = {
     "reward_flat": reward_flat,
     "reward_std_low": reward_std_low,
@@ -277,5 +310,6 @@ RULES = {
     "loss_zero": loss_zero,
     "throughput_low": throughput_low,
     "zero_std_high": zero_std_high,
+    "reward_collapse": reward_collapse,
 }
 _WATCHED = ("reward", "reward_std", "kl", "loss", "grad_norm", "tokens_per_second", "frac_reward_zero_std")
