@@ -206,6 +206,27 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
+def make_tiny_classifier(vocab_size: int, num_labels: int = 1, seed: int = 0):
+    """A tiny random Llama sequence classifier: a reward model when num_labels is 1."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         num_labels=num_labels, pad_token_id=None, eos_token_id=2, bos_token_id=1)
+    return LlamaForSequenceClassification(config).eval()  # no pad_token_id: the reward side must tell it the tokenizer's
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory):
+    """A saved tiny random reward model (num_labels 1) with the tiny tokenizer: reward_funcs=[<path>]."""
+    path = tmp_path_factory.mktemp("tiny-rm")
+    tokenizer = make_tokenizer()
+    make_tiny_classifier(len(tokenizer)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_run_config(tiny_model_dir):
     """A factory: tiny_run_config(output_dir, **settings) is the Config of a short run of the tiny

@@ -47,7 +47,7 @@ def no_training(monkeypatch):
         (["reward_funcs=[accuracy,format]", "reward_weights=[1.0]"], "reward_weights has 1 values but reward_funcs has 2"),
         (["reward_weights=[1.0,0.5]"], "reward_weights has 2 values but without reward_funcs the one reward is the task's "
                                        "verifier (numeric_accuracy); name the functions in reward_funcs"),
-        (["reward_funcs=[acuracy]"], "unknown reward function 'acuracy'; built-in: accuracy"),
+        (["reward_funcs=[acuracy]"], "unknown reward function 'acuracy'; did you mean 'accuracy'? built-in: accuracy"),
         (["reward_funcs=[no_such_pkg.mod:fn]"], "cannot import 'no_such_pkg.mod'"),
         (["reward_funcs=[/nope/r.py:fn]"], "reward function file not found: /nope/r.py"),
         (["task=sudoku"], "unknown task 'sudoku'; built-in tasks: arithmetic"),

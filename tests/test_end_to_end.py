@@ -22,9 +22,11 @@ SMALL = ["per_device_train_batch_size=16", "max_completion_length=24", "eval_max
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
+def run_dir(tmp_path_factory, tiny_reward_model_dir):
     out = tmp_path_factory.mktemp("e2e") / "run"
-    assert cli.main(["train", "demo", "max_steps=2", f"output_dir={out}", *SMALL]) == 0
+    # The demo's reward, and a (tiny, random) reward model at weight 0: scored and logged, not trained on
+    rewards = [f"reward_funcs=[numeric_accuracy, {tiny_reward_model_dir}]", "reward_weights=[1.0, 0.0]"]
+    assert cli.main(["train", "demo", "max_steps=2", f"output_dir={out}", *SMALL, *rewards]) == 0
     yield out
     shutil.rmtree(out)  # three checkpoints of the default model with optimizer state: about 2 GB
 
@@ -49,6 +51,22 @@ def test_training_writes_the_run(run_dir):
     assert after["accuracy"] > before["accuracy"]  # two steps of GRPO raise the held-out accuracy
     samples = [json.loads(l) for l in (run_dir / "completions.jsonl").read_text().splitlines()]
     assert samples and {"prompt", "completion", "reward", "advantage"} <= set(samples[0])
+
+
+def test_a_reward_model_scores_the_default_models_completions(run_dir, tiny_reward_model_dir):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_reward_model_dir, num_labels=1).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_reward_model_dir)
+    samples = [json.loads(l) for l in (run_dir / "completions.jsonl").read_text().splitlines()]
+    name = tiny_reward_model_dir.name
+    for s in samples[:4]:  # its score of each completion: a forward of the classifier on the prompt as the dataset has it + the completion
+        ids = tokenizer(s["prompt"] + s["completion"], return_tensors="pt", add_special_tokens=False)
+        with torch.inference_mode():
+            assert s["rewards"][name] == pytest.approx(model(**ids).logits[0, 0].item(), abs=1e-4)
+        assert s["reward"] == s["rewards"]["numeric_accuracy"]  # at weight 0 it does not move the total
+    metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(isinstance(m[f"rewards/{name}/mean"], float) for m in metrics)
 
 
 def test_resume_continues_from_the_latest_checkpoint(run_dir, capsys):

@@ -115,7 +115,6 @@ UNSUPPORTED = {
     "log_completions_hub_repo": ((None,), "uploading completions to the Hub is not supported; they are in completions.jsonl"),
     "load_in_8bit": ((False,), "8-bit loading (LLM.int8) is not supported; QLoRA is load_in_4bit=true with use_peft=true"),
     "dataset_streaming": ((False,), "streamed datasets from the command line are not supported; GRPOTrainer takes an IterableDataset"),
-    "reward_model_name_or_path": ((None,), "reward models are not supported yet: rewards are verifiers and functions"),
     "token_budget": ((None,), "a micro-batch here is per_device_train_batch_size completions (packed into rows by rlvr's "
                               "forward), not a token budget; bound memory with per_device_train_batch_size"),
     # SFTConfig's and DPOConfig's own (TRL 1.16)
@@ -274,7 +273,8 @@ def known_names() -> list[str]:
     """Every TRL name rlvr accepts, for "did you mean" hints."""
     return sorted(TRL_NAMES | FINETUNE_NAMES | set(IGNORED) | set(UNSUPPORTED) | {"activation_checkpointing", "resume_from_checkpoint",
                                                                    "vllm_importance_sampling_cap", "evaluation_strategy", "no_cuda",
-                                                                   "attn_implementation", "model_revision"})
+                                                                   "attn_implementation", "model_revision",
+                                                                   "reward_model_name_or_path"})
 
 
 def other_settings_markdown() -> str:

@@ -19,6 +19,14 @@ from rlvr.trl_settings import ignored_line
 __all__ = ["GRPOTrainer", "AsyncGRPOTrainer", "SFTTrainer", "DPOTrainer"]
 
 
+def _is_model(f) -> bool:
+    """A loaded model given as a reward function (TRL: a PreTrainedModel, or any torch Module)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(f, torch.nn.Module)
+
+
 class GRPOTrainer(ScriptMethods):
     config_class: type[GRPOConfig] = GRPOConfig
     suffix = "GRPO"  # of the default output_dir: <model name>-GRPO
@@ -26,15 +34,13 @@ class GRPOTrainer(ScriptMethods):
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  quantization_config=None, peft_config=None, tools=None, rollout_func=None, environment_factory=None):
-        if reward_processing_classes is not None:
-            raise ConfigError("GRPOTrainer(reward_processing_classes=...) is not supported yet")
         if any(o is not None for o in optimizers):
             raise ConfigError("GRPOTrainer(optimizers=...) is not supported: rlvr builds AdamW from the optim, learning_rate "
                               "and adam_* settings of GRPOConfig (and restores it exactly on resume)")
         if train_dataset is None:
             raise ConfigError("GRPOTrainer needs a train_dataset (a datasets.Dataset, an IterableDataset or a list of rows)")
         settings = self._model_settings(model, args, peft_config, quantization_config)
-        funcs = self._reward_settings(settings, reward_funcs)
+        funcs = self._reward_settings(settings, reward_funcs, reward_processing_classes)
         settings.update(inputs.multiturn_settings(tools, rollout_func, environment_factory))
         self._data_settings(settings, eval_dataset)
         if self.model is not None and settings.get("rollout_workers"):
@@ -105,16 +111,31 @@ class GRPOTrainer(ScriptMethods):
     # --- what GRPO takes besides ---------------------------------------------------------------
 
     @staticmethod
-    def _reward_settings(settings: dict, reward_funcs) -> list:
-        """reward_funcs (functions, callable objects, built-in names or module:function paths) as the
-        names the Config holds; the functions as given."""
+    def _reward_settings(settings: dict, reward_funcs, processing_classes=None) -> list:
+        """reward_funcs (functions, callable objects, built-in names, module:function paths, reward
+        models by id, path or object) as the names the Config holds; the functions as given.
+        processing_classes: TRL's reward_processing_classes, the tokenizer of each reward model (None
+        for the others, and where a model's own is used)."""
         from rlvr.rewards import register_reward
+        from rlvr.rewards.model import RewardModel, is_model_reference
 
         if reward_funcs is None:
-            raise ConfigError("GRPOTrainer needs reward_funcs: functions, callable objects, built-in names or module:function paths")
+            raise ConfigError("GRPOTrainer needs reward_funcs: functions, callable objects, built-in names, module:function "
+                              "paths or reward models")
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        classes = processing_classes if isinstance(processing_classes, (list, tuple)) else [processing_classes] * len(funcs)
+        if len(classes) != len(funcs):
+            raise ConfigError(f"reward_processing_classes has {len(classes)} entries but reward_funcs has {len(funcs)}; "
+                              "give one per reward function (None for the functions)")
+        device, batch = settings.get("reward_model_device", "auto"), settings.get("reward_model_batch_size", 32)
         names: list[str] = []
-        for f in funcs:
+        for f, tokenizer in zip(funcs, classes):
+            if _is_model(f) or (tokenizer is not None and isinstance(f, str) and is_model_reference(f)):
+                try:  # a loaded model, or one by id or path with its own tokenizer: an object the run looks up by name
+                    f = RewardModel(**({"model": f} if _is_model(f) else {"name": f}), tokenizer=tokenizer,
+                                    device=device, batch_size=batch)
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
             names.append(f if isinstance(f, str) else register_reward(f, taken=set(names)))
         settings["reward_funcs"] = names
         return funcs

@@ -73,6 +73,10 @@ def build_config(*sources: dict[str, Any], ignored: list[str] | None = None) -> 
     for name in ("vllm_server_host", "vllm_server_base_url"):  # several servers: a list, kept as "a,b"
         if isinstance(values.get(name), (list, tuple)):
             values[name] = ",".join(str(v).strip() for v in values[name])
+    reward_model = values.pop(_REWARD_MODEL, None)
+    if reward_model:
+        funcs = values.get("reward_funcs") or ()
+        values["reward_funcs"] = [str(reward_model), *([funcs] if isinstance(funcs, str) else funcs)]
     for name in _TUPLE_FIELDS:
         if name in values and values[name] is not None:
             v = values[name]
@@ -108,6 +112,7 @@ def _launched() -> int:
         return 1  # distributed.world_from_env says what is wrong with it
 
 
+_REWARD_MODEL = " reward_model_name_or_path"  # held aside until every source is read (build_config)
 _MAPPINGS = {"task_args", "reward_args", "on_alert", "model_init_kwargs", "chat_template_kwargs", "generation_kwargs",
              "lr_scheduler_kwargs"}
 
@@ -115,6 +120,9 @@ _MAPPINGS = {"task_args", "reward_args", "on_alert", "model_init_kwargs", "chat_
 def _set(values: dict[str, Any], key: str, value: Any) -> None:
     if "." in key:  # a key inside one of rlvr's mappings
         return _store(values, key, value)
+    if key == "reward_model_name_or_path":  # TRL's grpo script's: that reward model first among reward_funcs
+        values[_REWARD_MODEL] = value
+        return
     try:  # TRL's settings without an rlvr field of their name (trl_settings.py): none, one or several of rlvr's
         translated = trl_settings.translate(key, value)
     except ValueError as e:

@@ -12,10 +12,12 @@ from rlvr.config.section import Section, choices
 @dataclass(frozen=True)
 class RewardSettings(Section):
     # --- reward ---------------------------------------------------------------------
-    reward_funcs: tuple | None = None  # built-in names or `package.module:function`; default: the task's verifier
+    reward_funcs: tuple | None = None  # built-in names, `package.module:function`, or a reward model's Hub id or local directory; default: the task's verifier
     reward_weights: tuple | None = None  # one per reward function; default all 1.0
     reward_args: dict = field(default_factory=dict)  # keyword arguments per reward, e.g. {soft_overlong: {cache: 32}}
     reward_timeout: float = 60.0  # seconds one call of one of your own reward functions may take; past it, its scores of that batch are None (0 = no limit)
+    reward_model_device: str = "auto"  # where reward models given by id or path score: auto (the GPU this process trains on, else cpu), cpu, cuda:1, ...
+    reward_model_batch_size: int = 32  # completions a reward model scores at once
     reward_isolation: str = "process"  # process: your own reward functions run in a worker process, killed with what it started past reward_timeout | inline: in the trainer's process (functions that need its memory or CUDA)
 
     def _rules(self) -> list[str]:
@@ -31,6 +33,10 @@ class RewardSettings(Section):
                 problems.append(f"reward_args names {name!r}, which is not in reward_funcs {list(self.reward_funcs)}")
             if not isinstance(args, dict):
                 problems.append(f"reward_args.{name} must be a mapping of keyword arguments, got {args!r}")
+        if self.reward_model_batch_size < 1:
+            problems.append(f"reward_model_batch_size must be at least 1; got {self.reward_model_batch_size}")
+        if not (self.reward_model_device in ("auto", "cpu") or self.reward_model_device.split(":")[0] in ("cuda", "xpu", "mps")):
+            problems.append(f"reward_model_device must be auto, cpu or a torch device such as cuda:1; got {self.reward_model_device!r}")
         if not (self.reward_timeout >= 0 and math.isfinite(self.reward_timeout)):
             problems.append(f"reward_timeout must be >= 0 seconds (0 = no limit); got {self.reward_timeout}")
         return problems

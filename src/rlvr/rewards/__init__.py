@@ -22,7 +22,8 @@ worker process (reward_isolation=process, isolation.py) that is killed, with wha
 reward_isolation=inline runs them in the trainer's process instead (deadline.py).
 
 Names are the built-ins below, or `package.module:function`, or
-`path/to/file.py:function` for your own.
+`path/to/file.py:function` for your own, or a reward model's Hub id or local directory
+(model.py: a sequence classifier scoring prompt + completion, as TRL's reward_funcs takes it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Callable
 
 from rlvr.isolation import CallFailed, CallTimedOut, Worker, WorkerDied, WorkerError
 from rlvr.rewards import calls
+from rlvr.rewards import model as reward_model
 from rlvr.rewards.code import code_tests
 from rlvr.rewards.countdown import countdown
 from rlvr.rewards.deadline import RewardTimeout, time_limit
@@ -58,17 +60,22 @@ ISOLATION = ("process", "inline")  # where your own reward functions run (reward
 log = logging.getLogger(__name__)
 
 
-def resolve_reward(name: str) -> RewardFn:
-    """A built-in name, a function given as an object (register_reward), or a dotted / file path
-    to a function or a callable class (made with no arguments); errors list the choices."""
+def resolve_reward(name: str, model_device: str = "auto", model_batch_size: int = 32) -> RewardFn:
+    """A built-in name, a function given as an object (register_reward), a dotted / file path to a
+    function or a callable class (made with no arguments), or a reward model by Hub id or local
+    directory (model.py: checked now, loaded at its first call on `model_device`); errors list the choices."""
     if name in REWARDS:
         return REWARDS[name]
     if name in GIVEN:
         return GIVEN[name]
+    if reward_model.is_model_reference(name):
+        return reward_model.RewardModel(name, device=model_device, batch_size=model_batch_size)  # checked, not loaded
     if ":" not in name:
+        close = difflib.get_close_matches(name, REWARDS, n=1)
         raise ValueError(
-            f"unknown reward function {name!r}; built-in: {', '.join(REWARDS)}, "
-            "or give your own as package.module:function or path/to/file.py:function"
+            f"unknown reward function {name!r}; {f'did you mean {close[0]!r}? ' if close else ''}built-in: {', '.join(REWARDS)}, "
+            "or give your own as package.module:function or path/to/file.py:function, or a reward model by "
+            "Hub id (org/name) or local directory"
         )
     target, _, attr = name.rpartition(":")
     if target.endswith(".py"):
@@ -176,7 +183,10 @@ def check_reward_args(name: str, args: dict) -> list[str]:
 
 
 def reward_name(name: str) -> str:
-    """Short name used in metrics: `pkg.mod:my_reward` -> `my_reward`."""
+    """Short name used in metrics: `pkg.mod:my_reward` -> `my_reward`; a reward model's id or path
+    -> its last part, as TRL (`org/my-rm` -> `my-rm`)."""
+    if name not in REWARDS and name not in GIVEN and reward_model.is_model_reference(name):
+        return reward_model.short_name(name)
     return name.rpartition(":")[2]
 
 
@@ -208,20 +218,21 @@ class RewardSet:
     """The configured reward functions with their weights and keyword arguments."""
 
     def __init__(self, names, weights=None, args: dict | None = None, timeout: float | None = None,
-                 isolation: str = "process"):
+                 isolation: str = "process", model_device: str = "auto", model_batch_size: int = 32):
         """timeout: seconds one call of one of your own reward functions may take (reward_timeout);
         the built-ins bound themselves (grading workers, the sandbox's limits) and run in this process.
         isolation (reward_isolation): "process" runs your own functions in a worker process
         (isolation.py), killed with everything it started when a call overruns; "inline" runs them
         here, stopped by a signal (deadline.py), for functions that must share this process's
-        memory or use CUDA."""
+        memory or use CUDA.  model_device, model_batch_size: where reward models named by id or
+        path score, and how many completions at once (reward_model_device, reward_model_batch_size)."""
         if isolation not in ISOLATION:
             raise ValueError(f"reward_isolation must be one of {', '.join(ISOLATION)}, got {isolation!r}")
         args, self.timeout, self.isolation = args or {}, timeout, isolation
-        self.names = [reward_name(n) for n in names]
+        self.names = _unique([reward_name(n) for n in names])
         self.fns, self.extras = [], []  # extras: the rlvr-only keyword arguments each of your functions takes (calls.py)
         for full, short in zip(names, self.names):
-            fn = resolve_reward(full)
+            fn = resolve_reward(full, model_device, model_batch_size)
             kwargs = args.get(full, args.get(short))
             self.fns.append(functools.partial(fn, **kwargs) if kwargs else fn)
             self.extras.append(calls.accepted_extras(self.fns[-1], given=full in GIVEN))
@@ -360,6 +371,18 @@ class RewardSet:
             return calls.call(fn, completions=completions, **kwargs)
 
 
+def _unique(names: list[str]) -> list[str]:
+    """The metric names, a repeated one suffixed _2, _3 (two reward models saved as .../rm, one given as an object)."""
+    out: list[str] = []
+    for name in names:
+        k, unique = 1, name
+        while unique in out:
+            k += 1
+            unique = f"{name}_{k}"
+        out.append(unique)
+    return out
+
+
 ASYNC_GRACE = 10.0  # seconds past reward_timeout before async functions that block their event loop are stopped
 
 
@@ -382,8 +405,8 @@ def _answer(answered, i: int):
 
 
 def _builtin(fn) -> bool:
-    """A built-in reward (REWARDS), which bounds itself and runs in the trainer's process."""
-    return getattr(fn, "func", fn) in REWARDS.values()
+    """A built-in reward (REWARDS) or a reward model, which runs in the trainer's process."""
+    return getattr(fn, "in_trainer", False) or getattr(fn, "func", fn) in REWARDS.values()
 
 
 def _failure(name: str, e: CallFailed) -> str:

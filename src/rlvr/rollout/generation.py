@@ -101,6 +101,7 @@ class Generations:
             metrics["sampling/dropped_groups"] = sum(not g.has_signal for g in groups)
         samples = [
             {"prompt": g.example.prompt, "answer": g.example.answer, "completion": r.text, "reward": reward,
+             "rewards": {n: v[j] for n, v in g.per_func.items()},  # each function's score, as TRL's completions table
              "advantage": advantages[i * size + j].item(), "finish_reason": r.finish_reason,
              **({"turns": r.messages} if r.messages else {}), **{k: v[j] for k, v in g.extra.items()}}
             for i, g in enumerate(chosen) for j, (r, reward) in enumerate(zip(g.rollouts, g.rewards))
