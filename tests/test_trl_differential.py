@@ -226,6 +226,18 @@ def test_weighted_reward_functions_agree_with_trl(tiny_model_dir, tmp_path, monk
         assert ours[2][0][f"rewards/{name}/mean"] == pytest.approx(theirs[2][0][f"rewards/{name}/mean"], abs=1e-6)
 
 
+def test_a_reward_model_agrees_with_trl(tiny_model_dir, tiny_reward_model_dir, tmp_path, monkeypatch):
+    """TRL's reward_funcs=[<path of a sequence classifier>] beside a function: the same scores (its
+    metric, under TRL's name for it), so the same advantages and gradients."""
+    settings = {"reward_weights": [2.0, 1.0]}
+    funcs = (str(tiny_reward_model_dir), digits_reward)
+    theirs = run_trl(tiny_model_dir, tmp_path / "trl", settings, reward_funcs=funcs)
+    ours = run_rlvr(tiny_model_dir, tmp_path / "rlvr", settings, monkeypatch, reward_funcs=funcs)
+    compare(theirs, ours)
+    name = f"rewards/{tiny_reward_model_dir.name}/mean"
+    assert ours[2][0][name] == pytest.approx(theirs[2][0][name], abs=1e-6) and theirs[2][0][name] != 0
+
+
 @pytest.fixture(scope="module")
 def tiny_moe_dir(tmp_path_factory):
     """A tiny Mixture-of-Experts model (Qwen3-MoE: 4 experts, 2 per token) with its own router loss weight."""
