@@ -208,7 +208,7 @@ def test_on_alert_names_are_checked():
     with pytest.raises(ConfigError, match="on_alert.kl_high must be warn or stop"):
         validate(cfg(on_alert={"kl_high": "halt"}))
     assert set(RULES) == {"reward_flat", "reward_std_low", "reward_std_high", "kl_high", "loss_zero",
-                          "throughput_low", "zero_std_high", "reward_collapse"}
+                          "throughput_low", "zero_std_high", "reward_collapse", "reward_audit_disagreement"}
 
 
 def test_a_value_hovering_at_the_threshold_does_not_flap():

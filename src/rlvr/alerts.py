@@ -27,6 +27,10 @@ ends the run when it starts (the trainer saves a checkpoint and exits non-zero).
                       standard errors of the two means (the step-to-step spread: the
                       median of the recent windows' std), so noise does not fire it
                       (the textbook's "reward collapse", Table 18-3: a sudden drop)
+    reward_audit_disagreement
+                      the reward and its audit (reward_audit, audit.py) agree on fewer
+                      than `alert_audit_agreement` of the completions audited over
+                      the window (pooled; at least AUDIT_MIN_SAMPLES of them)
 
 Note on loss_zero: with one update per batch the clipped loss is exactly the
 mean advantage, and for loss_type grpo that is 0 by construction; so a zero loss
@@ -302,6 +306,29 @@ def reward_collapse(h: History, settings: AlertSettings) -> Finding | None:
     )
 
 
+AUDIT_MIN_SAMPLES = 10  # audited completions the window needs before reward_audit_disagreement can fire
+
+
+def reward_audit_disagreement(h: History, settings: AlertSettings) -> Finding | None:
+    audited = [v for v in h.values.get("audit/audited", [])[-h.window:] if v is not None]
+    disagreed = [v for v in h.values.get("audit/disagreements", [])[-h.window:] if v is not None]
+    false_passes = [v for v in h.values.get("audit/false_passes", [])[-h.window:] if v is not None]
+    n = sum(audited)
+    if n < AUDIT_MIN_SAMPLES:
+        return None
+    agreement = 1 - sum(disagreed) / n
+    if agreement >= settings.alert_audit_agreement:
+        return None
+    return Finding(
+        agreement,
+        f"the reward and its audit agree on {agreement:.0%} of {n:.0f} completions over the last {len(audited)} steps "
+        f"({sum(false_passes):.0f} passed by the reward and failed by the audit)",
+        "read audit.jsonl (each completion they disagree on, with both scores) or the report's audit table: a reward "
+        "that passes what the audit fails has a hole the policy may be learning to use; fix the verifier, or resume "
+        "from a checkpoint before the agreement fell",
+    )
+
+
 RULES = {
     "reward_flat": reward_flat,
     "reward_std_low": reward_std_low,
@@ -311,5 +338,7 @@ RULES = {
     "throughput_low": throughput_low,
     "zero_std_high": zero_std_high,
     "reward_collapse": reward_collapse,
+    "reward_audit_disagreement": reward_audit_disagreement,
 }
-_WATCHED = ("reward", "reward_std", "kl", "loss", "grad_norm", "tokens_per_second", "frac_reward_zero_std")
+_WATCHED = ("reward", "reward_std", "kl", "loss", "grad_norm", "tokens_per_second", "frac_reward_zero_std",
+            "audit/audited", "audit/disagreements", "audit/false_passes")

@@ -38,6 +38,7 @@ class MetricsLog:
     def __init__(self, output_dir: Path, logging_steps: int):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.completions_path = Path(output_dir) / "completions.jsonl"
+        self.audit_path = Path(output_dir) / "audit.jsonl"
         self.logging_steps = logging_steps
         self.window: list[dict] = []
         self.last_step = 0  # the last step added
@@ -45,6 +46,8 @@ class MetricsLog:
         self.last_completions_step = 0
         self.unwritten: list[dict] = []  # metrics rows not yet on disk
         self.unwritten_completions: list[dict] = []
+        self.last_audit_step = 0
+        self.unwritten_audit: list[dict] = []  # the reward audit's disagreements (audit.py) not yet on disk
         self.on_error = None  # jsonl.append_rows: what a failed write does (loop.py sets it)
 
     def add(self, step: int, metrics: dict, force: bool = False) -> dict | None:
@@ -69,9 +72,17 @@ class MetricsLog:
         append_rows(self.completions_path, self.unwritten_completions, lambda row: json.dumps(row, ensure_ascii=False),
                     self.on_error)
 
+    def add_audit(self, step: int, rows: list[dict]) -> None:
+        """The reward audit's disagreements of a step, each stamped with it already (audit.py)."""
+        if step > self.last_audit_step:
+            self.unwritten_audit.extend(rows)
+            self.last_audit_step = step
+        append_rows(self.audit_path, self.unwritten_audit, lambda row: json.dumps(row, ensure_ascii=False), self.on_error)
+
     def state_dict(self) -> dict:
         return {"window": self.window, "last_step": self.last_step, "last_line": self.last_line, "last_completions_step": self.last_completions_step,
-                "unwritten": self.unwritten, "unwritten_completions": self.unwritten_completions}
+                "unwritten": self.unwritten, "unwritten_completions": self.unwritten_completions,
+                "last_audit_step": self.last_audit_step, "unwritten_audit": self.unwritten_audit}
 
     def load_state_dict(self, state: dict) -> None:
         self.window = list(state.get("window", []))
@@ -80,6 +91,8 @@ class MetricsLog:
         self.last_completions_step = state.get("last_completions_step", 0)
         self.unwritten = list(state.get("unwritten", []))
         self.unwritten_completions = list(state.get("unwritten_completions", []))
+        self.last_audit_step = state.get("last_audit_step", 0)
+        self.unwritten_audit = list(state.get("unwritten_audit", []))
 
 
 def _average(window: list[dict]) -> dict:

@@ -41,6 +41,7 @@ PANELS = [
     ("completion_length", "completion length (tokens)", ["completions/mean_length", "completions/min_length", "completions/max_length"]),
     ("zero_signal", "fraction of groups with zero reward std", ["frac_reward_zero_std"]),
     ("throughput", "throughput (completion tokens/s)", ["tokens_per_second"]),
+    ("audit", "reward audit: agreement of the reward with its audit (reward_audit)", ["audit/agreement"]),
     # rlvr dpo and rlvr rft (finetune/)
     ("dpo_rewards", "DPO implicit rewards: beta x log-ratio to the reference", ["rewards/chosen", "rewards/rejected", "rewards/margins"]),
     ("dpo_accuracy", "DPO pairs ranked right (rewards/accuracies)", ["rewards/accuracies"]),
@@ -91,7 +92,8 @@ def write_report(run_dir: Path) -> Path:
         images.append((stem, title, png))
 
     running = summary is None or _number(summary.get("steps")) is None or summary["steps"] < last_step
-    page = render_html(run_dir, config, summary, last_step, images, alerts, pick_samples(completions), running)
+    audit = read_jsonl(run_dir / "audit.jsonl")
+    page = render_html(run_dir, config, summary, last_step, images, alerts, pick_samples(completions), running, audit)
     path = run_dir / "report.html"
     _write_atomic(path, page.encode("utf-8"))
     return path
@@ -286,7 +288,7 @@ pre{white-space:pre-wrap;word-break:break-word;margin:0;max-width:38em;font-size
 """
 
 
-def render_html(run_dir, config, summary, last_step, images, alerts, samples, running) -> str:
+def render_html(run_dir, config, summary, last_step, images, alerts, samples, running, audit=()) -> str:
     e = _escape
     title = f"rlvr report: {run_dir.resolve().name}"
     parts = [
@@ -311,7 +313,7 @@ def render_html(run_dir, config, summary, last_step, images, alerts, samples, ru
         parts.append("</div>")
     else:
         parts.append('<p class="muted">No metrics logged yet.</p>')
-    parts += [_alerts_table(alerts), _samples_table(samples), "</body></html>"]
+    parts += [_alerts_table(alerts), _audit_table(audit), _samples_table(samples), "</body></html>"]
     return "\n".join(p for p in parts if p) + "\n"
 
 
@@ -339,6 +341,23 @@ def _alerts_table(alerts: list[dict]) -> str:
         cells = "".join(f"<td>{_escape(_fmt(a.get(k)))}</td>" for k in ("step", "rule", "event", "severity", "value", "message", "suggestion"))
         rows.append(f"<tr{cls}>{cells}</tr>")
     return f'<h2>Alerts</h2><table id="alerts"><tr>{head}</tr>{"".join(rows)}</table>'
+
+
+AUDIT_ROWS = 20  # the latest disagreements shown
+
+
+def _audit_table(rows) -> str:
+    """The reward audit's latest disagreements (audit.jsonl): what the reward and its audit scored differently."""
+    if not rows:
+        return ""
+    head = "".join(f"<th>{c}</th>" for c in ("step", "prompt", "answer", "completion", "reward", "audit"))
+    body = []
+    for row in rows[-AUDIT_ROWS:]:
+        cells = [_fmt(row.get("step")), _clip(row.get("prompt")), _fmt(row.get("answer")), _clip(row.get("completion")),
+                 f"{_fmt(row.get('reward'))} {_fmt(row.get('reward_score'))}", f"{_fmt(row.get('audit'))} {_fmt(row.get('audit_score'))}"]
+        body.append("<tr>" + "".join(f"<td><pre>{_escape(c)}</pre></td>" for c in cells) + "</tr>")
+    return (f"<h2>Reward audit: {len(rows)} disagreement{'s' * (len(rows) != 1)} (the latest {min(len(rows), AUDIT_ROWS)}; "
+            f'all in audit.jsonl)</h2><table id="audit"><tr>{head}</tr>{"".join(body)}</table>')
 
 
 def _samples_table(samples: list[tuple[int, list[dict]]]) -> str:

@@ -203,7 +203,7 @@ def compare_settings(current: dict, output_dir: Path, step: int, override: bool,
     return bool(course)
 
 
-LOGS = ("metrics.jsonl", "completions.jsonl", "alerts.jsonl")
+LOGS = ("metrics.jsonl", "completions.jsonl", "alerts.jsonl", "audit.jsonl")
 
 
 def _step_of(checkpoint: Path) -> int:

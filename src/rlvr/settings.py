@@ -226,6 +226,13 @@ def _reward_problems(cfg: Config, rewards_later: bool = False) -> list[str]:
     for name, args in cfg.reward_args.items():
         if ":" not in name and isinstance(args, dict) and args:
             problems += check_reward_args(name, args)
+    if cfg.reward_audit is not None:  # the auditing verifier (audit.py): found, its arguments known
+        try:
+            resolve_reward(cfg.reward_audit)
+            problems += [f"reward_audit_args: {p.partition(': ')[2]}"
+                         for p in check_reward_args(cfg.reward_audit, dict(cfg.reward_audit_args))]
+        except (ValueError, ImportError, AttributeError) as e:
+            problems.append(f"reward_audit: {e}")
     return problems + check_task(cfg.data_settings)
 
 

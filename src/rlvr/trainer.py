@@ -22,6 +22,7 @@ import torch
 
 from rlvr import distributed, fsdp, interrupts
 from rlvr.alerts import AlertMonitor
+from rlvr.audit import reward_audit
 from rlvr.checkpoint import (CheckpointError, DiskFull, GeneratorState, is_sharded, load_checkpoint, load_shards, load_trainer_state, load_weights,
                              restore_trainer_state, save_checkpoint, save_sharded_checkpoint, trainer_state)
 from rlvr.config import Config
@@ -94,7 +95,7 @@ class StepRecord:
     `unrecorded` from the moment the step is counted until the record is done; a checkpoint saved
     in between holds it, and the resumed run finishes it (loop.py)."""
 
-    unrecorded: dict | None = None  # {"step", "metrics", "completions"}
+    unrecorded: dict | None = None  # {"step", "metrics", "completions"}, and "audit": its disagreements
     log: MetricsLog
 
     def finish_record(self, on_step=None) -> None:
@@ -106,6 +107,8 @@ class StepRecord:
             return
         if record["completions"]:
             self.log.add_completions(record["step"], record["completions"])
+        if record.get("audit"):
+            self.log.add_audit(record["step"], record["audit"])
         if on_step is not None:
             on_step(record["metrics"])
         self.unrecorded = None
@@ -384,8 +387,9 @@ class Trainer(RunCore):
         self._plan(train_examples, total_steps)
         generation = GenerationSettings.of(cfg.rollout_settings, cfg.update_settings, cfg.prompts_per_step,
                                            cfg.num_completions_to_print, cfg.steps_per_optimizer_step)
+        self.audit = reward_audit(cfg.reward_settings, cfg.data_settings, cfg.seed) if world.is_main else None
         self.batches = Generations(generation, self.rollout, self.prompts, self.generator,
-                                   self.kl, world, self.home)  # 1-3: sampling rounds, advantages, sampling ahead
+                                   self.kl, world, self.home, self.audit)  # 1-3: sampling rounds, advantages, sampling ahead
         self.updater = PolicyUpdate(UpdateSettings.from_sections(cfg.update_settings, cfg.rollout_settings, cfg.steps_per_optimizer_step,
                                                                   self.rollout.off_policy, self.full_model.config), model, self.optimizer,
                                     self.scheduler, self.logprobs, self.kl, self.rollout.pad_id, world,
@@ -478,6 +482,10 @@ class Trainer(RunCore):
         metrics["num_tokens"] = self.extra_state.get("num_input_tokens_seen", 0.0)
         completions = gen.samples if gen.iterations_done == 1 and gen.samples and self.log_completions else None
         self._count_step(metrics, completions)
+        if gen.iterations_done == 1 and gen.audit is not None:  # graded while the update ran (audit.py)
+            audit = self.audit.collect(gen.audit, self.step)
+            metrics.update(audit.metrics)
+            self.unrecorded["audit"] = audit.rows
         self.last_samples = gen.samples
         self.kl.after_step(metrics)  # the beta this step used; adaptive KL: the next step's
         if self.batches.settings.sample_ahead or self.sync_every > 1:  # weight versions between the sampler's and the policy's
@@ -550,6 +558,8 @@ class Trainer(RunCore):
 
     def close(self) -> None:
         self.batches.close()
+        if self.audit is not None:
+            self.audit.close()
         super().close()
 
 

@@ -240,6 +240,7 @@ class Generation:
     staleness: int = 0  # the optimizer steps the policy had taken since those weights at the generation's first use
     epochs_after: float = 0.0  # passes over the train prompts once its prompts were drawn
     epochs_drawn: float = 0.0  # the share of a pass its prompts are
+    audit: object = None  # the reward audit of its completions under way (audit.py), a Future
 
 
 class ScoreList(list):

@@ -113,7 +113,7 @@ def _launched() -> int:
 
 
 _REWARD_MODEL = " reward_model_name_or_path"  # held aside until every source is read (build_config)
-_MAPPINGS = {"task_args", "reward_args", "on_alert", "model_init_kwargs", "chat_template_kwargs", "generation_kwargs",
+_MAPPINGS = {"task_args", "reward_args", "reward_audit_args", "on_alert", "model_init_kwargs", "chat_template_kwargs", "generation_kwargs",
              "lr_scheduler_kwargs"}
 
 

@@ -66,6 +66,7 @@ class AlertSettings(Section):
     alert_zero_std_high: float = 0.8  # fraction of zero-signal groups above this
     alert_reward_collapse: float = 0.5  # reward_collapse: the last few steps' mean reward fell this fraction below its recent best
     alert_reward_collapse_steps: int = 50  # ... the best rolling mean of this many recent steps
+    alert_audit_agreement: float = 0.9  # reward_audit_disagreement: the reward and its audit (reward_audit) agree on fewer of the window's audited completions
     on_alert: dict = field(default_factory=dict)  # rule -> warn | stop, e.g. {kl_high: stop}; stop exits non-zero
 
     def _rules(self) -> list[str]:
@@ -74,7 +75,7 @@ class AlertSettings(Section):
             problems.append("alert_window, alert_reward_flat_steps and alert_reward_collapse_steps must be at least 1")
         if not 0 <= self.alert_reward_std_low < self.alert_reward_std_high:
             problems.append("alert_reward_std_low must be >= 0 and below alert_reward_std_high")
-        for name in ("alert_throughput_fraction", "alert_zero_std_high", "alert_reward_collapse"):
+        for name in ("alert_throughput_fraction", "alert_zero_std_high", "alert_reward_collapse", "alert_audit_agreement"):
             if not 0 < getattr(self, name) <= 1:
                 problems.append(f"{name} must be in (0, 1]; got {getattr(self, name)}")
         if self.alert_kl_high <= 0 or self.alert_loss_zero < 0:

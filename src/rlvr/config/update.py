@@ -18,6 +18,10 @@ class RewardSettings(Section):
     reward_timeout: float = 60.0  # seconds one call of one of your own reward functions may take; past it, its scores of that batch are None (0 = no limit)
     reward_model_device: str = "auto"  # where reward models given by id or path score: auto (the GPU this process trains on, else cpu), cpu, cuda:1, ...
     reward_model_batch_size: int = 32  # completions a reward model scores at once
+    reward_audit: str | None = None  # a second verifier (any reward name) that re-grades a sample of each step's completions off the training loop; audit/* metrics, audit.jsonl, the reward_audit_disagreement alert
+    reward_audit_args: dict = field(default_factory=dict)  # its keyword arguments, e.g. {compare: plain, sources: [boxed]} (the textbook's rule) for accuracy
+    reward_audit_fraction: float = 0.1  # the share of each step's completions it re-grades (at least one)
+    reward_audit_target: str | None = None  # the reward function whose verdicts it checks; default: the first of reward_funcs (the task's verifier without them)
     reward_isolation: str = "process"  # process: your own reward functions run in a worker process, killed with what it started past reward_timeout | inline: in the trainer's process (functions that need its memory or CUDA)
 
     def _rules(self) -> list[str]:
@@ -33,6 +37,12 @@ class RewardSettings(Section):
                 problems.append(f"reward_args names {name!r}, which is not in reward_funcs {list(self.reward_funcs)}")
             if not isinstance(args, dict):
                 problems.append(f"reward_args.{name} must be a mapping of keyword arguments, got {args!r}")
+        if not 0 < self.reward_audit_fraction <= 1:
+            problems.append(f"reward_audit_fraction must be in (0, 1]; got {self.reward_audit_fraction}")
+        if self.reward_audit is None and (self.reward_audit_args or self.reward_audit_target):
+            problems.append("reward_audit_args and reward_audit_target need reward_audit: the verifier that audits")
+        if self.reward_audit_target is not None and self.reward_funcs is not None and self.reward_audit_target not in named:
+            problems.append(f"reward_audit_target {self.reward_audit_target!r} is not in reward_funcs {list(self.reward_funcs)}")
         if self.reward_model_batch_size < 1:
             problems.append(f"reward_model_batch_size must be at least 1; got {self.reward_model_batch_size}")
         if not (self.reward_model_device in ("auto", "cpu") or self.reward_model_device.split(":")[0] in ("cuda", "xpu", "mps")):

@@ -67,12 +67,13 @@ class GenerationSettings:
 
 class Generations:
     def __init__(self, settings: GenerationSettings, rollout, prompts, generator: torch.Generator, kl,
-                 world: distributed.World = distributed.SINGLE, home=None):
+                 world: distributed.World = distributed.SINGLE, home=None, audit=None):
         """rollout: a RolloutStage (stages 1 and 2); prompts: a tasks.PromptStream; generator: the
         sampler's random state; kl: a reference.KLReference (a KL charged to the reward is charged
-        here); home: the rollout.home.HomeThread where a batch sampled ahead is scored."""
+        here); home: the rollout.home.HomeThread where a batch sampled ahead is scored; audit: the
+        audit.RewardAudit that re-grades a sample of each generation while it trains, or None."""
         self.settings, self.rollout, self.prompts, self.generator = settings, rollout, prompts, generator
-        self.kl, self.world, self.home = kl, world, home
+        self.kl, self.world, self.home, self.audit = kl, world, home, audit
         self.ahead: Future | None = None  # the next generation, sampled while a step trains
         self._before_ahead: tuple | None = None
         self.ahead_seconds = 0.0  # wall seconds the last generation sampled ahead took
@@ -80,6 +81,7 @@ class Generations:
     def generate(self, state: TrainerState) -> Generation:
         """Sample and score G completions per prompt (1, 2), then compute advantages (3)."""
         s, size = self.settings, self.settings.num_generations
+        position = self.prompts.state_dict()  # the audit's sample is drawn from it
         rounds = [self.sample_round(state)]
         while s.dynamic_sampling and len(rounds) <= s.max_sampling_rounds and _informative(rounds) < s.prompts_per_step:
             rounds.append(self.sample_round(state))
@@ -107,7 +109,8 @@ class Generations:
             for i, g in enumerate(chosen) for j, (r, reward) in enumerate(zip(g.rollouts, g.rewards))
         ][: s.num_completions_to_print]
         drawn = len(rounds) * s.prompts_per_step / len(self.prompts.examples)
-        return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done, epochs_drawn=drawn)
+        audit = self.audit.submit(chosen, position) if self.audit is not None else None  # graded while it trains
+        return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done, epochs_drawn=drawn, audit=audit)
 
     def sample_round(self, state: TrainerState) -> Round:
         """One round: prompts_per_step prompts (the same on every rank), G completions each, scored;
