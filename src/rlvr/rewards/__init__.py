@@ -47,6 +47,7 @@ from rlvr.rewards import model as reward_model
 from rlvr.rewards.code import code_tests
 from rlvr.rewards.countdown import countdown
 from rlvr.rewards.deadline import RewardTimeout, time_limit
+from rlvr.rewards.llm_judge import judge
 from rlvr.rewards.format import boxed_format, format_curriculum, tag_count, think_answer_format
 from rlvr.rewards.length import cosine_length, repetition_penalty, soft_overlong
 from rlvr.rewards.math import accuracy, numeric_accuracy, signed_accuracy
@@ -472,4 +473,5 @@ REWARDS: dict[str, RewardFn] = {
     "environment": environment,
     "countdown": countdown,
     "reasoning_gym": reasoning_gym_score,
+    "judge": judge,
 }

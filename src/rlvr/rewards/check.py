@@ -43,6 +43,7 @@ class CheckResult:
     recall: float | None  # None when no case is correct
     timeouts: int
     errors: int
+    retries: int = 0  # symbolic checks run a second time with a larger bound (rewards/math.py)
     disagreements: list[dict] = field(default_factory=list)
     slowest: list[dict] = field(default_factory=list)
 
@@ -81,16 +82,17 @@ def check_reward(cases: list[dict], reward: str = "accuracy", reward_kwargs: dic
     rewards = RewardSet([reward], args={reward: reward_kwargs or {}})
     name = reward_name(reward)
     shared_pool().warm()  # worker start-up is not any case's grading time
-    rows, timeouts, errors = [], 0, 0
+    rows, timeouts, errors, retries = [], 0, 0, 0
     for case in cases:
-        columns = {k: [v] for k, v in case.items() if k not in ("completion", "expected", "label", "_line")}
+        columns = {k: [v] for k, v in case.items() if k not in ("completion", "expected", "label", "_line", "prompt")}
         columns.setdefault("answer", [None])
         start = time.perf_counter()
-        scores = rewards.score([case["completion"]], {"prompts": [None], "prompt_texts": None, "completion_ids": [[]],
+        scores = rewards.score([case["completion"]], {"prompts": [case.get("prompt")], "prompt_texts": None, "completion_ids": [[]],
                                                       "trainer_state": TrainerState(), "max_completion_length": None, **columns})
         seconds = time.perf_counter() - start
         timeouts += scores.counters[name]["timeouts"]
         errors += scores.counters[name]["errors"]
+        retries += scores.counters[name].get("retries", 0)
         got = scores.per_func[name][0]
         rows.append((case, got, seconds))
     agree, tp, fp, fn = 0, 0, 0, 0
@@ -116,6 +118,7 @@ def check_reward(cases: list[dict], reward: str = "accuracy", reward_kwargs: dic
         recall=tp / (tp + fn) if tp + fn else None,
         timeouts=timeouts,
         errors=errors,
+        retries=retries,
         disagreements=disagreements,
         slowest=[{"line": c["_line"], "seconds": round(s, 3), "completion": _preview(c["completion"])} for c, _, s in ranked],
     )
@@ -134,7 +137,7 @@ def format_result(result: CheckResult, source: str) -> str:
     lines = [
         f"rlvr check-reward: {source} with {result.reward} ({result.n} cases)",
         f"agreement {result.agreement:.1%}   precision {ratio(result.precision)}   recall {ratio(result.recall)}"
-        f"   timeouts {result.timeouts}   errors {result.errors}",
+        f"   timeouts {result.timeouts}   retries {result.retries}   errors {result.errors}",
         "slowest:",
         *[f"  line {s['line']:>5}  {s['seconds']:.3f} s  {s['completion']}" for s in result.slowest],
         f"disagreements ({len(result.disagreements)}):",

@@ -105,14 +105,14 @@ class RewardModel:
     def _load(self):
         """(model, tokenizer), loaded at the first call (once per process and device)."""
         if self.model is None:
-            device = _device(self.device)
+            device = torch_device(self.device)
             key = (self.name, device)
             if key not in _LOADED:
                 _LOADED[key] = _from_pretrained(self.name, device)
             self.model, loaded_tokenizer = _LOADED[key]
             self.tokenizer = self.tokenizer or loaded_tokenizer
         elif not self._placed:  # a model given as an object: onto the device, in eval mode
-            self.model = self.model.to(_device(self.device)).eval()
+            self.model = self.model.to(torch_device(self.device)).eval()
         self._placed = True
         if self.tokenizer is None:
             from transformers import AutoTokenizer
@@ -124,7 +124,8 @@ class RewardModel:
         return self.model, self.tokenizer
 
 
-def _device(setting: str) -> str:
+def torch_device(setting: str) -> str:
+    """auto: the GPU this process trains on, else the CPU; any other setting as it is."""
     import torch
 
     if setting != "auto":
