@@ -64,7 +64,10 @@ def pytest_unconfigure(config):
 # modules of ONE_LANE (two training processes a launch) go to one worker together, so that the two
 # cores never hold two such launches at once beside each other.
 LONGEST_FIRST = ["test_distributed.py", "test_fsdp_runs.py", "test_chaos.py", "test_end_to_end.py", "test_trl_differential.py",
-                 "test_workers.py", "test_trl_scripts.py"]
+                 "test_workers.py", "test_trl_scripts.py",
+                 # few tests but a long one each: started early, so none is left running alone at the end
+                 "test_learning_benchmark.py", "test_math_hostile.py", "test_check.py", "test_humaneval.py",
+                 "test_trainer_callbacks.py"]
 ONE_LANE = ("tests/test_distributed.py", "tests/test_fsdp_runs.py")
 
 

@@ -50,7 +50,7 @@ from rlvr.rewards.deadline import RewardTimeout, time_limit
 from rlvr.rewards.llm_judge import judge
 from rlvr.rewards.format import boxed_format, format_curriculum, tag_count, think_answer_format
 from rlvr.rewards.length import cosine_length, repetition_penalty, soft_overlong
-from rlvr.rewards.math import accuracy, numeric_accuracy, signed_accuracy
+from rlvr.rewards.math import accuracy, math_verify, numeric_accuracy, signed_accuracy
 from rlvr.rewards.reasoning_gym import reasoning_gym_score
 from rlvr.rewards.trl_names import get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward  # noqa: F401 - TRL's names
 from rlvr.types import Example, Rollout, ScoreList, TrainerState
@@ -462,6 +462,7 @@ REWARDS: dict[str, RewardFn] = {
     "accuracy": accuracy,
     "numeric_accuracy": numeric_accuracy,
     "signed_accuracy": signed_accuracy,
+    "math_verify": math_verify,
     "format": think_answer_format,
     "boxed_format": boxed_format,
     "tag_count": tag_count,

@@ -276,6 +276,22 @@ def symbolic_equal(pred: str, ref: str) -> bool:
     return bool(verify(gold, target, timeout_seconds=None, allow_set_relation_comp=True))
 
 
+def math_verify_pair(reference: str | None, completion: str) -> bool | None:
+    """Math-Verify's verdict on a completion as its own rules read it (rewards.math.math_verify): the
+    reference parsed as it is, the completion's LaTeX with its boxes tried first, then verify; None
+    when the reference does not parse.  Its SIGALRM timeouts are off: the grading pool bounds the call."""
+    from latex2sympy2_extended import NormalizationConfig
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    gold = parse(reference, parsing_timeout=None) if reference is not None else []
+    if not gold:
+        return None
+    config = LatexExtractionConfig(normalization_config=NormalizationConfig(units=True), boxed_match_priority=0,
+                                   try_extract_without_anchor=False)
+    target = parse(completion, extraction_config=[config], extraction_mode="first_match", parsing_timeout=None)
+    return bool(target) and bool(verify(gold, target, timeout_seconds=None))
+
+
 def _whole(parsed: list, answer: str) -> bool:
     """Whether math_verify read all of the answer: it returns [value, the text it read], and
     reads the longest part it can (``1-\\frac{1}{`` of a broken fraction), which must not pass."""

@@ -20,11 +20,11 @@ Model output is untrusted: any error while grading means "not equal", and is cou
 from __future__ import annotations
 
 from rlvr.rewards.answers import DEFAULT_SOURCES, check_sources, extract_answer, extract_boxed, reference_answer, tail
-from rlvr.rewards.equivalence import answer_key, cheap_verdict, symbolic_equal, symbolic_input
+from rlvr.rewards.equivalence import answer_key, cheap_verdict, math_verify_pair, symbolic_equal, symbolic_input
 from rlvr.rewards.pool import shared_pool
 from rlvr.types import Completion, ScoreList, completion_text
 
-__all__ = ["accuracy", "numeric_accuracy", "signed_accuracy", "extract_answer", "extract_boxed", "reference_answer",
+__all__ = ["accuracy", "numeric_accuracy", "signed_accuracy", "math_verify", "extract_answer", "extract_boxed", "reference_answer",
            "answer_key", "is_equivalent", "grade_pairs"]
 
 DEFAULT_TIMEOUT = 5.0  # CPU seconds for one symbolic check
@@ -124,6 +124,24 @@ def signed_accuracy(completions: list[Completion], answer: list | None = None, *
                     timeout: float = DEFAULT_TIMEOUT, sources=DEFAULT_SOURCES, compare: str = "full", **kwargs) -> ScoreList:
     """1.0 correct, -0.5 wrong, -1.0 no answer found; None where a row has no reference."""
     return _score(completions, answer, {CORRECT: 1.0, WRONG: -0.5, MISSING: -1.0}, final_number, timeout, sources, compare)
+
+
+def math_verify(completions: list[Completion], answer: list | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                **kwargs) -> ScoreList:
+    """Math-Verify's own grading, as TRL's accuracy_reward does it: the reference and the completion
+    each parsed by math_verify (the completion's LaTeX, its boxes first), 1.0 when math_verify.verify
+    finds them equal, else 0.0; None where the reference does not parse.  None of rlvr's extraction
+    rules: a grader nobody here wrote, for the reward audit (reward_audit=math_verify).  Run in the
+    grading pool with a bound of `timeout` CPU seconds (past it: 0.0, counted in timeouts)."""
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0 CPU seconds; got {timeout}")
+    if answer is None:
+        return ScoreList([None] * len(completions))
+    pairs = [(None if a is None else str(a), completion_text(c)) for c, a in zip(completions, answer)]
+    verdicts = shared_pool().map(math_verify_pair, pairs, timeout=timeout)
+    scores = ScoreList([None if v is None else 1.0 if v is True else 0.0 for v in verdicts])
+    scores.timeouts, scores.errors = verdicts.count(TIMEOUT), verdicts.count(ERROR)
+    return scores
 
 
 def check_knobs(sources, compare: str) -> tuple[str, ...]:
