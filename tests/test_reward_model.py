@@ -68,6 +68,7 @@ def test_a_model_that_is_not_a_reward_model_is_refused_before_anything_loads(tin
     assert "'nobody/no-such-reward-model'" in problems("nobody/no-such-reward-model") and "local cache" in problems(
         "nobody/no-such-reward-model")
     assert "did you mean 'accuracy'?" in problems("acuracy")  # a word is a misspelt function, not a model id
+    assert "give your own as package.module:function or path/to/file.py:function" in problems("rewards/mine.py")
 
 
 @pytest.mark.trains

@@ -462,7 +462,6 @@ REWARDS: dict[str, RewardFn] = {
     "accuracy": accuracy,
     "numeric_accuracy": numeric_accuracy,
     "signed_accuracy": signed_accuracy,
-    "math_verify": math_verify,
     "format": think_answer_format,
     "boxed_format": boxed_format,
     "tag_count": tag_count,
@@ -475,4 +474,5 @@ REWARDS: dict[str, RewardFn] = {
     "countdown": countdown,
     "reasoning_gym": reasoning_gym_score,
     "judge": judge,
+    "math_verify": math_verify,
 }

@@ -29,8 +29,11 @@ _LOADED: dict = {}  # (path, device) -> (model, tokenizer): loaded once per proc
 
 
 def is_model_reference(name: str) -> bool:
-    """A local directory, or something shaped like a Hub id (`org/name`), rather than a function."""
-    return ":" not in name and (Path(name).expanduser().is_dir() or bool(HUB_ID.fullmatch(name)))
+    """A local directory, or something shaped like a Hub id (`org/name`), rather than a function
+    (`rewards/mine.py` without its `:function` is a function file missing its name, not a model)."""
+    if ":" in name or name.endswith(".py"):
+        return False
+    return Path(name).expanduser().is_dir() or bool(HUB_ID.fullmatch(name))
 
 
 def short_name(name: str) -> str:
