@@ -11,8 +11,9 @@ for chat prompts) and kwargs carries what TRL passes, aligned with the completio
 text the model saw; `max_completion_length`; `answer`, the answer column by that
 name; `env_rewards`) reach a function that names them, or that takes **kwargs and
 was named in the settings rather than given to GRPOTrainer.  `async def`
-functions are awaited together, each bounded by reward_timeout (calls.gather).  None means "not applicable": it is left out of that
-function's mean and counts as 0 in the weighted total (TRL's nansum).  A function
+functions are awaited together, each bounded by reward_timeout (calls.gather).
+None means "not applicable": it is left out of that function's mean and counts
+as 0 in the weighted total (TRL's nansum).  A function
 may return a ScoreList to report completions it could not score (timeouts,
 errors).  `reward_args` in the config supplies keyword arguments per function.
 
