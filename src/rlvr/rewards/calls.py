@@ -56,8 +56,8 @@ def accepted_extras(fn, given: bool) -> frozenset:
     return EXTRAS if takes_any and not given else frozenset(named)
 
 
-def call(fn, **kwargs) -> Logged:
-    """fn(**kwargs, log_extra=..., log_metric=...), an `async def` function's scores awaited."""
+def _recorder() -> tuple[Logged, dict]:
+    """A Logged to fill, and the log_extra and log_metric a call is given that fill it."""
     out = Logged(None)
 
     def log_extra(column: str, values) -> None:
@@ -66,7 +66,13 @@ def call(fn, **kwargs) -> Logged:
     def log_metric(name: str, value: float) -> None:
         out.metrics.setdefault(str(name), []).append(float(value))
 
-    out.scores = settle(fn(**kwargs, log_extra=log_extra, log_metric=log_metric))
+    return out, {"log_extra": log_extra, "log_metric": log_metric}
+
+
+def call(fn, **kwargs) -> Logged:
+    """fn(**kwargs, log_extra=..., log_metric=...), an `async def` function's scores awaited."""
+    out, logs = _recorder()
+    out.scores = settle(fn(**kwargs, **logs))
     return out
 
 
@@ -79,10 +85,9 @@ def is_async(fn) -> bool:
 
 async def _attempt(fn, kwargs: dict) -> tuple:
     """("ok", Logged) or ("failed", kind, message): what one async function did, SystemExit included."""
-    out = Logged(None)
+    out, logs = _recorder()
     try:
-        out.scores = await fn(**kwargs, log_extra=lambda column, values: out.extra.setdefault(str(column), []).extend(values),
-                              log_metric=lambda name, value: out.metrics.setdefault(str(name), []).append(float(value)))
+        out.scores = await fn(**kwargs, **logs)
         return "ok", out
     except (Exception, SystemExit) as e:  # sys.exit in one function is that function's failure; the
         # caller's own BaseExceptions (Ctrl-C, the inline backstop's RewardTimeout) stop the whole call
