@@ -106,8 +106,6 @@ def reward_audit(rewards, data, seed: int) -> RewardAudit | None:
     from rlvr.rewards import RewardSet, reward_name
     from rlvr.tasks import reward_funcs
 
-    auditor = RewardSet([rewards.reward_audit], args={rewards.reward_audit: dict(rewards.reward_audit_args)},
-                        timeout=rewards.reward_timeout, isolation=rewards.reward_isolation,
-                        model_device=rewards.reward_model_device, model_batch_size=rewards.reward_model_batch_size)
+    auditor = RewardSet.of(rewards, [rewards.reward_audit], args={rewards.reward_audit: dict(rewards.reward_audit_args)})
     target = rewards.reward_audit_target or reward_funcs(rewards, data)[0]
     return RewardAudit(auditor, reward_name(target), rewards.reward_audit_fraction, seed)

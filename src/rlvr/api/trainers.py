@@ -12,7 +12,7 @@ from rlvr import methods
 from rlvr.api import inputs
 from rlvr.api.outputs import ScriptMethods
 from rlvr.api.configs import AsyncGRPOConfig, DPOConfig, GRPOConfig, SFTConfig
-from rlvr.config import Config, ConfigError, ModelSettings, build_config
+from rlvr.config import Config, ConfigError, ModelSettings, RewardSettings, build_config
 from rlvr.events import TrainerEvents
 from rlvr.trl_settings import ignored_line
 
@@ -127,7 +127,8 @@ class GRPOTrainer(ScriptMethods):
         if len(classes) != len(funcs):
             raise ConfigError(f"reward_processing_classes has {len(classes)} entries but reward_funcs has {len(funcs)}; "
                               "give one per reward function (None for the functions)")
-        device, batch = settings.get("reward_model_device", "auto"), settings.get("reward_model_batch_size", 32)
+        device = settings.get("reward_model_device", RewardSettings.reward_model_device)
+        batch = settings.get("reward_model_batch_size", RewardSettings.reward_model_batch_size)
         names: list[str] = []
         for f, tokenizer in zip(funcs, classes):
             if _is_model(f) or (tokenizer is not None and isinstance(f, str) and is_model_reference(f)):

@@ -249,6 +249,13 @@ class RewardSet:
             if self.waiting and process else None
         self._waiter = None  # the thread that waits for async_worker's answer
 
+    @classmethod
+    def of(cls, settings, names, weights=None, args: dict | None = None) -> "RewardSet":
+        """`names` with the run's reward settings (RewardSettings): reward_timeout, reward_isolation and
+        where reward models score (reward_model_device, reward_model_batch_size)."""
+        return cls(names, weights, args, timeout=settings.reward_timeout, isolation=settings.reward_isolation,
+                   model_device=settings.reward_model_device, model_batch_size=settings.reward_model_batch_size)
+
     def close(self) -> None:
         """Stop the worker process of your own reward functions (a later call starts another)."""
         for worker in (self.worker, self.async_worker):

@@ -103,8 +103,7 @@ def build_rewards(rewards: RewardSettings, data: DataSettings, with_verifier: bo
     task = task_of(data)
     task_args = {} if task is None else task.reward_args(data.task_args)
     args = {name: {**task_args.get(name, {}), **rewards.reward_args.get(name, {})} for name in names}
-    return RewardSet(names, weights, args, timeout=rewards.reward_timeout, isolation=rewards.reward_isolation,
-                     model_device=rewards.reward_model_device, model_batch_size=rewards.reward_model_batch_size)
+    return RewardSet.of(rewards, names, weights, args)
 
 
 TASKS = {task.name: task for task in (ArithmeticTask, HumanEvalTask, CountdownTask, ReasoningGymTask, *PRESETS)}
