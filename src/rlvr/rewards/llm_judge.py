@@ -34,7 +34,6 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from rlvr.types import ScoreList, completion_text
 
@@ -216,7 +215,6 @@ def _local(name: str, device: str):
 
     where = torch_device(device)
     if (name, where) not in _LOCAL:
-        path = str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else name
-        model, tokenizer, _ = load_model(path, device=where)
+        model, tokenizer, _ = load_model(name, device=where)  # a path, a Hub id or default (models.resolve_model_path)
         _LOCAL[(name, where)] = (model.eval(), tokenizer)
     return _LOCAL[(name, where)]

@@ -47,11 +47,11 @@ def check(name: str, config=None) -> None:
         from transformers import AutoConfig
 
         from rlvr.errors import ModelError
-        from rlvr.models import require_hub_model
+        from rlvr.models import require_hub_model, resolve_model_path
 
         try:
             require_hub_model(name)
-            config = AutoConfig.from_pretrained(str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else name)
+            config = AutoConfig.from_pretrained(resolve_model_path(name))
         except (ModelError, OSError, ValueError) as e:
             raise ValueError(f"reward model {name!r}: {str(e).splitlines()[0]}") from None
     architectures = list(getattr(config, "architectures", None) or [])
@@ -139,6 +139,8 @@ def torch_device(setting: str) -> str:
 def _from_pretrained(name: str, device: str):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    path = str(Path(name).expanduser()) if Path(name).expanduser().is_dir() else name
+    from rlvr.models import resolve_model_path
+
+    path = resolve_model_path(name)  # a local directory expanded, a Hub id as it is
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).to(device).eval()
     return model, AutoTokenizer.from_pretrained(path)
