@@ -95,6 +95,10 @@ class History:
     samples: list[dict] = field(default_factory=list)  # the latest logged completions
     rolling: list = field(default_factory=list)  # [step, mean, std] of the recent rolling windows of reward (reward_collapse)
 
+    def recent(self, name: str) -> list[float]:
+        """The values of a metric recorded over the window's steps (none where it was not logged)."""
+        return [v for v in self.values.get(name, [])[-self.window:] if v is not None]
+
     def last(self, name: str, n: int | None = None) -> list[float] | None:
         """The last n (default: window) values of a metric, or None if fewer were recorded."""
         n = n or self.window
@@ -310,9 +314,7 @@ AUDIT_MIN_SAMPLES = 10  # audited completions the window needs before reward_aud
 
 
 def reward_audit_disagreement(h: History, settings: AlertSettings) -> Finding | None:
-    audited = [v for v in h.values.get("audit/audited", [])[-h.window:] if v is not None]
-    disagreed = [v for v in h.values.get("audit/disagreements", [])[-h.window:] if v is not None]
-    false_passes = [v for v in h.values.get("audit/false_passes", [])[-h.window:] if v is not None]
+    audited, disagreed, false_passes = (h.recent(name) for name in ("audit/audited", "audit/disagreements", "audit/false_passes"))
     n = sum(audited)
     if n < AUDIT_MIN_SAMPLES:
         return None
