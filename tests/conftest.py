@@ -178,24 +178,20 @@ def make_tokenizer(chars=None):
     return fast
 
 
+def tiny_llama_config(vocab_size: int, **overrides):
+    """The tiny models' Llama shape: 2 layers of width 32, 4 heads over 2 key-value heads."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**{"vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+                          "tie_word_embeddings": True, "pad_token_id": 0, "eos_token_id": 2, "bos_token_id": 1, **overrides})
+
+
 def make_tiny_model(vocab_size: int, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=2,
-        bos_token_id=1,
-    )
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(tiny_llama_config(vocab_size))
 
 
 @pytest.fixture(scope="session")
@@ -211,12 +207,12 @@ def tiny_model_dir(tmp_path_factory):
 
 def make_tiny_classifier(vocab_size: int, num_labels: int = 1, seed: int = 0):
     """A tiny random Llama sequence classifier: a reward model when num_labels is 1."""
-    from transformers import LlamaConfig, LlamaForSequenceClassification
+    from transformers import LlamaForSequenceClassification
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         num_labels=num_labels, pad_token_id=None, eos_token_id=2, bos_token_id=1)
+    # 512 positions: it reads the default model's prompts and completions, a character a token
+    config = tiny_llama_config(vocab_size, max_position_embeddings=512, tie_word_embeddings=False, num_labels=num_labels,
+                               pad_token_id=None)
     return LlamaForSequenceClassification(config).eval()  # no pad_token_id: the reward side must tell it the tokenizer's
 
 
