@@ -144,7 +144,8 @@ def policy_loss(
 ):
     """Loss of one micro-batch and its metrics (sums, so micro-batches can be added up).
 
-    logprobs, old_logprobs, ref_logprobs, mask: [B, T]; advantages: [B]; importance_weights
+    logprobs, old_logprobs, ref_logprobs, mask: [B, T]; advantages: [B], or [B, T] (process rewards,
+    one per token); importance_weights
     (`sampler_importance_weights`): [B, T] or [B, 1]; entropy_mask (`high_entropy_mask`): [B, T],
     False for the tokens whose policy term is left out (their KL term stays).  bias_correction_kl:
     the KL term is weighted by the policy ratio (token or sequence level, as the policy term's).
@@ -165,7 +166,7 @@ def policy_loss(
     ref_logprobs = None if ref_logprobs is None else _masked(ref_logprobs, mask)
     log_w = importance_log_weights(logprobs, old_logprobs, mask, importance_sampling_level)
     ratio = torch.exp(log_w)
-    adv = advantages[:, None].to(logprobs.dtype)
+    adv = (advantages if advantages.dim() == 2 else advantages[:, None]).to(logprobs.dtype)
     unclipped = (ratio if delta is None else ratio.clamp(max=delta)) * adv
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
@@ -189,8 +190,9 @@ def policy_loss(
 
     with torch.no_grad():  # per token, or per completion with sequence-level ratios (as TRL counts them)
         counted = mask if ratio.shape == mask.shape else torch.ones_like(ratio, dtype=torch.bool)
-        low = (ratio < 1 - epsilon) & (adv < 0) & counted
-        high = (ratio > 1 + eps_high) & (adv > 0) & counted
+        sign = adv if ratio.shape == mask.shape else adv[:, :1]  # a completion's: its first token's (its return)
+        low = (ratio < 1 - epsilon) & (sign < 0) & counted
+        high = (ratio > 1 + eps_high) & (sign > 0) & counted
         metrics["clip_ratio/low"] = low.sum().float()
         metrics["clip_ratio/high"] = high.sum().float()
         metrics["clip_ratio/region"] = (low | high).sum().float()

@@ -72,7 +72,8 @@ class Batch:
     """Completions ready for the update: prompts left-padded, completions right-padded.
 
     Row i is prompt_ids[i] (masked by prompt_mask) followed by completion_ids[i]
-    (masked by completion_mask).  `advantages` holds one value per completion.
+    (masked by completion_mask).  `advantages` holds one value per completion, or with process rewards
+    one per completion token ([B, T], advantages.step_advantages).
     `old_logprobs` is filled before the first update when num_iterations > 1
     (otherwise the current log-probs, detached, stand in for them);
     `ref_logprobs` when beta > 0.  `sampler_logprobs` are the log-probs the sampler
@@ -83,7 +84,7 @@ class Batch:
     prompt_mask: torch.Tensor  # [B, P] bool
     completion_ids: torch.Tensor  # [B, T] long
     completion_mask: torch.Tensor  # [B, T] bool
-    advantages: torch.Tensor  # [B] float
+    advantages: torch.Tensor  # [B] float, or [B, T] (process rewards)
     old_logprobs: torch.Tensor | None = None  # [B, T]
     ref_logprobs: torch.Tensor | None = None  # [B, T]
     group_ids: torch.Tensor | None = None  # [B] long: rows with the same id share their prompt
@@ -135,7 +136,10 @@ class Batch:
         groups = None if group_size is None else (torch.arange(len(rollouts)) // group_size)[keep]
         skipped_tokens = sum(0 if mask_truncated and r.truncated else sum(r.mask) if r.mask is not None else len(r.completion_ids)
                              for r in left_out)
-        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages[keep].float(), group_ids=groups,
+        advantages = advantages[keep].float()
+        if advantages.dim() == 2:  # per token: as wide as the kept completions
+            advantages = torch.nn.functional.pad(advantages, (0, max(c_width - advantages.shape[1], 0)))[:, :c_width]
+        return cls(prompt_ids, prompt_mask, completion_ids, completion_mask, advantages, group_ids=groups,
                    sampler_logprobs=sampler_logprobs, policy_mask=policy_mask, skipped_rows=len(left_out),
                    skipped_tokens=skipped_tokens)
 
@@ -184,7 +188,8 @@ class Batch:
             sampler_logprobs=pick(self.sampler_logprobs),
             policy_mask=pick(self.policy_mask),
         )
-        for name in ("old_logprobs", "ref_logprobs", "sampler_logprobs", "policy_mask"):
+        for name in ("old_logprobs", "ref_logprobs", "sampler_logprobs", "policy_mask") + \
+                (("advantages",) if self.advantages.dim() == 2 else ()):
             if getattr(sub, name) is not None:
                 setattr(sub, name, getattr(sub, name)[:, :t_end])
         return sub
@@ -211,10 +216,22 @@ class SampledGroup:
     kl: list[float] | None = None  # per completion, summed over tokens (kl_penalty=reward)
     rank: int = 0  # the process that sampled it, and trains on it (distributed.py)
     extra: dict = field(default_factory=dict)  # columns reward functions logged (log_extra), per completion
+    # Process rewards: per completion, its step scores by the token each ends at (rollout/steps.py); None
+    # where every score was one number per completion.
+    steps: list[dict[int, float]] | None = None
 
     @property
     def has_signal(self) -> bool:
+        if self.steps is not None:  # the step scores are what is normalised (advantages.step_advantages)
+            pool = [v for s in self.steps for v in s.values()]
+            return max(pool) > min(pool)
         return max(self.rewards) > min(self.rewards)
+
+    def token_steps(self) -> list[dict[int, float]]:
+        """Each completion's steps; a reward given as one number is one step, at the last token."""
+        if self.steps is not None:
+            return self.steps
+        return [{max(len(r.completion_ids) - 1, 0): reward} for r, reward in zip(self.rollouts, self.rewards)]
 
 
 @dataclass

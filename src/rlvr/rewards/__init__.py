@@ -13,7 +13,9 @@ name; `env_rewards`) reach a function that names them, or that takes **kwargs an
 was named in the settings rather than given to GRPOTrainer.  `async def`
 functions are awaited together, each bounded by reward_timeout (calls.gather).
 None means "not applicable": it is left out of that function's mean and counts
-as 0 in the weighted total (TRL's nansum).  A function
+as 0 in the weighted total (TRL's nansum).  A completion's score may also be a
+list of step scores, (char_offset, score) pairs: a process reward, scored where each
+step of the text ends (advantages.step_advantages has the rule).  A function
 may return a ScoreList to report completions it could not score (timeouts,
 errors).  `reward_args` in the config supplies keyword arguments per function.
 
@@ -199,6 +201,9 @@ class Scores:
     counters: dict[str, dict[str, int]] = field(default_factory=dict)  # per function: timeouts, errors, retries
     extra: dict[str, list] = field(default_factory=dict)  # log_extra's columns, one value per completion
     logged: dict[str, list[float]] = field(default_factory=dict)  # log_metric's values by name (calls.py)
+    # Process rewards: per completion, the weighted step scores as (char_offset, score), the offset None for
+    # the end (the weighted scores given as one number, where any was); None when no function gave steps.
+    steps: list[list[tuple[int | None, float]]] | None = None
 
     def mean(self, name: str) -> float:
         vals = [v for v in self.per_func[name] if v is not None]
@@ -311,7 +316,8 @@ class RewardSet:
             answered = self._finish_async(waiting, completions, kwargs, drop)
             for i in self.waiting:
                 got[i] = self._outcome(i, n, lambda: _answer(answered, i))
-        per_func, counters, extra, logged = {}, {}, {}, {}
+        per_func, counters, extra, logged, steps = {}, {}, {}, {}, {}
+        lengths = _lengths(completions)
         for i, name in enumerate(self.names):
             values = got[i]
             if isinstance(values, calls.Logged):  # your own function's, with what it logged
@@ -319,13 +325,31 @@ class RewardSet:
                 for key, vals in values.metrics.items():
                     logged.setdefault(key, []).extend(vals)
                 values = values.scores
-            per_func[name] = _check_output(name, values, n)
+            per_func[name], steps[name] = _check_output(name, values, n, lengths)
             counters[name] = {k: getattr(values, k, 0) for k in ("timeouts", "errors", "retries")}
         total = [
             float(sum(w * v for w, v in zip(self.weights, vals) if v is not None))  # 0.0 when all are None
             for vals in zip(*(per_func[name] for name in self.names))
         ]
-        return Scores(total=total, per_func=per_func, counters=counters, extra=extra, logged=logged)
+        return Scores(total=total, per_func=per_func, counters=counters, extra=extra, logged=logged,
+                      steps=self._steps(per_func, steps, n))
+
+    def _steps(self, per_func: dict, steps: dict, n: int):
+        """Scores.steps: each completion's weighted step scores, and at the end (None) the weighted sum of
+        the scores given as one number where any function gave one; None when no function gave steps."""
+        if all(s is None for s in steps.values()):
+            return None
+        out = []
+        for j in range(n):
+            mine: list[tuple[int | None, float]] = []
+            outcome = None
+            for w, name in zip(self.weights, self.names):
+                if steps[name] is not None and steps[name][j] is not None:
+                    mine += [(offset, w * score) for offset, score in steps[name][j]]
+                elif per_func[name][j] is not None:
+                    outcome = (outcome or 0.0) + w * per_func[name][j]
+            out.append(mine + ([(None, outcome)] if outcome is not None else []))
+        return out
 
     def _outcome(self, i: int, n: int, scores):
         """What scores() returned, or the i-th function's n scores as None when it ran past
@@ -433,17 +457,38 @@ def _failure(name: str, e: CallFailed) -> str:
     return line
 
 
-def _check_output(name: str, values, n: int) -> list[float | None]:
-    """The scores as floats or None.  Lists, tuples, numpy arrays and torch tensors of Python,
-    numpy or torch numbers are accepted; NaN means "not applicable", as None does (TRL's nansum)."""
+def _lengths(completions) -> list[int | None]:
+    """Each completion's length in characters, the bound of its step offsets; None for a conversation
+    of several turns (step scores are for a single turn)."""
+    out = []
+    for c in completions:
+        if isinstance(c, str):
+            out.append(len(c))
+        elif isinstance(c, list) and len(c) == 1 and isinstance(c[0], dict) and isinstance(c[0].get("content"), str):
+            out.append(len(c[0]["content"]))
+        else:
+            out.append(None)
+    return out
+
+
+def _check_output(name: str, values, n: int, lengths: list | None = None):
+    """(scores, steps): the scores as floats or None, and where the function gave any completion a list
+    of (char_offset, score) steps, those lists (None for a completion scored with one number); steps None
+    when it gave none.  Lists, tuples, numpy arrays and torch tensors of Python, numpy or torch numbers
+    are accepted; NaN means "not applicable", as None does (TRL's nansum).  A completion's score as
+    steps counts as their sum; `lengths` (characters per completion) bound the offsets."""
     if not isinstance(values, (list, tuple)) and hasattr(values, "tolist"):  # numpy array, torch tensor
         values = values.tolist()
         values = values if isinstance(values, list) else [values]
     if not isinstance(values, (list, tuple)) or len(values) != n:
         got = f"{type(values).__name__} of length {len(values)}" if hasattr(values, "__len__") else repr(values)
         raise RewardError(f"reward function {name!r} must return a list of {n} floats or None, got {got}")
-    out = []
-    for v in values:
+    out, steps = [], [None] * n
+    for j, v in enumerate(values):
+        if isinstance(v, (list, tuple)) or (hasattr(v, "tolist") and getattr(v, "ndim", 0) > 0):
+            steps[j] = _check_steps(name, v, lengths[j] if lengths else None)
+            out.append(sum(score for _, score in steps[j]) if steps[j] else None)
+            continue
         if v is not None and not isinstance(v, (int, float)) and hasattr(v, "item"):  # numpy / torch scalar
             v = v.item()
         if v is None or (isinstance(v, float) and isnan(v)):
@@ -452,7 +497,29 @@ def _check_output(name: str, values, n: int) -> list[float | None]:
             out.append(float(v))
         else:
             raise RewardError(f"reward function {name!r} returned {v!r}; rewards must be finite numbers or None")
-    return out
+    return out, (steps if any(s is not None for s in steps) else None)
+
+
+def _check_steps(name: str, pairs, length: int | None) -> list[tuple[int, float]] | None:
+    """One completion's step scores as (char_offset, score) pairs in offset order (None when empty): each
+    offset where a step of the text ends, 1 to the completion's length; each score a finite number."""
+    pairs = pairs.tolist() if hasattr(pairs, "tolist") else pairs
+    if length is None:
+        raise RewardError(f"reward function {name!r} returned step scores for a conversation of several turns; "
+                          "step scores (char_offset, score) are for a single-turn completion")
+    out = []
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise RewardError(f"reward function {name!r} returned the step {pair!r}; a step score is a pair "
+                              "(char_offset, score)")
+        offset, score = (x.item() if hasattr(x, "item") else x for x in pair)
+        if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or not 1 <= offset <= length:
+            raise RewardError(f"reward function {name!r} returned the step offset {offset!r} for a completion of "
+                              f"{length} characters; an offset is where the step ends, an integer from 1 to {length}")
+        if not isinstance(score, numbers.Real) or not isfinite(score):  # bools count as 1 / 0
+            raise RewardError(f"reward function {name!r} returned the step score {score!r}; step scores must be finite numbers")
+        out.append((int(offset), float(score)))
+    return sorted(out, key=lambda p: p[0]) or None
 
 
 def environment(completions, env_rewards=None, **kwargs) -> list:

@@ -4,7 +4,8 @@ A round samples G completions for each of `prompts_per_step` prompts and scores 
 (rollout/stage.py); with dynamic sampling (DAPO) further rounds run until `prompts_per_step`
 groups carry signal or `max_sampling_rounds` extra rounds have run.  Rewards are normalised
 within each group (advantages.py); groups whose rewards are all equal carry no signal and are
-left out of the batch, and counted.
+left out of the batch, and counted.  Where a reward function scores steps (process rewards), the
+step scores are placed on their tokens (rollout/steps.py) and the advantages are per token.
 
 With `max_staleness` >= 1 the next generation is sampled in a thread while the current step trains
 (from the sampler's weights before its update); a step that fails or is interrupted before its optimizer
@@ -24,10 +25,11 @@ from dataclasses import dataclass
 import torch
 
 from rlvr import distributed
-from rlvr.advantages import group_advantages
+from rlvr.advantages import group_advantages, step_advantages
 from rlvr.config import RolloutSettings, UpdateSettings
 from rlvr.monitor import generation_metrics
 from rlvr.rewards import merge_counters
+from rlvr.rollout.steps import token_steps
 from rlvr.types import Batch, Generation, Round, SampledGroup, TrainerState
 
 
@@ -89,8 +91,12 @@ class Generations:
         groups = [g for r in rounds for g in r.groups]
         chosen = [g for g in groups if g.has_signal][: s.prompts_per_step] if s.dynamic_sampling else groups
         rewards = torch.tensor([x for g in chosen for x in g.rewards])
-        advantages, zero_std = group_advantages(rewards, size, s.scale_rewards)
         rollouts = [r for g in chosen for r in g.rollouts]
+        if any(g.steps is not None for g in chosen):  # process rewards: an advantage per token
+            advantages, zero_std = step_advantages([x for g in chosen for x in g.token_steps()],
+                                                   [len(r.completion_ids) for r in rollouts], size, s.scale_rewards)
+        else:
+            advantages, zero_std = group_advantages(rewards, size, s.scale_rewards)
         mine = torch.tensor([g.rank == self.world.rank for g in chosen], dtype=torch.bool).repeat_interleave(size)
         without = zero_std.repeat_interleave(size) if s.skip_without_signal else torch.zeros_like(mine)
         # dynamic sampling keeps the informative groups only (DAPO); otherwise those left out still count
@@ -104,7 +110,8 @@ class Generations:
         samples = [
             {"prompt": g.example.prompt, "answer": g.example.answer, "completion": r.text, "reward": reward,
              "rewards": {n: v[j] for n, v in g.per_func.items()},  # each function's score, as TRL's completions table
-             "advantage": advantages[i * size + j].item(), "finish_reason": r.finish_reason,
+             "advantage": _first(advantages[i * size + j]), "finish_reason": r.finish_reason,
+             **({"steps": sorted(g.steps[j].items())} if g.steps is not None else {}),
              **({"turns": r.messages} if r.messages else {}), **{k: v[j] for k, v in g.extra.items()}}
             for i, g in enumerate(chosen) for j, (r, reward) in enumerate(zip(g.rollouts, g.rewards))
         ][: s.num_completions_to_print]
@@ -120,12 +127,16 @@ class Generations:
         out = self.rollout.sample(examples, self.generator, state)
         rollouts = [r for group in out.groups for r in group]
         totals, kls = self.kl.penalize(list(out.scores.total), rollouts, self.rollout.pad_id, size)
+        steps = None if out.scores.steps is None else [  # process rewards: each step on the token it ends at
+            token_steps(mine, r, self.rollout.tokenizer, totals[j] - out.scores.total[j])
+            for j, (mine, r) in enumerate(zip(out.scores.steps, rollouts))]
         groups = []
         for i, (ex, group) in enumerate(zip(out.examples, out.groups)):
             idx = range(i * size, (i + 1) * size)
             extra = {k: v[i * size:(i + 1) * size] for k, v in out.scores.extra.items() if len(v) == len(rollouts)}
             groups.append(SampledGroup(ex, group, [totals[j] for j in idx], {n: [v[j] for j in idx] for n, v in out.scores.per_func.items()},
-                                       None if kls is None else [kls[j] for j in idx], self.world.rank, extra))
+                                       None if kls is None else [kls[j] for j in idx], self.world.rank, extra,
+                                       None if steps is None else [steps[j] for j in idx]))
         if not self.world.enabled:
             return Round(groups, out.scores.counters, out.rollout_seconds, out.reward_seconds, out.scores.logged)
         # every rank gets every group
@@ -213,3 +224,8 @@ class Generations:
 
 def _informative(rounds: list[Round]) -> int:
     return sum(g.has_signal for r in rounds for g in r.groups)
+
+
+def _first(advantage: torch.Tensor) -> float:
+    """A completion's advantage as completions.jsonl shows it: with process rewards, its first token's."""
+    return (advantage.reshape(-1)[0] if advantage.numel() else advantage.new_zeros(())).item()

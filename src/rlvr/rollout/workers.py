@@ -62,7 +62,9 @@ def concat_scores(parts: list[Scores]) -> Scores:
         total += s.total
         for name, values in s.per_func.items():
             per_func.setdefault(name, []).extend(values)
-    return Scores(total, per_func, merge_counters(s.counters for s in parts))
+    steps = None if all(s.steps is None for s in parts) else \
+        [x for s in parts for x in (s.steps or [[(None, t)] for t in s.total])]
+    return Scores(total, per_func, merge_counters(s.counters for s in parts), steps=steps)
 
 
 class LocalPolicy:
@@ -314,7 +316,8 @@ class RolloutWorkers:
 def _slice_scores(scores: Scores, lo: int, hi: int, first: bool) -> Scores:
     """Rows lo:hi of a Scores; the counters go with the first slice only, so they are counted once."""
     return Scores(scores.total[lo:hi], {n: v[lo:hi] for n, v in scores.per_func.items()},
-                  scores.counters if first else {n: {} for n in scores.counters})
+                  scores.counters if first else {n: {} for n in scores.counters},
+                  steps=None if scores.steps is None else scores.steps[lo:hi])
 
 
 def _with_absolute_reward_files(rewards: RewardSettings) -> RewardSettings:
