@@ -325,6 +325,29 @@ def test_reward_functions_get_trls_arguments_and_can_log(tiny_model_dir, tmp_pat
     assert "rewards/_async_reward/mean" in row
 
 
+def _first_line(completions, **kwargs):
+    """A process reward: the first line of each completion scored where it ends, 1 at the end."""
+    return [[(len(c.split("\\n")[0]) or 1, float(c[0] < "m")), (len(c), 1.0)] if c else None for c in completions]
+
+
+@pytest.mark.trains
+def test_a_process_reward_given_to_grpo_trainer_trains_on_its_steps(tiny_model_dir, tmp_path):
+    rows = [{"prompt": f"{a}+1="} for a in range(4)]
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=6, max_steps=1, report_to="none")
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[_first_line, "boxed_format"], args=args, train_dataset=rows)
+    trainer.train()
+    samples = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    scored = [s for s in samples if s["completion"]]
+    # the first line's step, and at the last token the end step (1) with boxed_format's number (0 here)
+    # (a one-line completion's steps both end there: one step), the last token's index at least the text's
+    assert scored and all(s["steps"][-1][1] == 1.0 + (len(s["steps"]) == 1) * float(s["completion"][0] < "m")
+                          and s["steps"][-1][0] >= len(s["completion"]) - 1 for s in scored)
+    assert all(s["rewards"]["_first_line"] == pytest.approx(float(s["completion"][0] < "m") + 1.0) for s in scored)
+    row = next(r for r in trainer.state.log_history if "reward" in r)
+    assert "rewards/_first_line/mean" in row and row["grad_norm"] >= 0.0
+
+
 def test_rlvr_extras_reach_only_the_functions_that_take_them():
     from rlvr.rewards.calls import EXTRAS, accepted_extras
 

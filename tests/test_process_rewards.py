@@ -79,6 +79,9 @@ def test_a_step_ends_at_the_token_that_holds_its_last_character():
     assert token_steps([(2, 1.0), (3, 0.5), (6, -1.0), (None, 2.0)], rollout, tok, charged=-0.25) == \
         {0: 1.5, 2: -1.0, 3: 1.75}
     assert token_steps([], rollout, tok) == {3: 0.0}  # no score at all: 0 at the end, as a total of Nones
+    # a step that ends where the text ends takes the end-of-sequence token with it, as a number does
+    ended = Rollout([1], ids + [tok.eos_token_id], [0.0] * 5, "stop", "abcxxyz")
+    assert token_steps([(6, 1.0), (7, 0.5), (None, 2.0)], ended, tok) == {2: 1.0, 4: 2.5}
 
 
 def test_step_scores_are_for_single_turn_rollouts():
@@ -199,3 +202,15 @@ def test_a_generation_gives_each_token_the_return_of_the_steps_after_it(tiny, tm
     assert gen.samples[0]["rewards"] == {"boxed_format": 1.0}
     metrics = trainer.update(gen.batch)  # and the update trains on them
     assert metrics["grad_norm"] > 0.0
+
+
+def test_rollout_workers_carry_the_steps_of_their_slices():
+    from rlvr.rewards import Scores
+    from rlvr.rollout.workers import _slice_scores, concat_scores
+
+    stepped = Scores([1.5, 0.0], {"f": [1.5, None]}, steps=[[(1, 1.0), (None, 0.5)], []])
+    plain = Scores([2.0], {"f": [2.0]})
+    assert _slice_scores(stepped, 1, 2, first=False).steps == [[]]
+    # a slice scored with numbers only: each total is a step at the end
+    assert concat_scores([stepped, plain]).steps == [[(1, 1.0), (None, 0.5)], [], [(None, 2.0)]]
+    assert concat_scores([plain, plain]).steps is None

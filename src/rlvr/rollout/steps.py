@@ -4,8 +4,9 @@ A reward function scores a step of a completion's text with a (char_offset, scor
 where the step ends (rewards/__init__.py checks them).  The step ends at the token that holds the
 character before that offset: the first token whose decoded prefix of the completion reaches the
 offset (a binary search over prefix decodes, the way the text itself was decoded, so a token that
-spans the offset takes the step).  Scores given as one number end at the last token, with any KL
-charged to the reward (kl_penalty=reward).  advantages.step_advantages turns the result into
+spans the offset takes the step).  A step that ends where the text ends ends at the last token, the
+end-of-sequence token or a stop string's included, as scores given as one number do (with any KL
+charged to the reward, kl_penalty=reward): the decision to stop is part of the last step.  advantages.step_advantages turns the result into
 per-token advantages.
 """
 
@@ -26,7 +27,7 @@ def token_steps(steps: list[tuple[int | None, float]], rollout: Rollout, tokeniz
     last = max(len(rollout.completion_ids) - 1, 0)
     out: dict[int, float] = {}
     for offset, score in steps:
-        t = last if offset is None else token_of(tokenizer, rollout.completion_ids, offset)
+        t = last if offset is None or offset >= len(rollout.text) else token_of(tokenizer, rollout.completion_ids, offset)
         out[t] = out.get(t, 0.0) + score
     if charged or not out:
         out[last] = out.get(last, 0.0) + charged
