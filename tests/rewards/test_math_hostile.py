@@ -223,3 +223,14 @@ def test_a_check_that_runs_out_once_is_run_again_with_a_larger_bound_and_counted
     assert list(scores) == [1.0, 1.0]  # the first needs the symbolic check; the second is equal as a number
     assert slow.bounds == [0.5, 0.5 * math_rewards.RETRY_FACTOR]
     assert scores.retries == 1 and scores.timeouts == 0
+
+
+def test_math_verify_runs_a_check_that_ran_out_once_more_as_accuracy_does(monkeypatch):
+    import rlvr.rewards.math as math_rewards
+
+    slow = _OnceSlow()
+    monkeypatch.setattr(math_rewards, "shared_pool", lambda: slow)
+    scores = math_rewards.math_verify([r"\boxed{2\sqrt{2}}", r"\boxed{5}"], answer=[r"\sqrt{8}", "5"], timeout=0.5)
+    assert list(scores) == [1.0, 1.0]  # math_verify sends every pair to the pool: both ran out, both again
+    assert slow.bounds == [0.5, 0.5 * math_rewards.RETRY_FACTOR]
+    assert scores.retries == 2 and scores.timeouts == 0

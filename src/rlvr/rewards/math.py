@@ -63,17 +63,24 @@ def grade_pairs(preds: list[str | None], refs: list[str | None], numeric_only: b
         else:
             grades[i] = CORRECT if verdict else WRONG
     if symbolic:
-        results = shared_pool().map(symbolic_equal, [(p, r) for _, p, r in symbolic], timeout=timeout)
-        again = [k for k, result in enumerate(results) if result == TIMEOUT]
-        if again:  # once more with a larger bound: a check that was merely slow gets its verdict
-            second = shared_pool().map(symbolic_equal, [symbolic[k][1:] for k in again], timeout=timeout * RETRY_FACTOR)
-            for k, result in zip(again, second):
-                results[k] = result
-            if retried is not None:
-                retried.extend(symbolic[k][0] for k in again)
+        results, again = bounded_map(symbolic_equal, [(p, r) for _, p, r in symbolic], timeout)
+        if retried is not None:
+            retried.extend(symbolic[k][0] for k in again)
         for (i, _, _), result in zip(symbolic, results):
             grades[i] = result if result in (TIMEOUT, ERROR) else (CORRECT if result is True else WRONG)
     return grades
+
+
+def bounded_map(fn, jobs: list, timeout: float) -> tuple[list, list[int]]:
+    """(fn's result for each job in the grading pool, bounded by `timeout` CPU seconds, and the indices of
+    the jobs that ran out and were run once more, with RETRY_FACTOR times the bound): a check that was
+    merely slow gets its verdict; one that runs out again is TIMEOUT."""
+    results = shared_pool().map(fn, jobs, timeout=timeout)
+    again = [k for k, result in enumerate(results) if result == TIMEOUT]
+    if again:
+        for k, result in zip(again, shared_pool().map(fn, [jobs[k] for k in again], timeout=timeout * RETRY_FACTOR)):
+            results[k] = result
+    return results, again
 
 
 def plain_last_box(text: str) -> str | None:
@@ -132,15 +139,16 @@ def math_verify(completions: list[Completion], answer: list | None = None, *, ti
     each parsed by math_verify (the completion's LaTeX, its boxes first), 1.0 when math_verify.verify
     finds them equal, else 0.0; None where the reference does not parse.  None of rlvr's extraction
     rules: a grader nobody here wrote, for the reward audit (reward_audit=math_verify).  Run in the
-    grading pool with a bound of `timeout` CPU seconds (past it: 0.0, counted in timeouts)."""
+    grading pool with a bound of `timeout` CPU seconds, and once more with a larger one as accuracy's
+    checks (bounded_map; past both: 0.0, counted in timeouts)."""
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0 CPU seconds; got {timeout}")
     if answer is None:
         return ScoreList([None] * len(completions))
     pairs = [(None if a is None else str(a), completion_text(c)) for c, a in zip(completions, answer)]
-    verdicts = shared_pool().map(math_verify_pair, pairs, timeout=timeout)
+    verdicts, retried = bounded_map(math_verify_pair, pairs, timeout)
     scores = ScoreList([None if v is None else 1.0 if v is True else 0.0 for v in verdicts])
-    scores.timeouts, scores.errors = verdicts.count(TIMEOUT), verdicts.count(ERROR)
+    scores.timeouts, scores.errors, scores.retries = verdicts.count(TIMEOUT), verdicts.count(ERROR), len(retried)
     return scores
 
 
