@@ -40,7 +40,7 @@ def no_training(monkeypatch):
         (["epsilon=0.3", "epsilon_high=0.2"], "epsilon_high must be >= epsilon"),
         (["beta=-0.1"], "beta must be >= 0"),
         (["learning_rate=0"], "learning_rate must be a finite number > 0"),
-        (["loss_type=ppo"], "loss_type must be one of grpo, dapo, dr_grpo, bnpo; got 'ppo'"),
+        (["loss_type=ppo"], "loss_type must be one of grpo, dapo, dr_grpo, bnpo, cispo, sapo, luspo, vespo; got 'ppo'"),
         (["scale_rewards=sometimes"], "scale_rewards must be one of group, batch, none"),
         (["importance_sampling_level=batch"], "importance_sampling_level must be one of token, sequence"),
         (["lr_scheduler_type=step"], "lr_scheduler_type must be one of constant, linear, cosine"),

@@ -8,9 +8,11 @@ from rlvr.logprobs import selective_logprobs
 from rlvr.losses import (
     IMPORTANCE_SAMPLING_MODES,
     LOSS_TYPES,
+    LossKnobs,
     LossNorm,
     entropy_threshold,
     high_entropy_mask,
+    off_policy_mask,
     policy_loss,
     sampler_importance_weights,
 )
@@ -46,7 +48,8 @@ def test_aggregation_by_loss_type(loss_type, expected):
 
 
 def test_every_registered_loss_type_is_tested():
-    assert set(LOSS_TYPES) == {"grpo", "dapo", "dr_grpo", "bnpo"}
+    # the first four above; cispo, sapo, vespo and luspo below (each with its own term)
+    assert set(LOSS_TYPES) == {"grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"}
 
 
 # --- clipping -------------------------------------------------------------------------
@@ -447,3 +450,103 @@ def test_importance_weights_scale_the_policy_term_only():
     loss.backward()
     # d/dlogp of -w * exp(logp - old) at ratio 1 is -w; divided by the 2 tokens
     assert logp.grad[0, 0].item() == pytest.approx(-0.25, abs=1e-6)
+
+
+# --- cispo, sapo, vespo, luspo: value and gradient by hand ---------------------------------------
+# Two completions of two tokens.  Row 0: A = +1, token ratios 2 and 0.5 (log-probs log 0.5, log 0.25);
+# row 1: A = -2, ratios 3 and 1 (log-probs log 0.8, log 0.1).  old = logp - log(ratio).
+
+P = [[0.5, 0.25], [0.8, 0.1]]
+R = [[2.0, 0.5], [3.0, 1.0]]
+A2 = [1.0, -2.0]
+
+
+def _two_rows(loss_type, mask=((1, 1), (1, 1)), **kw):
+    logp = torch.log(torch.tensor(P)).requires_grad_()
+    old = (logp - torch.log(torch.tensor(R))).detach()
+    loss, m = loss_of(logp, old, A2, [list(r) for r in mask], loss_type, **kw)
+    loss.backward()
+    return loss.item(), logp.grad, m
+
+
+def test_cispo_clips_the_weight_and_keeps_every_gradient():
+    # weights sg(min(r, eps_high = 1.5)): [1.5, 0.5], [1.5, 1.0]; per token -w A logp; dapo: / 4 tokens
+    value, grad, m = _two_rows("cispo", epsilon_high=1.5)
+    expected = -(1.5 * LN(0.5) + 0.5 * LN(0.25) + 1.5 * -2 * LN(0.8) + 1.0 * -2 * LN(0.1)) / 4
+    assert value == pytest.approx(expected, abs=1e-6)
+    # d/dlogp = -w A / 4: even the token whose ratio 2 is above the cap keeps a gradient (1.5 x A / 4)
+    assert torch.allclose(grad, torch.tensor([[-0.375, -0.125], [0.75, 0.5]]), atol=1e-6)
+    assert m["cispo_clip_ratio"].item() == 1  # ratio 2 > 1.5 with A > 0; row 1's 3 > 1.5 has A < 0
+    assert "clip_ratio/low" not in m
+
+
+def _sig(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_sapo_gates_softly_with_a_temperature_per_sign():
+    # tau = 1 (A > 0), 1.05 (A <= 0); per token -(4 / tau) sigmoid(tau (r - 1)) A; grpo: mean per row, / 2 rows
+    tau = [1.0, 1.05]
+    terms = [[-(4 / tau[i]) * _sig(tau[i] * (R[i][t] - 1)) * A2[i] for t in range(2)] for i in range(2)]
+    value, grad, m = _two_rows("sapo")
+    assert value == pytest.approx((sum(terms[0]) / 2 + sum(terms[1]) / 2) / 2, abs=1e-6)
+    # d/dlogp = -4 sig (1 - sig) r A, / (2 tokens x 2 rows); at r = 1 that is -A / 4, the plain gradient
+    g = [[-4 * _sig(tau[i] * (R[i][t] - 1)) * (1 - _sig(tau[i] * (R[i][t] - 1))) * R[i][t] * A2[i] / 4 for t in range(2)]
+         for i in range(2)]
+    assert torch.allclose(grad, torch.tensor(g), atol=1e-6)
+    assert grad[1, 1].item() == pytest.approx(2 / 4)  # ratio 1: -A / 4
+    assert m == {}  # no clip to count (TRL logs none for sapo)
+
+
+def test_vespo_weighs_each_completion_by_a_gamma_of_its_whole_ratio():
+    # W = product of the ratios: row 0: 2 x 0.5 = 1, phi = exp(3 + 2 ln 1 - 3 x 1) = 1 (k, lambda = 2, 3 for A >= 0);
+    # row 1: W = 3, phi = exp(2 + 3 ln 3 - 2 x 3) = 27 e^-4 (k, lambda = 3, 2 for A < 0).  Per token -phi A logp; / 4
+    phi1 = 27 * math.exp(-4)
+    value, grad, m = _two_rows("vespo")
+    assert value == pytest.approx(-(LN(0.5) + LN(0.25) - 2 * phi1 * (LN(0.8) + LN(0.1))) / 4, abs=1e-6)
+    assert torch.allclose(grad, torch.tensor([[-0.25, -0.25], [2 * phi1 / 4, 2 * phi1 / 4]]), atol=1e-6)
+    assert m["vespo/phi_seq"].item() == pytest.approx(1 + phi1)
+    # the knobs are the settings': k_neg = 1, lambda_neg = 1 -> phi = exp(1 + ln 3 - 3) = 3 e^-2
+    _, _, m = _two_rows("vespo", knobs=LossKnobs(vespo_k_neg=1.0, vespo_lambda_neg=1.0))
+    assert m["vespo/phi_seq"].item() == pytest.approx(1 + 3 * math.exp(-2))
+
+
+def test_vespo_takes_the_samplers_weights_into_its_ratio():
+    # a sampler weight of 0.5 on row 1's first token: W = 3 x 0.5 = 1.5; phi = exp(2 + 3 ln 1.5 - 3) = 3.375 e^-1
+    v = torch.tensor([[1.0, 1.0], [0.5, 1.0]])
+    _, grad, m = _two_rows("vespo", importance_weights=v)
+    phi1 = 3.375 * math.exp(-1)
+    assert m["vespo/phi_seq"].item() == pytest.approx(1 + phi1)
+    assert torch.allclose(grad[1], torch.tensor([2 * phi1 / 4] * 2), atol=1e-6)  # not multiplied by v a second time
+
+
+def test_luspo_sums_each_completions_tokens():
+    # sequence ratios: row 0 exp(mean(ln 2, ln 0.5)) = 1; row 1 (second token masked) exp(ln 3) = 3.
+    # Clipped term per token: row 0 -min(1, 1) = -1; row 1 -min(3 x -2, 1.2 x -2) = 6.  luspo: each row's
+    # sum over its tokens (2 x -1, 1 x 6), over 2 completions: (-2 + 6) / 2 = 2.  (grpo would average
+    # each row's tokens first: (-1 + 6) / 2.)
+    value, grad, m = _two_rows("luspo", mask=((1, 1), (1, 0)), importance_sampling_level="sequence")
+    assert value == pytest.approx(2.0, abs=1e-6)
+    # row 0: d(2 x -w A)/dlogp_t = -2 A w / 2 per token, / 2 rows = -0.5; row 1: -A w x 1 / 2 = 3; masked: 0
+    assert torch.allclose(grad, torch.tensor([[-0.5, -0.5], [3.0, 0.0]]), atol=1e-6)
+    assert m["clip_ratio/low"].item() == 0  # row 1's 3 is above the range with A < 0: the unclipped term, not clipped
+    grpo, _, _ = _two_rows("grpo", mask=((1, 1), (1, 0)), importance_sampling_level="sequence")
+    assert grpo == pytest.approx(2.5, abs=1e-6)
+
+
+def test_off_policy_mask_drops_only_far_completions_with_a_negative_advantage():
+    # mean per-token KL from the sampler, mean(sampling - logp): row 0 1.0 (A > 0: kept), row 1 1.0 (A < 0:
+    # dropped at threshold 0.5), row 2 0.2 (kept); the masked token's 9.0 does not count
+    logp = torch.zeros(3, 2)
+    sampling = torch.tensor([[1.0, 1.0], [0.5, 1.5], [0.2, 9.0]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 0]], dtype=torch.bool)
+    keep = off_policy_mask(torch.tensor([1.0, -1.0, -1.0]), logp, sampling, mask, 0.5)
+    assert keep.tolist() == [[True], [False], [True]]
+    assert off_policy_mask(torch.tensor([1.0, -1.0, -1.0]), logp, sampling, mask, 1.0).tolist() == [[True]] * 3
+    # in the loss: the dropped row's policy term is 0, its KL term stays
+    lp = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]])).requires_grad_()
+    ref = torch.log(torch.tensor([[0.25, 0.25]] * 3))
+    loss, _ = loss_of(lp, lp.detach(), [1.0, -1.0, -1.0], mask.tolist(), "dapo", beta=0.1, ref_logprobs=ref,
+                      sequence_mask=keep)
+    kl = 0.5 - math.log(0.5) - 1  # k3 with ref - logp = ln 0.5
+    assert loss.item() == pytest.approx((-1 * 2 + 1 * 1 + 0.1 * kl * 5) / 5, abs=1e-6)

@@ -198,6 +198,12 @@ CASES = {
     "mask-truncated": {"mask_truncated_completions": True},
     "steps-per-generation": {"steps_per_generation": 2, "per_device_train_batch_size": 4, "max_steps": 2,
                              "loss_type": "grpo"},
+    # the other four of TRL's loss types and the off-policy mask, on a second iteration, where the ratios are not 1
+    "cispo": {"loss_type": "cispo", "epsilon_high": 1.02, "num_iterations": 2, "max_steps": 2},
+    "sapo": {"loss_type": "sapo", "num_iterations": 2, "max_steps": 2, "sapo_temperature_neg": 2.0},
+    "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence", "num_iterations": 2, "max_steps": 2},
+    "vespo": {"loss_type": "vespo", "num_iterations": 2, "max_steps": 2, "vespo_k_pos": 3.0},
+    "off-policy-mask": {"off_policy_mask_threshold": 0.002, "num_iterations": 2, "max_steps": 2},
 }
 
 

@@ -149,11 +149,13 @@ def _two_completions(tokenizer) -> Batch:
 
 
 def _policy_update(model, **settings):
+    from rlvr.losses import LossKnobs
     from rlvr.update import PolicyUpdate, UpdateSettings
 
     base = dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, importance_sampling_level="token", micro_batch_size=2,
                 max_completion_length=3, max_grad_norm=0.0, num_iterations=1, sampler_correction=None, fsdp=False,
-                sampler_clip_min=None, sampler_clip_max=3.0, delta=None, top_entropy_quantile=1.0, router_aux_loss_coef=0.0)
+                sampler_clip_min=None, sampler_clip_max=3.0, delta=None, top_entropy_quantile=1.0, router_aux_loss_coef=0.0,
+                knobs=LossKnobs(), off_policy_mask_threshold=None, sampler_reports=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the gradients are what is checked
     logprobs = LogProbs(fast=True, temperature=1.0)
     kl = KLReference(KLSettings(beta=0.0), model, None, logprobs)

@@ -37,7 +37,7 @@ PANELS = [
     ("kl", "KL to the reference (beta on the right axis)", ["kl"]),
     ("loss", "loss", ["loss"]),
     ("entropy", "entropy", ["entropy"]),
-    ("clip_ratio", "clip ratios", [re.compile(r"clip_ratio/.+")]),
+    ("clip_ratio", "clip ratios", [re.compile(r"clip_ratio/.+"), re.compile(r"cispo_clip_ratio")]),
     ("completion_length", "completion length (tokens)", ["completions/mean_length", "completions/min_length", "completions/max_length"]),
     ("zero_signal", "fraction of groups with zero reward std", ["frac_reward_zero_std"]),
     ("throughput", "throughput (completion tokens/s)", ["tokens_per_second"]),

@@ -18,7 +18,7 @@ from rlvr.rundir import default_output_dir, prepare_output_dir_once
 from rlvr.runtime import slow_bf16_note
 from rlvr.settings import check_runnable
 from rlvr.trainer import RunCore, RunData
-from rlvr.trl_settings import meaning_note
+from rlvr.trl_settings import loss_note, meaning_note
 
 
 def train(cfg: Config, console=None, objects=None) -> dict:
@@ -78,7 +78,8 @@ def _train_in(cfg: Config, output_dir: Path, checkpoint: Path | None, console, s
         save_config(cfg.without_secrets(), output_dir / "config.yaml")  # no hub_token on disk, nor on the Hub
     console.print(f"[bold]rlvr {cfg.command}[/] -> {output_dir}  model: {model_path} on {world.device}  "
                   f"train/test: {len(data.train_examples)}/{len(data.test_examples)}  steps: {trainer.total_steps}")
-    for note in (slow_bf16_note(cfg.bf16, world.device), meaning_note(cfg.method, cfg.dpo_loss_type, cfg.label_smoothing)):
+    for note in (slow_bf16_note(cfg.bf16, world.device), meaning_note(cfg.method, cfg.dpo_loss_type, cfg.label_smoothing),
+                 loss_note(cfg.update_settings) if cfg.method == "grpo" else None):
         if note is not None:
             console.print(f"[yellow]{note}[/]")
     run = Run(cfg, method, trainer, data, model_path, console, say, loggers, objects.callbacks if objects is not None else None)

@@ -391,7 +391,8 @@ class Trainer(RunCore):
         self.batches = Generations(generation, self.rollout, self.prompts, self.generator,
                                    self.kl, world, self.home, self.audit)  # 1-3: sampling rounds, advantages, sampling ahead
         self.updater = PolicyUpdate(UpdateSettings.from_sections(cfg.update_settings, cfg.rollout_settings, cfg.steps_per_optimizer_step,
-                                                                  self.rollout.off_policy, self.full_model.config), model, self.optimizer,
+                                                                  self.rollout.off_policy, self.full_model.config,
+                                                                  self.rollout.path.rollout_func is not None), model, self.optimizer,
                                     self.scheduler, self.logprobs, self.kl, self.rollout.pad_id, world,
                                     between_micro_batches=self.home.serve,
                                     scaler=self.scaler, on_event=self._event)  # 4

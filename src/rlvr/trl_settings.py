@@ -31,6 +31,8 @@ mask_truncated_completions sync_ref_model ref_model_mixup_alpha ref_model_sync_s
 vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max
 vllm_importance_sampling_clip_min log_completions num_completions_to_print use_bias_correction_kl
 router_aux_loss_coef load_best_model_at_end metric_for_best_model greater_is_better vllm_enable_sleep_mode
+sapo_temperature_pos sapo_temperature_neg vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
+off_policy_mask_threshold
 """.split()) | frozenset(  # the ModelConfig / ScriptArguments of TRL's scripts (trl/scripts/grpo.py)
     "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save "
     "lora_task_type use_rslora use_dora load_in_4bit bnb_4bit_quant_type use_bnb_nested_quant bnb_4bit_quant_storage "
@@ -67,9 +69,8 @@ IGNORED = {
     "optim_args": "transformers passes it to none of torch's AdamW variants (the adam_* settings are theirs)",
     "fsdp_config": ("rlvr's FSDP2 shards each decoder layer and the whole model itself; of fsdp_config only cpu_offload "
                     "(accelerate's offload_params) is read, as fsdp_offload_params"),
-    **dict.fromkeys("""sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
-        entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target""".split(),
-                    "a knob of a loss or feature rlvr does not have (see loss_type, entropy_coef)"),
+    **dict.fromkeys("""entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target""".split(),
+                    "a knob of a feature rlvr does not have (see entropy_coef)"),
     # SFTConfig's and DPOConfig's own (TRL 1.16)
     "dataset_num_proc": "rlvr tokenises the rows itself, in one process",
     "eval_packing": "rlvr evaluates held-out accuracy by sampling, not a packed loss",
@@ -111,7 +112,6 @@ UNSUPPORTED = {
     "multi_objective_aggregation": (("sum_then_normalize",), "only sum_then_normalize (weighted sum, then group normalisation)"),
     "entropy_coef": ((0.0,), "an entropy bonus in the loss is not supported yet"),
     "use_adaptive_entropy": ((False,), "adaptive entropy control is not supported yet"),
-    "off_policy_mask_threshold": ((None,), "off-policy sequence masking is not supported yet"),
     "log_completions_hub_repo": ((None,), "uploading completions to the Hub is not supported; they are in completions.jsonl"),
     "load_in_8bit": ((False,), "8-bit loading (LLM.int8) is not supported; QLoRA is load_in_4bit=true with use_peft=true"),
     "dataset_streaming": ((False,), "streamed datasets from the command line are not supported; GRPOTrainer takes an IterableDataset"),
@@ -241,6 +241,23 @@ def fsdp_settings(key: str, value: Any) -> list[tuple[str, Any]]:
 def _true(value: Any) -> bool:
     """A flag as transformers and accelerate read it: a bool, or a string such as "true" / "false"."""
     return value if isinstance(value, bool) else str(value).lower() in ("y", "yes", "t", "true", "on", "1")
+
+
+def loss_note(loss) -> str | None:
+    """TRL 1.16's warnings about a loss type's settings (LossSettings), as one line, else None: each is
+    trained as given, as TRL trains it."""
+    if loss.loss_type == "luspo" and loss.importance_sampling_level != "sequence":
+        return "loss_type=luspo is the LUSPO paper's with importance_sampling_level=sequence (TRL warns the same)"
+    if loss.loss_type == "vespo" and loss.importance_sampling_level != "token":
+        return ("loss_type=vespo weighs each completion by its whole ratio itself: importance_sampling_level should be token, "
+                "the default (TRL warns the same)")
+    if loss.loss_type == "cispo" and loss.epsilon_high is None:
+        return (f"loss_type=cispo caps its importance weights at epsilon_high, which is unset: epsilon ({loss.epsilon}) caps "
+                "them, as in TRL; the paper's eps_max is larger (ScaleRL uses epsilon_high=5)")
+    if loss.importance_sampling_level == "sequence" and loss.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+        return (f"loss_type={loss.loss_type} sums per-token terms, so with importance_sampling_level=sequence each completion "
+                "weighs by its length; GSPO's setup is loss_type=grpo (TRL warns the same)")
+    return None
 
 
 def meaning_note(method: str, dpo_loss_type: tuple, label_smoothing: float) -> str | None:

@@ -1,8 +1,8 @@
 """Stage 4 of a step: one optimizer step on a generated batch.
 
 The batch is split into micro-batches of `micro_batch_size` completions; each one's log-probs
-(logprobs.py), its clipped policy loss (weighted for samples from another engine, masked to the
-high-entropy tokens when asked) and the KL term (losses.py) are computed and backpropagated, each
+(logprobs.py), its policy loss (loss_type's; weighted for samples from another engine, masked to
+the high-entropy tokens and the off-policy completions when asked) and the KL term (losses.py) are computed and backpropagated, each
 normalised by totals over the whole batch (over every rank's batch with several processes), so
 the accumulated gradient does not depend on the split.  Then `optimizer_step` sums gradients over
 ranks, clips their global norm, refuses non-finite values, and steps the optimizer and the
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from rlvr import config, distributed, fsdp
-from rlvr.losses import LossNorm, entropy_threshold, high_entropy_mask, policy_loss, sampler_importance_weights
+from rlvr.losses import (LossKnobs, LossNorm, entropy_threshold, high_entropy_mask, off_policy_mask, policy_loss,
+                         sampler_importance_weights)
 from rlvr.types import Batch
 from rlvr.errors import NonFinite  # noqa: F401 - raised here, defined in the leaf errors.py
 
@@ -51,13 +52,17 @@ class UpdateSettings:
     delta: float | None  # two-sided clipping: the unclipped ratio's cap
     top_entropy_quantile: float  # train on the tokens of this top fraction of entropy (1: all)
     router_aux_loss_coef: float  # a Mixture-of-Experts model's load-balancing loss weight, resolved (0: not computed)
+    knobs: LossKnobs  # sapo's and vespo's settings
+    off_policy_mask_threshold: float | None  # leave out off-policy completions with A < 0 (None: off)
+    sampler_reports: bool  # the sampler's log-probs are another policy's (another engine, a rollout_func, older weights)
 
     @classmethod
     def from_sections(cls, update: config.UpdateSettings, rollout: config.RolloutSettings, steps_per_optimizer_step: int,
-                      off_policy: bool, model_config=None) -> UpdateSettings:
+                      off_policy: bool, model_config=None, custom_rollouts: bool = False) -> UpdateSettings:
         """steps_per_optimizer_step: optimizer steps one generation feeds (Config.steps_per_optimizer_step);
         off_policy: the samples come from another engine or older weights (rollout/stage.py);
-        model_config: the trained model's transformers config (for its router loss)."""
+        model_config: the trained model's transformers config (for its router loss); custom_rollouts: a
+        rollout_func samples them (its log-probs are the sampling policy's, as off_policy's are)."""
         corrects = rollout.vllm_importance_sampling_correction and off_policy
         return cls(update.loss_type, update.epsilon, update.epsilon_high, update.importance_sampling_level,
                    update.per_device_train_batch_size, rollout.max_completion_length, update.max_grad_norm,
@@ -65,7 +70,10 @@ class UpdateSettings:
                    update.fsdp, sampler_clip_min=rollout.vllm_importance_sampling_clip_min,
                    sampler_clip_max=rollout.vllm_importance_sampling_clip_max, delta=update.delta,
                    top_entropy_quantile=update.top_entropy_quantile,
-                   router_aux_loss_coef=router_coefficient(update.router_aux_loss_coef, model_config))
+                   router_aux_loss_coef=router_coefficient(update.router_aux_loss_coef, model_config),
+                   knobs=LossKnobs(update.sapo_temperature_pos, update.sapo_temperature_neg, update.vespo_k_pos,
+                                   update.vespo_lambda_pos, update.vespo_k_neg, update.vespo_lambda_neg),
+                   off_policy_mask_threshold=update.off_policy_mask_threshold, sampler_reports=off_policy or custom_rollouts)
 
 
 def router_coefficient(setting: float | None, model_config) -> float:
@@ -218,7 +226,12 @@ class PolicyUpdate:
                    "learning_rate": lr, "update_tokens": sums["update_tokens"], "update_flops": sums["update_flops"]}
         counted = tokens if s.importance_sampling_level == "token" else rows  # sequence ratios clip whole completions
         for k in ("low", "high", "region"):
-            metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / counted
+            if f"clip_ratio/{k}" in sums:  # the clipped loss types'
+                metrics[f"clip_ratio/{k}_mean"] = sums[f"clip_ratio/{k}"] / counted
+        if "cispo_clip_ratio" in sums:
+            metrics["cispo_clip_ratio"] = sums["cispo_clip_ratio"] / counted
+        if "vespo/phi_seq" in sums:  # over every completion, as TRL's mean (vespo trains every group: see generation.py)
+            metrics["vespo/phi_seq_mean"] = sums["vespo/phi_seq"] / max(rows, 1)
         if "kl" in sums:
             metrics["kl"] = sums["kl"] / tokens
         for k in EXTREMES:  # with several processes: averaged over every process's micro-batches
@@ -278,14 +291,20 @@ class PolicyUpdate:
                 weights = sampler_importance_weights(old, micro.sampler_logprobs, micro.loss_mask,
                                                      s.sampler_correction, s.sampler_clip_min, s.sampler_clip_max)
                 _add_sampling_sums(sums, weights, old, micro)
+            off_policy = None
+            if s.off_policy_mask_threshold is not None:  # against the sampling policy's log-probs where another one sampled, as TRL
+                sampled = micro.sampler_logprobs if s.sampler_reports and micro.sampler_logprobs is not None else old
+                off_policy = off_policy_mask(micro.advantages, logprobs, sampled, micro.loss_mask, s.off_policy_mask_threshold)
             loss, m = policy_loss(
                 logprobs, old, micro.advantages, micro.loss_mask, norm,
                 loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high, delta=s.delta,
                 importance_sampling_level=s.importance_sampling_level, ref_logprobs=micro.ref_logprobs,
                 beta=self.kl.loss_beta, kl_estimator=self.kl.settings.kl_estimator,
                 bias_correction_kl=self.kl.settings.use_bias_correction_kl, importance_weights=weights,
-                entropy_mask=self._entropy_mask(entropy, micro.loss_mask),
+                entropy_mask=self._entropy_mask(entropy, micro.loss_mask), sequence_mask=off_policy, knobs=s.knobs,
             )
+            if lo >= len(batch):  # fsdp's empty micro-batch: a pass for the collectives, no completion to count
+                m = {}
             if aux is not None:  # weighted per micro-batch, as TRL weighs it per accumulation step
                 loss = loss + s.router_aux_loss_coef * aux / norm.num_micro_batches
                 m["aux_loss"], m["aux_loss/count"] = aux.detach(), torch.tensor(1.0)

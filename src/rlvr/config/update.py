@@ -69,10 +69,17 @@ class AdvantageSettings(Section):
 @dataclass(frozen=True)
 class LossSettings(Section):
     # --- loss -----------------------------------------------------------------------
-    loss_type: str = "dapo"  # grpo | dapo | dr_grpo | bnpo
+    loss_type: str = "dapo"  # grpo | dapo | dr_grpo | bnpo | cispo | sapo | luspo | vespo (TRL's eight; docs/training.md)
     epsilon: float = 0.2  # the ratio is clipped to [1 - epsilon, 1 + epsilon_high]
-    epsilon_high: float | None = None  # default: epsilon
+    epsilon_high: float | None = None  # default: epsilon; cispo: the cap of its importance weight (the paper's eps_max; ScaleRL uses 5)
     delta: float | None = None  # two-sided clipping: the ratio of negative-advantage tokens is also capped at delta (> 1 + epsilon); null = off
+    sapo_temperature_pos: float = 1.0  # sapo: the soft gate's temperature for tokens with a positive advantage
+    sapo_temperature_neg: float = 1.05  # sapo: ... with a zero or negative advantage
+    vespo_k_pos: float = 2.0  # vespo: the Gamma weight's power for completions with a non-negative advantage
+    vespo_lambda_pos: float = 3.0  # vespo: ... its decay
+    vespo_k_neg: float = 3.0  # vespo: the power for completions with a negative advantage
+    vespo_lambda_neg: float = 2.0  # vespo: ... its decay
+    off_policy_mask_threshold: float | None = None  # leave out completions with a negative advantage whose mean KL from the sampling policy exceeds this (DeepSeek-V3.2); null = off
     top_entropy_quantile: float = 1.0  # train only on the tokens whose entropy is in this top fraction per batch (1 = all)
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
     num_iterations: int = 1  # updates per generated batch
@@ -93,6 +100,10 @@ class LossSettings(Section):
             (0 <= self.top_entropy_quantile <= 1,
              f"top_entropy_quantile must be in [0, 1] (1 = train on every token); got {self.top_entropy_quantile}"),
             (self.num_iterations >= 1, "num_iterations must be at least 1"),
+            (self.sapo_temperature_pos > 0 and self.sapo_temperature_neg > 0,
+             f"sapo_temperature_pos and sapo_temperature_neg must be > 0; got {self.sapo_temperature_pos}, {self.sapo_temperature_neg}"),
+            (self.off_policy_mask_threshold is None or self.off_policy_mask_threshold >= 0,
+             f"off_policy_mask_threshold is a KL: >= 0, or null for off; got {self.off_policy_mask_threshold}"),
         ]
         return choices(self, importance_sampling_level=("token", "sequence")) + [m for ok, m in rules if not ok]
 

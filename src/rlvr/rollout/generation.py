@@ -58,8 +58,10 @@ class GenerationSettings:
         A group without signal has advantage 0 and adds nothing to the policy term, so it is left out
         of the update (counted where the loss normalises) where that leaves the step exactly TRL's:
         not when a KL term in the loss still pulls on its completions (beta > 0), not with bnpo or
-        steps_per_generation (whose micro-batches or steps TRL cuts from every completion)."""
-        skip = not (update.beta > 0 and update.kl_penalty == "loss") and update.loss_type != "bnpo" and steps_per_optimizer_step == 1
+        steps_per_generation (whose micro-batches or steps TRL cuts from every completion), not with
+        vespo (whose logged mean weight, vespo/phi_seq_mean, TRL takes over every completion)."""
+        skip = not (update.beta > 0 and update.kl_penalty == "loss") and update.loss_type not in ("bnpo", "vespo") \
+            and steps_per_optimizer_step == 1
         return cls(num_generations=rollout.num_generations, prompts_per_step=prompts_per_step,
                    scale_rewards=update.scale_rewards, mask_truncated_completions=update.mask_truncated_completions,
                    dynamic_sampling=update.dynamic_sampling, max_sampling_rounds=update.max_sampling_rounds,
