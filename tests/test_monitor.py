@@ -11,11 +11,12 @@ from rlvr.monitor import generation_metrics
 PROMPT_TOKENS = 5
 
 
-def group(rewards, lengths, truncated, per_func, kl=None):
-    """A sampled group as generation_metrics reads it (trainer.SampledGroup's fields)."""
+def group(rewards, lengths, truncated, per_func, kl=None, scored=None):
+    """A sampled group as generation_metrics reads it (trainer.SampledGroup's fields); `scored`: the rewards
+    with NaN where no function scored the completion (default: all scored)."""
     rollouts = [SimpleNamespace(completion_ids=[7] * n, truncated=t, prompt_ids=[1] * PROMPT_TOKENS) for n, t in zip(lengths, truncated)]
     return SimpleNamespace(rewards=rewards, rollouts=rollouts, per_func=per_func, kl=kl,
-                           has_signal=max(rewards) > min(rewards))
+                           has_signal=max(rewards) > min(rewards), scored_rewards=scored or rewards)
 
 
 def round_(groups, counters, rollout_seconds, reward_seconds, logged=None):
@@ -125,3 +126,12 @@ def test_multi_turn_metrics_by_hand():
     assert metrics["turns/mean"] == 2.0 and metrics["turns/max"] == 3  # (3 + 1) / 2
     assert metrics["tools/calls_per_completion"] == 1.0 and metrics["tools/errors_per_completion"] == 0.5
     assert metrics["tools/error_rate"] == 0.5 and metrics["env/errors"] == 1  # 1 of the 2 calls failed
+
+
+def test_a_completion_no_function_scored_is_left_out_of_the_reward_as_in_trl():
+    # the third completion: every function returned None (total 0, but unscorable): TRL's nanmean leaves it out
+    g = group([1.0, 0.0, 0.0], lengths=[2, 2, 2], truncated=[False] * 3, per_func={"accuracy": [1.0, 0.0, None]},
+              scored=[1.0, 0.0, math.nan])
+    metrics = generation_metrics([g], [round_([g], {}, 0.0, 0.0)], group_size=3)
+    assert metrics["reward"] == 0.5 and metrics["reward_std"] == pytest.approx(math.sqrt(0.5))
+    assert metrics["reward_std/within_group"] == pytest.approx(math.sqrt(0.5))

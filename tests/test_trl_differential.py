@@ -221,6 +221,25 @@ def test_one_step_agrees_with_trl(case, tiny_model_dir, tmp_path, monkeypatch):
     compare(theirs, ours)
 
 
+def digits_or_none(completions, **kwargs):
+    """None (not applicable) for a completion without a digit: with no other function, an unscorable one."""
+    return [float(sum(ch.isdigit() for ch in c)) if any(ch.isdigit() for ch in c) else None for c in completions]
+
+
+@pytest.mark.parametrize("case", ["unscorable", "normalize-then-sum"])
+def test_unscorable_completions_and_normalize_then_sum_agree_with_trl(case, tiny_model_dir, tmp_path, monkeypatch):
+    """A completion no function scores is out of its group's baseline with advantage 0 (TRL 1.16's NaN
+    handling); GDPO's normalize_then_sum normalises each function in its group, then the batch."""
+    if case == "unscorable":
+        funcs, settings = (digits_or_none,), {}
+    else:
+        funcs, settings = (digits_or_none, length_reward), {"multi_objective_aggregation": "normalize_then_sum",
+                                                            "reward_weights": [1.0, 0.5]}
+    theirs = run_trl(tiny_model_dir, tmp_path / "trl", settings, reward_funcs=funcs)
+    ours = run_rlvr(tiny_model_dir, tmp_path / "rlvr", settings, monkeypatch, reward_funcs=funcs)
+    compare(theirs, ours)
+
+
 def test_weighted_reward_functions_and_a_reward_model_agree_with_trl(tiny_model_dir, tiny_reward_model_dir, tmp_path,
                                                                      monkeypatch):
     """TRL's only way to weight functions given to the trainer: GRPOConfig(reward_weights=[...]); one of

@@ -169,15 +169,16 @@ def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
 
     from rlvr.advantages import group_reward_std
 
-    rewards = torch.tensor([x for g in groups for x in g.rewards])
+    rewards = torch.tensor([x for g in groups for x in g.scored_rewards])  # NaN: no function scored it (TRL leaves it out)
+    scored = rewards[~rewards.isnan()]
     rollouts = [r for g in groups for r in g.rollouts]
     lengths = torch.tensor([len(r.completion_ids) for r in rollouts], dtype=torch.float)
     ended = lengths[torch.tensor([not r.truncated for r in rollouts])]  # ended by the model itself
     ended = ended if len(ended) else torch.zeros(1)  # TRL's convention when every completion was cut
     metrics = {
-        "reward": rewards.mean().item(),
-        "reward_std": rewards.std().item() if len(rewards) > 1 else math.nan,  # TRL's: over the whole batch (n - 1)
-        "reward_std/within_group": group_reward_std(rewards, group_size).mean().item(),  # what the advantages see
+        "reward": scored.mean().item() if len(scored) else math.nan,
+        "reward_std": scored.std().item() if len(scored) > 1 else math.nan,  # TRL's: over the whole batch (n - 1)
+        "reward_std/within_group": group_reward_std(rewards, group_size).nanmean().item(),  # what the advantages see
         "frac_reward_zero_std": sum(not g.has_signal for g in groups) / len(groups),
         "completions/mean_length": lengths.mean().item(),
         "completions/min_length": lengths.min().item(),

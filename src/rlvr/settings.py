@@ -183,6 +183,9 @@ def check_settings(cfg: Config, rewards_later: bool = False) -> Config:
     problems = []
     if cfg.loss_type not in LOSS_TYPES:
         problems.append(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {cfg.loss_type!r}")
+    if cfg.multi_objective_aggregation == "normalize_then_sum" and cfg.beta > 0 and cfg.kl_penalty == "reward":
+        problems.append("multi_objective_aggregation=normalize_then_sum normalises each reward function's scores, so a KL "
+                        "charged to the total reward would be lost: use kl_penalty=loss (TRL's) with it")
     for name in cfg.dpo_loss_type:
         if name not in DPO_LOSS_TYPES:
             known = "is one of TRL's DPO losses that rlvr does not have yet" if name in TRL_ONLY_DPO_LOSS_TYPES else "is unknown"

@@ -32,7 +32,7 @@ vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importanc
 vllm_importance_sampling_clip_min log_completions num_completions_to_print use_bias_correction_kl
 router_aux_loss_coef load_best_model_at_end metric_for_best_model greater_is_better vllm_enable_sleep_mode
 sapo_temperature_pos sapo_temperature_neg vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
-off_policy_mask_threshold
+off_policy_mask_threshold multi_objective_aggregation
 """.split()) | frozenset(  # the ModelConfig / ScriptArguments of TRL's scripts (trl/scripts/grpo.py)
     "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save "
     "lora_task_type use_rslora use_dora load_in_4bit bnb_4bit_quant_type use_bnb_nested_quant bnb_4bit_quant_storage "
@@ -109,7 +109,6 @@ UNSUPPORTED = {
     "save_only_model": ((False,), "checkpoints always hold the optimizer state, so that resume is exact"),
     "cast_lm_head_to_fp32": ((False,), "an fp32 LM head under bf16 is not supported yet"),
     "vllm_structured_outputs_regex": ((None,), "structured outputs are not supported yet"),
-    "multi_objective_aggregation": (("sum_then_normalize",), "only sum_then_normalize (weighted sum, then group normalisation)"),
     "entropy_coef": ((0.0,), "an entropy bonus in the loss is not supported yet"),
     "use_adaptive_entropy": ((False,), "adaptive entropy control is not supported yet"),
     "log_completions_hub_repo": ((None,), "uploading completions to the Hub is not supported; they are in completions.jsonl"),

@@ -219,13 +219,23 @@ class SampledGroup:
     # Process rewards: per completion, its step scores by the token each ends at (rollout/steps.py); None
     # where every score was one number per completion.
     steps: list[dict[int, float]] | None = None
+    # per completion: whether any reward function scored it (False: every one returned None); None: all were
+    scorable: list[bool] | None = None
+
+    @property
+    def scored_rewards(self) -> list[float]:
+        """The rewards, NaN for a completion no reward function scored (left out of the baseline, as in TRL)."""
+        if self.scorable is None:
+            return list(self.rewards)
+        return [r if ok else float("nan") for r, ok in zip(self.rewards, self.scorable)]
 
     @property
     def has_signal(self) -> bool:
         if self.steps is not None:  # the step scores are what is normalised (advantages.step_advantages)
             pool = [v for s in self.steps for v in s.values()]
             return max(pool) > min(pool)
-        return max(self.rewards) > min(self.rewards)
+        scored = [r for r in self.scored_rewards if r == r]
+        return len(scored) > 1 and max(scored) > min(scored)
 
     def token_steps(self) -> list[dict[int, float]]:
         """Each completion's steps; a reward given as one number is one step, at the last token."""

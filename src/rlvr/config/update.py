@@ -56,13 +56,22 @@ class RewardSettings(Section):
 class AdvantageSettings(Section):
     # --- advantage ------------------------------------------------------------------
     scale_rewards: str = "group"  # group | batch | none
+    advantage_estimator: str = "grpo"  # the baseline: grpo (group mean) | rloo (leave-one-out, TRL's RLOOTrainer) | reinforce_pp (group mean, whitened over the batch: verl's reinforce_plus_plus_baseline)
+    multi_objective_aggregation: str = "sum_then_normalize"  # several reward functions: sum_then_normalize (the weighted sum, then the advantage) | normalize_then_sum (each normalised in its group first, GDPO)
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal and sample more prompts
     max_sampling_rounds: int = 3  # dynamic sampling: extra generation rounds per step at most
 
     def _rules(self) -> list[str]:
-        problems = choices(self, scale_rewards=("group", "batch", "none"))
+        problems = choices(self, scale_rewards=("group", "batch", "none"), advantage_estimator=("grpo", "rloo", "reinforce_pp"),
+                           multi_objective_aggregation=("sum_then_normalize", "normalize_then_sum"))
         if self.max_sampling_rounds < 0:
             problems.append("max_sampling_rounds must be >= 0")
+        if self.advantage_estimator == "reinforce_pp" and self.scale_rewards != "group":
+            problems.append(f"advantage_estimator=reinforce_pp normalises over the batch's tokens itself (REINFORCE++): "
+                            f"leave scale_rewards at its default; got scale_rewards={self.scale_rewards}")
+        if self.multi_objective_aggregation == "normalize_then_sum" and self.advantage_estimator != "grpo":
+            problems.append("multi_objective_aggregation=normalize_then_sum is GRPO's (as in TRL): it needs advantage_estimator=grpo; "
+                            f"got {self.advantage_estimator}")
         return problems
 
 

@@ -17,6 +17,7 @@ thread's gathers never pair up with the update's collectives.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from concurrent.futures import Future, wait
@@ -25,10 +26,10 @@ from dataclasses import dataclass
 import torch
 
 from rlvr import distributed
-from rlvr.advantages import group_advantages, step_advantages
+from rlvr.advantages import group_advantages, normalize_then_sum, reinforce_pp_advantages, rloo_advantages, step_advantages
 from rlvr.config import RolloutSettings, UpdateSettings
 from rlvr.monitor import generation_metrics
-from rlvr.rewards import merge_counters
+from rlvr.rewards import RewardError, merge_counters
 from rlvr.rollout.steps import token_steps
 from rlvr.types import Batch, Generation, Round, SampledGroup, TrainerState
 
@@ -40,6 +41,8 @@ class GenerationSettings:
     num_generations: int
     prompts_per_step: int
     scale_rewards: str
+    advantage_estimator: str  # grpo | rloo | reinforce_pp (advantages.py)
+    normalize_then_sum: bool  # multi_objective_aggregation=normalize_then_sum
     mask_truncated_completions: bool
     dynamic_sampling: bool
     max_sampling_rounds: int
@@ -59,11 +62,16 @@ class GenerationSettings:
         of the update (counted where the loss normalises) where that leaves the step exactly TRL's:
         not when a KL term in the loss still pulls on its completions (beta > 0), not with bnpo or
         steps_per_generation (whose micro-batches or steps TRL cuts from every completion), not with
-        vespo (whose logged mean weight, vespo/phi_seq_mean, TRL takes over every completion)."""
+        vespo (whose logged mean weight, vespo/phi_seq_mean, TRL takes over every completion), not with
+        reinforce_pp or normalize_then_sum (whose batch-wide normalisation moves such a group's advantage
+        off 0)."""
+        whole_batch = update.advantage_estimator == "reinforce_pp" or update.multi_objective_aggregation == "normalize_then_sum"
         skip = not (update.beta > 0 and update.kl_penalty == "loss") and update.loss_type not in ("bnpo", "vespo") \
-            and steps_per_optimizer_step == 1
+            and steps_per_optimizer_step == 1 and not whole_batch
         return cls(num_generations=rollout.num_generations, prompts_per_step=prompts_per_step,
-                   scale_rewards=update.scale_rewards, mask_truncated_completions=update.mask_truncated_completions,
+                   scale_rewards=update.scale_rewards, advantage_estimator=update.advantage_estimator,
+                   normalize_then_sum=update.multi_objective_aggregation == "normalize_then_sum",
+                   mask_truncated_completions=update.mask_truncated_completions,
                    dynamic_sampling=update.dynamic_sampling, max_sampling_rounds=update.max_sampling_rounds,
                    num_completions_to_print=num_completions_to_print, sample_ahead=bool(rollout.max_staleness),
                    skip_without_signal=skip or update.dynamic_sampling)
@@ -92,13 +100,8 @@ class Generations:
         self.rollout.rest()  # the update comes next (vllm_enable_sleep_mode)
         groups = [g for r in rounds for g in r.groups]
         chosen = [g for g in groups if g.has_signal][: s.prompts_per_step] if s.dynamic_sampling else groups
-        rewards = torch.tensor([x for g in chosen for x in g.rewards])
         rollouts = [r for g in chosen for r in g.rollouts]
-        if any(g.steps is not None for g in chosen):  # process rewards: an advantage per token
-            advantages, zero_std = step_advantages([x for g in chosen for x in g.token_steps()],
-                                                   [len(r.completion_ids) for r in rollouts], size, s.scale_rewards)
-        else:
-            advantages, zero_std = group_advantages(rewards, size, s.scale_rewards)
+        advantages, zero_std = self.advantages(chosen, rollouts)
         mine = torch.tensor([g.rank == self.world.rank for g in chosen], dtype=torch.bool).repeat_interleave(size)
         without = zero_std.repeat_interleave(size) if s.skip_without_signal else torch.zeros_like(mine)
         # dynamic sampling keeps the informative groups only (DAPO); otherwise those left out still count
@@ -121,6 +124,30 @@ class Generations:
         audit = self.audit.submit(chosen, position) if self.audit is not None else None  # graded while it trains
         return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done, epochs_drawn=drawn, audit=audit)
 
+    def advantages(self, groups: list[SampledGroup], rollouts: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage 3: (advantages [N] or, with process rewards, [N, T]; zero_std per group), by the settings'
+        estimator and aggregation (advantages.py); a completion no reward function scored gets 0."""
+        s, size = self.settings, self.settings.num_generations
+        if any(g.steps is not None for g in groups):  # process rewards: an advantage per token
+            if s.advantage_estimator != "grpo" or s.normalize_then_sum:
+                raise RewardError("a reward function returned step scores, which are normalised by GRPO's rule only: "
+                                  "set advantage_estimator=grpo and multi_objective_aggregation=sum_then_normalize")
+            return step_advantages([x for g in groups for x in g.token_steps()], [len(r.completion_ids) for r in rollouts],
+                                   size, s.scale_rewards)
+        if s.normalize_then_sum:
+            rewards = self.rollout.path.rewards
+            per_func = torch.tensor([[math.nan if g.per_func[n][j] is None else g.per_func[n][j] for n in rewards.names]
+                                     for g in groups for j in range(size)], dtype=torch.float).reshape(-1, len(rewards.names))
+            return normalize_then_sum(per_func, rewards.weights, size)
+        rewards = torch.tensor([x for g in groups for x in g.scored_rewards], dtype=torch.float)
+        if s.advantage_estimator == "rloo":
+            return rloo_advantages(rewards, size, s.scale_rewards)
+        if s.advantage_estimator == "reinforce_pp":  # whitened over the tokens the loss covers
+            lengths = [0 if s.mask_truncated_completions and r.truncated else sum(r.mask) if r.mask is not None
+                       else len(r.completion_ids) for r in rollouts]
+            return reinforce_pp_advantages(rewards, size, lengths)
+        return group_advantages(rewards, size, s.scale_rewards)
+
     def sample_round(self, state: TrainerState) -> Round:
         """One round: prompts_per_step prompts (the same on every rank), G completions each, scored;
         with the KL charged to the reward, each reward lowered by beta x the completion's KL."""
@@ -138,7 +165,9 @@ class Generations:
             extra = {k: v[i * size:(i + 1) * size] for k, v in out.scores.extra.items() if len(v) == len(rollouts)}
             groups.append(SampledGroup(ex, group, [totals[j] for j in idx], {n: [v[j] for j in idx] for n, v in out.scores.per_func.items()},
                                        None if kls is None else [kls[j] for j in idx], self.world.rank, extra,
-                                       None if steps is None else [steps[j] for j in idx]))
+                                       None if steps is None else [steps[j] for j in idx],
+                                       [any(v[j] is not None for v in out.scores.per_func.values()) for j in idx]
+                                       if out.scores.per_func else None))
         if not self.world.enabled:
             return Round(groups, out.scores.counters, out.rollout_seconds, out.reward_seconds, out.scores.logged)
         # every rank gets every group
