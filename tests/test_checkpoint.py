@@ -44,9 +44,11 @@ def informative_rewards(monkeypatch):
     return gen
 
 
-def test_interrupted_run_resumes_exactly(tiny_model_dir, tiny_run_config, tmp_path, monkeypatch, informative_rewards):
+@pytest.mark.parametrize("settings", [{}, {"use_adaptive_entropy": True, "entropy_coef": 0.1, "entropy_target": 10.0}],
+                         ids=["plain", "adaptive-entropy"])  # the entropy coefficient is state a resume must restore
+def test_interrupted_run_resumes_exactly(settings, tiny_model_dir, tiny_run_config, tmp_path, monkeypatch, informative_rewards):
     straight = tmp_path / "straight"
-    train(_cfg(tiny_run_config, straight))
+    train(_cfg(tiny_run_config, straight, **settings))
 
     informative_rewards.manual_seed(0)
     resumed = tmp_path / "resumed"
@@ -59,10 +61,10 @@ def test_interrupted_run_resumes_exactly(tiny_model_dir, tiny_run_config, tmp_pa
 
     monkeypatch.setattr(Trainer, "train_step", stop_before_step_4)
     with pytest.raises(KeyboardInterrupt):
-        train(_cfg(tiny_run_config, resumed))
+        train(_cfg(tiny_run_config, resumed, **settings))
     assert (resumed / "checkpoint-3").is_dir()  # saved on the way out
     monkeypatch.setattr(Trainer, "train_step", original_step)
-    train(_cfg(tiny_run_config, resumed, resume=True))
+    train(_cfg(tiny_run_config, resumed, resume=True, **settings))
 
     a, b = _weights(straight), _weights(resumed)
     assert a.keys() == b.keys()

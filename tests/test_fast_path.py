@@ -9,7 +9,7 @@ import torch
 
 from rlvr.llama import LlamaRunner, fast_path_reason, supports
 from rlvr.logprobs import batch_logprobs
-from rlvr.logprobs import linear_logprobs
+from rlvr.logprobs import linear_logprobs, selective_logprobs
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.engine import FastSampler, HFSampler, make_sampler
 from rlvr.types import Batch, Rollout
@@ -135,6 +135,25 @@ def test_linear_logprobs_gradcheck_and_chunking():
     assert torch.allclose(logp.double(), torch.log_softmax(logits, -1)[torch.arange(7), targets], atol=1e-6)
     p = torch.softmax(logits, -1)
     assert torch.allclose(ent.double(), -(p * torch.log(p)).sum(-1), atol=1e-5)
+
+
+def test_the_entropy_carries_its_gradient_for_the_entropy_bonus():
+    # dH/dz = -p (log p + H) in the chunked backward (gradcheck, with and without a log-prob gradient),
+    # and the padded path's autograd entropy when asked for it
+    torch.manual_seed(0)
+    hidden = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (7,))
+    torch.autograd.gradcheck(lambda h, w: linear_logprobs(h, w, targets, 0.8, chunk=3)[1], (hidden, weight))
+    torch.autograd.gradcheck(lambda h, w: sum(linear_logprobs(h, w, targets, 0.8, chunk=3)[:2]), (hidden, weight))
+    logits = (hidden @ weight.T / 0.8)[None]
+    _, ent = selective_logprobs(logits, targets[None], entropy_grad=True)
+    ent.sum().backward()
+    padded = hidden.grad.clone()
+    hidden.grad = None
+    linear_logprobs(hidden, weight, targets, 0.8, chunk=3)[1].sum().backward()
+    assert torch.allclose(hidden.grad, padded)
+    assert not selective_logprobs(logits.detach().requires_grad_(), targets[None])[1].requires_grad  # only when asked
 
 
 def test_token_stats_are_the_argmax_hit_and_the_mean_logit_on_both_paths(tiny):

@@ -129,8 +129,8 @@ def run_rlvr(model_dir, out, settings: dict, monkeypatch, reward_funcs=(digits_r
     with_router_loss = logprobs_module.LogProbs.with_router_loss
 
     def spying(forward):
-        def spy(self, model, batch):
-            result = forward(self, model, batch)
+        def spy(self, model, batch, **kwargs):
+            result = forward(self, model, batch, **kwargs)
             if torch.is_grad_enabled():
                 _keyed(logps, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, result[0])
             return result
@@ -204,6 +204,11 @@ CASES = {
     "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence", "num_iterations": 2, "max_steps": 2},
     "vespo": {"loss_type": "vespo", "num_iterations": 2, "max_steps": 2, "vespo_k_pos": 3.0},
     "off-policy-mask": {"off_policy_mask_threshold": 0.002, "num_iterations": 2, "max_steps": 2},
+    # the entropy bonus, static and adaptive (a target above the tiny model's entropy: the coefficient climbs
+    # and applies from the second step on), with gradient accumulation and a grpo-normalised type
+    "entropy-bonus": {"entropy_coef": 0.05, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+    "adaptive-entropy": {"use_adaptive_entropy": True, "entropy_coef": 0.1, "entropy_target": 10.0, "max_steps": 3,
+                         "loss_type": "grpo", "top_entropy_quantile": 0.5},
 }
 
 

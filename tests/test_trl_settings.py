@@ -57,7 +57,7 @@ def test_readme_lists_the_differences_and_what_happens_to_the_other_settings():
 @pytest.mark.parametrize("key,value,message", [
     ("deepspeed", "ds_zero3.json", "deepspeed='ds_zero3.json' is not supported yet: DeepSpeed is not supported"),
     ("torch_compile", True, "torch_compile=True is not supported yet"),
-    ("entropy_coef", 0.01, "entropy_coef=0.01 is not supported yet"),
+    ("activation_offloading", True, "activation_offloading=True is not supported yet"),
     ("load_in_8bit", True, "load_in_8bit=True is not supported yet: 8-bit loading (LLM.int8) is not supported; "
                            "QLoRA is load_in_4bit=true with use_peft=true"),
 ])

@@ -150,12 +150,13 @@ def _two_completions(tokenizer) -> Batch:
 
 def _policy_update(model, **settings):
     from rlvr.losses import LossKnobs
-    from rlvr.update import PolicyUpdate, UpdateSettings
+    from rlvr.update import EntropySettings, PolicyUpdate, UpdateSettings
 
     base = dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, importance_sampling_level="token", micro_batch_size=2,
                 max_completion_length=3, max_grad_norm=0.0, num_iterations=1, sampler_correction=None, fsdp=False,
                 sampler_clip_min=None, sampler_clip_max=3.0, delta=None, top_entropy_quantile=1.0, router_aux_loss_coef=0.0,
-                knobs=LossKnobs(), off_policy_mask_threshold=None, sampler_reports=False)
+                knobs=LossKnobs(), off_policy_mask_threshold=None, sampler_reports=False,
+                entropy=EntropySettings(0.0, False, 0.0, 1.0, 0.005, 0.2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the gradients are what is checked
     logprobs = LogProbs(fast=True, temperature=1.0)
     kl = KLReference(KLSettings(beta=0.0), model, None, logprobs)
@@ -233,3 +234,47 @@ def test_token_truncate_metrics_are_over_tokens():
     assert metrics["sampling/importance_sampling_ratio/min"] == pytest.approx(0.5, rel=1e-5)
     assert metrics["sampling/importance_sampling_ratio/mean"] == pytest.approx(10.5 / 6, rel=1e-5)  # (5 x 2 + 0.5) / 6 tokens
     assert metrics["sampling/importance_sampling_ratio/max"] == pytest.approx(2.0, rel=1e-5)
+
+
+def test_the_adaptive_entropy_coefficient_by_hand():
+    """TRL's control: a step applies the coefficient the step before left, only while that step's entropy
+    was at or below the target (the first applies none); then it moves by delta within [min, max]."""
+    from rlvr.update import EntropyControl, EntropySettings
+
+    control = EntropyControl(EntropySettings(0.1, True, 0.0, 0.12, 0.015, 0.5))
+    applied = []
+    for entropy in [0.4, 0.3, 0.6, 0.7, 0.2]:
+        applied.append(control.applied())
+        control.after_step(entropy)
+    # coef after each step: 0.115 (0.4 <= 0.5), 0.12 (capped), 0.105, 0.09, 0.105
+    assert applied == pytest.approx([0.0, 0.115, 0.12, 0.0, 0.0])
+    assert control.coef == pytest.approx(0.105) and control.last == 0.2
+    fixed = EntropyControl(EntropySettings(0.05, False, 0.0, 1.0, 0.005, 0.2))
+    fixed.after_step(0.9)
+    assert (fixed.applied(), fixed.coef) == (0.05, 0.05)  # without control: always the setting
+
+
+def test_the_entropy_bonus_is_the_mean_entropy_of_each_micro_batch_over_the_micro_batches():
+    from rlvr.losses import LossNorm, policy_loss
+    from rlvr.update import EntropySettings
+
+    tokenizer = make_tokenizer()
+    model = make_tiny_model(len(tokenizer))
+    batch = _two_completions(tokenizer)
+    update = _policy_update(model, micro_batch_size=1, entropy=EntropySettings(0.3, False, 0.0, 1.0, 0.005, 0.2))
+    sums = update.accumulate_gradients(batch)
+    got = [p.grad.clone() for p in model.parameters()]
+    # by hand: each micro-batch's loss minus 0.3 x its mean token entropy / 2 micro-batches
+    model.zero_grad()
+    norm = LossNorm(2, batch.num_tokens, 3, 2)
+    entropies = []
+    for lo in range(2):
+        micro = batch.select(slice(lo, lo + 1))
+        logp, entropy = update.logprobs(model, micro)
+        mask = micro.completion_mask
+        loss, _ = policy_loss(logp, logp.detach(), micro.advantages, mask, norm, loss_type="dapo")
+        entropies.append(entropy[mask].sum().item())
+        (loss - 0.3 * entropy[mask].mean() / 2).backward()
+    assert all(torch.allclose(g, p.grad, atol=1e-7) for g, p in zip(got, model.parameters()))
+    assert sums["entropy_bonus/sum"] == pytest.approx(sum(entropies), rel=1e-5)
+    assert sums["entropy_bonus/count"] == batch.num_tokens

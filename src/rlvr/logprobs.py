@@ -18,9 +18,12 @@ keeps only logp, the entropy and logsumexp; the backward recomputes each
 chunk's logits and uses d logp / d z = onehot(y) - softmax(z), so the gradients
 of h and W are accumulated chunk by chunk.  Every pass over a chunk is in
 place: on CPU, allocating a fresh 100 MB tensor costs more than the arithmetic.
-The entropy is a metric and carries no gradient; so are the token statistics that SFT and DPO log
-as TRL does (`stats=True`): whether the target is the most likely token (mean_token_accuracy) and
-the mean of the position's logits over the vocabulary (DPO's logits/chosen, logits/rejected).
+The entropy carries a gradient for the entropy bonus (entropy_coef): dH / dz = -p (log p + H),
+added in the same chunked backward (the padded path computes it with autograd only when asked,
+`entropy_grad`, since it holds the whole softmax there).  The token statistics that SFT and DPO log
+as TRL does (`stats=True`) are metrics without gradient: whether the target is the most likely
+token (mean_token_accuracy) and the mean of the position's logits over the vocabulary (DPO's
+logits/chosen, logits/rejected).
 """
 
 from __future__ import annotations
@@ -47,27 +50,28 @@ class LogProbs:
         self.micro_batch_size, self.device = micro_batch_size, device
         self._runners: dict = {}
 
-    def __call__(self, model, batch, stats: bool = False):
-        """(logp [B, T], entropy [B, T]) of `batch`'s completion tokens under `model`, with gradients;
-        with stats, also (top1 [B, T] bool, mean_logit [B, T]) (see the module docstring)."""
+    def __call__(self, model, batch, stats: bool = False, entropy_grad: bool = False):
+        """(logp [B, T], entropy [B, T]) of `batch`'s completion tokens under `model`, with gradients
+        (the entropy's where entropy_grad; the fast path's always); with stats, also (top1 [B, T] bool,
+        mean_logit [B, T]) (see the module docstring)."""
         if self.fast:
             from rlvr.llama import LlamaRunner
 
             runner = self._runners.setdefault(id(model), LlamaRunner(model))
             with self.autocast(model):
                 return batch_logprobs(runner, batch, self.temperature, self.autocast_dtype, stats=stats)
-        return self.padded(model, batch, stats=stats)
+        return self.padded(model, batch, stats=stats, entropy_grad=entropy_grad)
 
-    def padded(self, model, batch, stats: bool = False):
+    def padded(self, model, batch, stats: bool = False, entropy_grad: bool = False):
         """The straightforward computation: the model's own forward over padded prompt + completion."""
         with self.autocast(model):
-            return padded_logprobs(model, batch, self.temperature, stats=stats)
+            return padded_logprobs(model, batch, self.temperature, stats=stats, entropy_grad=entropy_grad)
 
-    def with_router_loss(self, model, batch):
+    def with_router_loss(self, model, batch, entropy_grad: bool = False):
         """(logp, entropy, aux) of a Mixture-of-Experts model: its own forward, which also returns
         the routers' load-balancing loss (`aux`, a scalar with gradient)."""
         with self.autocast(model):
-            return padded_logprobs(model, batch, self.temperature, router_loss=True)
+            return padded_logprobs(model, batch, self.temperature, router_loss=True, entropy_grad=entropy_grad)
 
     def chunks(self, batch) -> int:
         """The forwards in_chunks runs for `batch`."""
@@ -94,7 +98,8 @@ class LogProbs:
         return torch.autocast(device_type=next(model.parameters()).device.type, dtype=self.autocast_dtype)
 
 
-def padded_logprobs(model, batch, temperature: float, router_loss: bool = False, stats: bool = False):
+def padded_logprobs(model, batch, temperature: float, router_loss: bool = False, stats: bool = False,
+                    entropy_grad: bool = False):
     """(logp, entropy) [B, T] by the model's own forward over left-padded prompt + right-padded completion;
     with router_loss, a Mixture-of-Experts model's load-balancing loss as a third value; with stats,
     (logp, entropy, top1, mean_logit)."""
@@ -105,16 +110,18 @@ def padded_logprobs(model, batch, temperature: float, router_loss: bool = False,
     extra = {"output_router_logits": True} if router_loss else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=width + 1, **extra)
     logits = out.logits[:, :-1] / temperature  # position t predicts token t + 1
-    found = selective_logprobs(logits, batch.completion_ids, stats=stats)
+    found = selective_logprobs(logits, batch.completion_ids, stats=stats, entropy_grad=entropy_grad)
     return (*found, out.aux_loss) if router_loss else found
 
 
-def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8, stats: bool = False):
+def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8, stats: bool = False,
+                       entropy_grad: bool = False):
     """log softmax(logits)[ids] and the entropy of each position, computed a few rows
     at a time so that the full [B, T, V] log-softmax is never held at once.
 
-    logits [B, T, V], ids [B, T] -> (logprobs [B, T], entropy [B, T]); entropy has no grad.  With
-    stats, also top1 [B, T] (the target is the most likely token) and mean_logit [B, T].
+    logits [B, T, V], ids [B, T] -> (logprobs [B, T], entropy [B, T]); the entropy has a gradient
+    only with entropy_grad (it then keeps each block's softmax for the backward).  With stats, also
+    top1 [B, T] (the target is the most likely token) and mean_logit [B, T].
     """
     logps, ents, top1, means = [], [], [], []
     for lo in range(0, logits.shape[0], chunk):
@@ -122,9 +129,10 @@ def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8, 
         lse = torch.logsumexp(block, dim=-1)
         chosen = block.gather(-1, ids[lo : lo + chunk, :, None]).squeeze(-1)
         logps.append(chosen - lse)
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             probs = torch.softmax(block, dim=-1)
             ents.append(lse - (probs * block).sum(-1))
+        with torch.no_grad():
             if stats:
                 top1.append(chosen >= block.amax(-1))
                 means.append(block.mean(-1))
@@ -201,14 +209,15 @@ class _LinearLogprobs(torch.autograd.Function):
                 found[lo:hi, 0] = (chosen >= top.squeeze(-1)).to(acc)
                 found[lo:hi, 1] = logits.mean(-1)
             entropy[lo:hi] = lse[lo:hi] - exps.mul_(logits).sum(-1) / total
-        ctx.save_for_backward(scaled, w, targets, lse)
+        ctx.save_for_backward(scaled, w, targets, lse, entropy)
         ctx.inv_temp, ctx.dtype, ctx.chunk, ctx.weight_dtype, ctx.hidden_dtype = inv_temp, dtype, chunk, weight.dtype, hidden.dtype
-        ctx.mark_non_differentiable(entropy, found)
+        ctx.mark_non_differentiable(found)
+        ctx.set_materialize_grads(False)  # an output the loss does not use (the entropy, mostly) gets None
         return logp, entropy, found
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy, grad_found):
-        scaled, w, targets, lse = ctx.saved_tensors
+        scaled, w, targets, lse, entropy = ctx.saved_tensors
         acc = lse.dtype
         grad_hidden = torch.empty(scaled.shape, dtype=ctx.hidden_dtype, device=scaled.device) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(w.shape, dtype=acc, device=w.device) if ctx.needs_input_grad[1] else None
@@ -216,9 +225,14 @@ class _LinearLogprobs(torch.autograd.Function):
         for lo in range(0, scaled.shape[0], ctx.chunk):
             hi = min(lo + ctx.chunk, scaled.shape[0])
             logits = _logits(scaled[lo:hi], w, acc, logits)
-            g = grad_logp[lo:hi].to(acc)
-            # d logp / d z = onehot(y) - softmax(z), scaled by the incoming gradient
-            d = logits.sub_(lse[lo:hi, None]).exp_().mul_(-g[:, None])
+            g = grad_logp[lo:hi].to(acc) if grad_logp is not None else torch.zeros(hi - lo, dtype=acc, device=lse.device)
+            if grad_entropy is None:
+                # d logp / d z = onehot(y) - softmax(z), scaled by the incoming gradient
+                d = logits.sub_(lse[lo:hi, None]).exp_().mul_(-g[:, None])
+            else:  # and d H / d z = -p (log p + H), scaled by the entropy's incoming gradient
+                log_p = logits.sub_(lse[lo:hi, None])
+                e = grad_entropy[lo:hi].to(acc)[:, None]
+                d = log_p.exp() * (-g[:, None] - e * (log_p + entropy[lo:hi, None]))
             d.scatter_add_(-1, targets[lo:hi, None], g[:, None])
             d = d.to(ctx.dtype)
             if grad_hidden is not None:

@@ -533,10 +533,10 @@ class Trainer(RunCore):
     def steps_per_epoch(self) -> int:
         return math.ceil(len(self.prompts.examples) / self.cfg.prompts_per_step) * self.uses
 
-    # --- checkpoints: the KL state, and each rank's pending generation ----------------------
+    # --- checkpoints: the KL state, the entropy bonus's, and each rank's pending generation ----------------------
 
     def _own_parts(self) -> dict:
-        return {"kl": self.kl}
+        return {"kl": self.kl, "entropy_control": self.updater.entropy}
 
     def _own_shards(self) -> dict:
         return self.kl.shards()

@@ -32,7 +32,8 @@ vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importanc
 vllm_importance_sampling_clip_min log_completions num_completions_to_print use_bias_correction_kl
 router_aux_loss_coef load_best_model_at_end metric_for_best_model greater_is_better vllm_enable_sleep_mode
 sapo_temperature_pos sapo_temperature_neg vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg
-off_policy_mask_threshold multi_objective_aggregation
+off_policy_mask_threshold multi_objective_aggregation entropy_coef use_adaptive_entropy entropy_coef_min
+entropy_coef_max entropy_coef_delta entropy_target
 """.split()) | frozenset(  # the ModelConfig / ScriptArguments of TRL's scripts (trl/scripts/grpo.py)
     "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save "
     "lora_task_type use_rslora use_dora load_in_4bit bnb_4bit_quant_type use_bnb_nested_quant bnb_4bit_quant_storage "
@@ -69,8 +70,6 @@ IGNORED = {
     "optim_args": "transformers passes it to none of torch's AdamW variants (the adam_* settings are theirs)",
     "fsdp_config": ("rlvr's FSDP2 shards each decoder layer and the whole model itself; of fsdp_config only cpu_offload "
                     "(accelerate's offload_params) is read, as fsdp_offload_params"),
-    **dict.fromkeys("""entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target""".split(),
-                    "a knob of a feature rlvr does not have (see entropy_coef)"),
     # SFTConfig's and DPOConfig's own (TRL 1.16)
     "dataset_num_proc": "rlvr tokenises the rows itself, in one process",
     "eval_packing": "rlvr evaluates held-out accuracy by sampling, not a packed loss",
@@ -109,8 +108,6 @@ UNSUPPORTED = {
     "save_only_model": ((False,), "checkpoints always hold the optimizer state, so that resume is exact"),
     "cast_lm_head_to_fp32": ((False,), "an fp32 LM head under bf16 is not supported yet"),
     "vllm_structured_outputs_regex": ((None,), "structured outputs are not supported yet"),
-    "entropy_coef": ((0.0,), "an entropy bonus in the loss is not supported yet"),
-    "use_adaptive_entropy": ((False,), "adaptive entropy control is not supported yet"),
     "log_completions_hub_repo": ((None,), "uploading completions to the Hub is not supported; they are in completions.jsonl"),
     "load_in_8bit": ((False,), "8-bit loading (LLM.int8) is not supported; QLoRA is load_in_4bit=true with use_peft=true"),
     "dataset_streaming": ((False,), "streamed datasets from the command line are not supported; GRPOTrainer takes an IterableDataset"),

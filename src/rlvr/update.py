@@ -55,6 +55,7 @@ class UpdateSettings:
     knobs: LossKnobs  # sapo's and vespo's settings
     off_policy_mask_threshold: float | None  # leave out off-policy completions with A < 0 (None: off)
     sampler_reports: bool  # the sampler's log-probs are another policy's (another engine, a rollout_func, older weights)
+    entropy: EntropySettings  # the entropy bonus and its adaptive control
 
     @classmethod
     def from_sections(cls, update: config.UpdateSettings, rollout: config.RolloutSettings, steps_per_optimizer_step: int,
@@ -73,7 +74,53 @@ class UpdateSettings:
                    router_aux_loss_coef=router_coefficient(update.router_aux_loss_coef, model_config),
                    knobs=LossKnobs(update.sapo_temperature_pos, update.sapo_temperature_neg, update.vespo_k_pos,
                                    update.vespo_lambda_pos, update.vespo_k_neg, update.vespo_lambda_neg),
-                   off_policy_mask_threshold=update.off_policy_mask_threshold, sampler_reports=off_policy or custom_rollouts)
+                   off_policy_mask_threshold=update.off_policy_mask_threshold, sampler_reports=off_policy or custom_rollouts,
+                   entropy=EntropySettings(update.entropy_coef, update.use_adaptive_entropy, update.entropy_coef_min,
+                                           update.entropy_coef_max, update.entropy_coef_delta, update.entropy_target))
+
+
+@dataclass(frozen=True)
+class EntropySettings:
+    """TRL's entropy bonus: the loss minus coef x the mean entropy of the tokens trained on (the same for
+    every loss_type), and its adaptive control (Skywork-OR1, https://arxiv.org/abs/2505.22312)."""
+
+    coef: float  # entropy_coef: the bonus's weight; with `adaptive`, its start
+    adaptive: bool  # use_adaptive_entropy
+    coef_min: float
+    coef_max: float
+    delta: float
+    target: float  # entropy_target
+
+    @property
+    def enabled(self) -> bool:
+        return self.coef != 0.0 or self.adaptive
+
+
+class EntropyControl:
+    """The entropy bonus's state across steps, a checkpoint part: the coefficient and the last step's mean
+    entropy.  As TRL: a step applies the coefficient left by the one before (adaptive: only while that
+    step's entropy was at or below the target; the first step, with none measured, applies none); after
+    the step, an adaptive coefficient moves up by delta (to coef_max) when the step's entropy was at or
+    below the target, else down (to coef_min)."""
+
+    def __init__(self, settings: EntropySettings):
+        self.settings, self.coef, self.last = settings, settings.coef, math.inf
+
+    def applied(self) -> float:
+        s = self.settings
+        return self.coef if not s.adaptive or self.last <= s.target else 0.0
+
+    def after_step(self, entropy: float) -> None:
+        s = self.settings
+        if s.adaptive:
+            self.coef = min(self.coef + s.delta, s.coef_max) if entropy <= s.target else max(self.coef - s.delta, s.coef_min)
+            self.last = entropy
+
+    def state_dict(self) -> dict:
+        return {"coef": self.coef, "last": self.last}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef, self.last = state["coef"], state["last"]
 
 
 def router_coefficient(setting: float | None, model_config) -> float:
@@ -179,6 +226,7 @@ class PolicyUpdate:
         self.poisoned: str | None = None  # why the weights may no longer be saved
         self.scaler = scaler
         self.on_event = on_event or _no_event
+        self.entropy = EntropyControl(settings.entropy)  # the entropy bonus's coefficient, across steps
 
     @torch.no_grad()
     def prepare(self, batch: Batch) -> None:
@@ -214,6 +262,8 @@ class PolicyUpdate:
         sums = self.accumulate_gradients(batch, LossNorm(rows, norm_tokens, s.max_completion_length, micro), lockstep)
         if self.world.enabled:
             sums = distributed.merge_sums(distributed.gather(sums, self.world))
+        if s.entropy.enabled:  # the step's mean entropy over the tokens trained on, every rank's
+            self.entropy.after_step(sums["entropy_bonus/sum"] / max(sums["entropy_bonus/count"], 1.0))
         before_step()
         try:
             grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler, s.max_grad_norm, sums["loss"], step,
@@ -234,6 +284,9 @@ class PolicyUpdate:
             metrics["vespo/phi_seq_mean"] = sums["vespo/phi_seq"] / max(rows, 1)
         if "kl" in sums:
             metrics["kl"] = sums["kl"] / tokens
+        if s.entropy.enabled:  # TRL's: the policy term's loss per micro-batch (averaged), and the coefficient after the step
+            metrics["policy_loss"] = sums["policy_loss"] / max(sums["policy_loss/count"], 1.0)
+            metrics["entropy_coef"] = self.entropy.coef
         for k in EXTREMES:  # with several processes: averaged over every process's micro-batches
             if sums.get(k + "/count"):
                 metrics[k] = sums[k + "/sum"] / sums[k + "/count"]
@@ -281,10 +334,11 @@ class PolicyUpdate:
             tokens, flops = work(self.model, micro, self.logprobs.fast)
             sums["update_tokens"] += tokens
             sums["update_flops"] += flops
+            bonus = self.entropy.applied() if s.entropy.enabled else 0.0
             if s.router_aux_loss_coef:
-                logprobs, entropy, aux = self.logprobs.with_router_loss(self.model, micro)
+                logprobs, entropy, aux = self.logprobs.with_router_loss(self.model, micro, entropy_grad=bool(bonus))
             else:
-                (logprobs, entropy), aux = self.logprobs(self.model, micro), None
+                (logprobs, entropy), aux = self.logprobs(self.model, micro, entropy_grad=bool(bonus)), None
             old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             weights = None
             if s.sampler_correction is not None and micro.sampler_logprobs is not None:
@@ -295,14 +349,17 @@ class PolicyUpdate:
             if s.off_policy_mask_threshold is not None:  # against the sampling policy's log-probs where another one sampled, as TRL
                 sampled = micro.sampler_logprobs if s.sampler_reports and micro.sampler_logprobs is not None else old
                 off_policy = off_policy_mask(micro.advantages, logprobs, sampled, micro.loss_mask, s.off_policy_mask_threshold)
+            trained = self._entropy_mask(entropy, micro.loss_mask)
             loss, m = policy_loss(
                 logprobs, old, micro.advantages, micro.loss_mask, norm,
                 loss_type=s.loss_type, epsilon=s.epsilon, epsilon_high=s.epsilon_high, delta=s.delta,
                 importance_sampling_level=s.importance_sampling_level, ref_logprobs=micro.ref_logprobs,
                 beta=self.kl.loss_beta, kl_estimator=self.kl.settings.kl_estimator,
                 bias_correction_kl=self.kl.settings.use_bias_correction_kl, importance_weights=weights,
-                entropy_mask=self._entropy_mask(entropy, micro.loss_mask), sequence_mask=off_policy, knobs=s.knobs,
+                entropy_mask=trained, sequence_mask=off_policy, knobs=s.knobs,
             )
+            if s.entropy.enabled:
+                loss = self._entropy_bonus(loss, m, entropy, micro.loss_mask if trained is None else trained, norm, bonus)
             if lo >= len(batch):  # fsdp's empty micro-batch: a pass for the collectives, no completion to count
                 m = {}
             if aux is not None:  # weighted per micro-batch, as TRL weighs it per accumulation step
@@ -318,6 +375,20 @@ class PolicyUpdate:
                     k += "/sum"
                 sums[k] = sums.get(k, 0.0) + v.item()
         return sums
+
+    def _entropy_bonus(self, loss, m: dict, entropy, trained, norm: LossNorm, coef: float):
+        """The loss minus coef x the micro-batch's mean entropy over the tokens trained on, weighted as one of
+        norm.num_micro_batches (TRL's entropy bonus, the same for every loss_type); into `m`, TRL's policy_loss
+        (this micro-batch's policy term as TRL's loss states it) and the entropy sums of the adaptive control."""
+        weights = torch.where(trained, entropy, torch.zeros_like(entropy))
+        tokens = trained.sum()
+        # rlvr's micro-batch loss is its share of the step's; TRL states a mean-normalised one per micro-batch
+        share = norm.num_micro_batches if self.settings.loss_type in PER_MICRO_BATCH else self.world.world_size
+        m["policy_loss"], m["policy_loss/count"] = loss.detach() * share, torch.tensor(1.0)
+        m["entropy_bonus/sum"], m["entropy_bonus/count"] = weights.sum().detach(), tokens.detach().float()
+        if not coef:
+            return loss
+        return loss - coef * weights.sum() / tokens.clamp(min=1) / norm.num_micro_batches
 
     def _entropy_mask(self, entropy, mask):
         """The tokens trained on, as TRL picks them: with top_entropy_quantile < 1, those whose entropy
@@ -339,6 +410,7 @@ class PolicyUpdate:
 
 
 EXTREMES = ("clip_ratio/low_min", "clip_ratio/high_max")  # per micro-batch extremes (losses.policy_loss)
+PER_MICRO_BATCH = ("grpo", "sapo", "bnpo", "dr_grpo", "luspo")  # TRL's loss types divided by the accumulation steps
 
 
 def _add_sampling_sums(sums: dict, weights, old, micro: Batch) -> None:

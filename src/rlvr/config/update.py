@@ -88,6 +88,12 @@ class LossSettings(Section):
     vespo_lambda_pos: float = 3.0  # vespo: ... its decay
     vespo_k_neg: float = 3.0  # vespo: the power for completions with a negative advantage
     vespo_lambda_neg: float = 2.0  # vespo: ... its decay
+    entropy_coef: float = 0.0  # an entropy bonus: the loss minus entropy_coef x the mean entropy of the trained tokens; the adaptive controller's start value (0 = off)
+    use_adaptive_entropy: bool = False  # Skywork-OR1's control: entropy_coef moves by entropy_coef_delta each step toward entropy_target, applied only while the entropy is at or below it
+    entropy_coef_min: float = 0.0  # use_adaptive_entropy: the coefficient's floor
+    entropy_coef_max: float = 1.0  # use_adaptive_entropy: its ceiling
+    entropy_coef_delta: float = 0.005  # use_adaptive_entropy: its step
+    entropy_target: float = 0.2  # use_adaptive_entropy: the mean token entropy (nats) it holds the policy at or above
     off_policy_mask_threshold: float | None = None  # leave out completions with a negative advantage whose mean KL from the sampling policy exceeds this (DeepSeek-V3.2); null = off
     top_entropy_quantile: float = 1.0  # train only on the tokens whose entropy is in this top fraction per batch (1 = all)
     importance_sampling_level: str = "token"  # token | sequence (GSPO)
@@ -111,6 +117,9 @@ class LossSettings(Section):
             (self.num_iterations >= 1, "num_iterations must be at least 1"),
             (self.sapo_temperature_pos > 0 and self.sapo_temperature_neg > 0,
              f"sapo_temperature_pos and sapo_temperature_neg must be > 0; got {self.sapo_temperature_pos}, {self.sapo_temperature_neg}"),
+            (self.entropy_coef_min <= self.entropy_coef_max and self.entropy_coef_delta >= 0,
+             f"entropy_coef_min must be <= entropy_coef_max and entropy_coef_delta >= 0; got {self.entropy_coef_min}, "
+             f"{self.entropy_coef_max}, {self.entropy_coef_delta}"),
             (self.off_policy_mask_threshold is None or self.off_policy_mask_threshold >= 0,
              f"off_policy_mask_threshold is a KL: >= 0, or null for off; got {self.off_policy_mask_threshold}"),
         ]
