@@ -181,10 +181,9 @@ CASES = {
     "grpo": {"loss_type": "grpo"},
     "dr_grpo": {"loss_type": "dr_grpo"},
     "bnpo": {"loss_type": "bnpo"},
-    "beta": {"beta": 0.04},
     "beta-no-bias-correction": {"beta": 0.04, "use_bias_correction_kl": False},
     "scale-batch": {"scale_rewards": "batch"},
-    "scale-none": {"scale_rewards": "none"},
+    "scale-none-mask-truncated": {"scale_rewards": "none", "mask_truncated_completions": True},
     "sequence": {"importance_sampling_level": "sequence"},
     "iterations": {"num_iterations": 2, "max_steps": 2, "beta": 0.04},
     "sequence-iterations": {"num_iterations": 2, "max_steps": 2, "importance_sampling_level": "sequence",
@@ -193,22 +192,21 @@ CASES = {
     "accumulation-grpo": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "loss_type": "grpo",
                           "beta": 0.04},
     "clip-higher-delta": {"epsilon_high": 0.28, "delta": 1.5, "num_iterations": 2, "max_steps": 2},
-    "temperature": {"temperature": 0.7, "beta": 0.04},
-    "entropy-mask": {"top_entropy_quantile": 0.5},
-    "mask-truncated": {"mask_truncated_completions": True},
+    "temperature-beta": {"temperature": 0.7, "beta": 0.04},  # beta with TRL's default use_bias_correction_kl
     "steps-per-generation": {"steps_per_generation": 2, "per_device_train_batch_size": 4, "max_steps": 2,
                              "loss_type": "grpo"},
-    # the other four of TRL's loss types and the off-policy mask, on a second iteration, where the ratios are not 1
-    "cispo": {"loss_type": "cispo", "epsilon_high": 1.02, "num_iterations": 2, "max_steps": 2},
+    # the other four of TRL's loss types on a second iteration, where the ratios are not 1, with the off-policy
+    # mask and the entropy bonus: static (a token-normalised type, gradient accumulation) and adaptive (a target
+    # above the tiny model's entropy: the coefficient climbs and applies from the second step on)
+    "cispo-entropy-bonus": {"loss_type": "cispo", "epsilon_high": 1.02, "num_iterations": 2, "max_steps": 2,
+                            "entropy_coef": 0.05},  # one micro-batch: TRL averages a step's micro-batches' ratios (docs/trl.md)
+    "entropy-bonus-accumulation": {"entropy_coef": 0.05, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
     "sapo": {"loss_type": "sapo", "num_iterations": 2, "max_steps": 2, "sapo_temperature_neg": 2.0},
-    "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence", "num_iterations": 2, "max_steps": 2},
-    "vespo": {"loss_type": "vespo", "num_iterations": 2, "max_steps": 2, "vespo_k_pos": 3.0},
-    "off-policy-mask": {"off_policy_mask_threshold": 0.002, "num_iterations": 2, "max_steps": 2},
-    # the entropy bonus, static and adaptive (a target above the tiny model's entropy: the coefficient climbs
-    # and applies from the second step on), with gradient accumulation and a grpo-normalised type
-    "entropy-bonus": {"entropy_coef": 0.05, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
-    "adaptive-entropy": {"use_adaptive_entropy": True, "entropy_coef": 0.1, "entropy_target": 10.0, "max_steps": 3,
-                         "loss_type": "grpo", "top_entropy_quantile": 0.5},
+    "luspo-adaptive-entropy": {"loss_type": "luspo", "importance_sampling_level": "sequence", "num_iterations": 2,
+                               "max_steps": 3, "use_adaptive_entropy": True, "entropy_coef": 0.1, "entropy_target": 10.0,
+                               "top_entropy_quantile": 0.5},
+    "vespo-off-policy-mask": {"loss_type": "vespo", "num_iterations": 2, "max_steps": 2, "vespo_k_pos": 3.0,
+                              "off_policy_mask_threshold": 0.002},
 }
 
 
