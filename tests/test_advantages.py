@@ -107,6 +107,9 @@ def test_reinforce_pp_whitens_the_centred_rewards_over_the_batchs_tokens():
     s = 1 / math.sqrt(0.125 + 1e-8)
     assert torch.allclose(adv, torch.tensor([0.625 * s, -0.375 * s, 0.125 * s, 0.125 * s]), atol=1e-5)
     assert zero_std.tolist() == [False, True]  # flagged, though its advantage is not 0 after the whitening
+    # every completion masked out of the loss (cut, with mask_truncated_completions): no tokens, advantage 0
+    adv, _ = reinforce_pp_advantages(torch.tensor([1.0, 0.0]), 2, [0, 0])
+    assert adv.tolist() == [0.0, 0.0]
 
 
 # --- normalize_then_sum (GDPO) ------------------------------------------------------------------------

@@ -96,6 +96,8 @@ def reinforce_pp_advantages(rewards: torch.Tensor, group_size: int, lengths: lis
     x = (grouped - grouped.nanmean(dim=1, keepdim=True)).reshape(-1)
     tokens = torch.tensor(lengths, dtype=torch.float) * (~x.isnan())
     n = tokens.sum()
+    if n < 2:  # no tokens to train on (every completion masked): nothing to whiten
+        return torch.zeros_like(x), without_signal(grouped)
     values = x.nan_to_num(nan=0.0)
     mean = (values * tokens).sum() / n.clamp(min=1)
     var = (((values - mean) ** 2) * tokens).sum() / (n - 1).clamp(min=1)
