@@ -124,11 +124,16 @@ def test_batch_logprobs_scatter_into_the_padded_layout(tiny):
     assert (entropy[batch.completion_mask] > 0).all()
 
 
-def test_linear_logprobs_gradcheck_and_chunking():
+def _random_head():
+    """(hidden [7, 5], output weights [11, 5], targets [7]) in float64, the same each call."""
     torch.manual_seed(0)
     hidden = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
-    targets = torch.randint(0, 11, (7,))
+    return hidden, weight, torch.randint(0, 11, (7,))
+
+
+def test_linear_logprobs_gradcheck_and_chunking():
+    hidden, weight, targets = _random_head()
     torch.autograd.gradcheck(lambda h, w: linear_logprobs(h, w, targets, 0.8, chunk=3)[0], (hidden, weight))
     logp, ent = linear_logprobs(hidden, weight, targets, 0.8, chunk=3)
     logits = hidden @ weight.T / 0.8
@@ -140,10 +145,7 @@ def test_linear_logprobs_gradcheck_and_chunking():
 def test_the_entropy_carries_its_gradient_for_the_entropy_bonus():
     # dH/dz = -p (log p + H) in the chunked backward (gradcheck, with and without a log-prob gradient),
     # and the padded path's autograd entropy when asked for it
-    torch.manual_seed(0)
-    hidden = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
-    targets = torch.randint(0, 11, (7,))
+    hidden, weight, targets = _random_head()
     torch.autograd.gradcheck(lambda h, w: linear_logprobs(h, w, targets, 0.8, chunk=3)[1], (hidden, weight))
     torch.autograd.gradcheck(lambda h, w: sum(linear_logprobs(h, w, targets, 0.8, chunk=3)[:2]), (hidden, weight))
     logits = (hidden @ weight.T / 0.8)[None]
