@@ -2,9 +2,10 @@
 
 The batch is split into micro-batches of `micro_batch_size` completions; each one's log-probs
 (logprobs.py), its policy loss (loss_type's; weighted for samples from another engine, masked to
-the high-entropy tokens and the off-policy completions when asked) and the KL term (losses.py) are computed and backpropagated, each
-normalised by totals over the whole batch (over every rank's batch with several processes), so
-the accumulated gradient does not depend on the split.  Then `optimizer_step` sums gradients over
+the high-entropy tokens and the off-policy completions when asked), the KL term (losses.py) and
+an entropy bonus (EntropyControl) are computed and backpropagated, each normalised by totals over
+the whole batch (over every rank's batch with several processes), so the accumulated gradient
+does not depend on the split.  Then `optimizer_step` sums gradients over
 ranks, clips their global norm, refuses non-finite values, and steps the optimizer and the
 learning-rate schedule.
 
@@ -262,8 +263,6 @@ class PolicyUpdate:
         sums = self.accumulate_gradients(batch, LossNorm(rows, norm_tokens, s.max_completion_length, micro), lockstep)
         if self.world.enabled:
             sums = distributed.merge_sums(distributed.gather(sums, self.world))
-        if s.entropy.enabled:  # the step's mean entropy over the tokens trained on, every rank's
-            self.entropy.after_step(sums["entropy_bonus/sum"] / max(sums["entropy_bonus/count"], 1.0))
         before_step()
         try:
             grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler, s.max_grad_norm, sums["loss"], step,
@@ -271,6 +270,8 @@ class PolicyUpdate:
         except NonFinite as e:
             self.poisoned = getattr(e, "poisoned", None)
             raise
+        if s.entropy.enabled:  # the step's mean entropy over the tokens trained on, every rank's: the next coefficient
+            self.entropy.after_step(sums["entropy_bonus/sum"] / max(sums["entropy_bonus/count"], 1.0))
         tokens = max(num_tokens, 1)
         metrics = {"loss": sums["loss"], "entropy": sums["entropy"] / max(trained_tokens, 1), "grad_norm": grad_norm,
                    "learning_rate": lr, "update_tokens": sums["update_tokens"], "update_flops": sums["update_flops"]}
