@@ -251,6 +251,29 @@ def test_every_setting_of_trls_grpo_config_loads_and_trains_a_step(tiny_model_di
 
 
 @pytest.mark.trains
+def test_a_trl_yaml_with_the_newer_objectives_trains_a_step(tiny_model_dir, tmp_path):
+    """TRL's names for the objectives added after TRL 1.0 (a loss type with its knobs, the entropy bonus and
+    its control, the off-policy mask, GDPO's aggregation), as a TRL YAML writes them, train one step."""
+    from rlvr.cli import main
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("loss_type: vespo\nvespo_k_pos: 3.0\nvespo_lambda_neg: 1.5\nsapo_temperature_neg: 2.0\n"
+                      "entropy_coef: 0.01\nuse_adaptive_entropy: true\nentropy_target: 5.0\nentropy_coef_delta: 0.01\n"
+                      "off_policy_mask_threshold: 0.5\nmulti_objective_aggregation: normalize_then_sum\n"
+                      "reward_funcs: [boxed_format, format]\nreward_weights: [1.0, 0.5]\nnum_generations: 4\n")
+    code = main(["train", str(recipe), f"model={tiny_model_dir}", f"output_dir={tmp_path / 'run'}", "max_steps=2", "logging_steps=1",
+                 "max_completion_length=8", "per_device_train_batch_size=8", "eval_on_start=false", "eval_on_end=false",
+                 "task_args.num_train=8", "task_args.num_test=2"])
+    assert code == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert "vespo/phi_seq_mean" in rows[0] and rows[0]["entropy_coef"] == pytest.approx(0.02)  # 0.01 + delta
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert (saved["loss_type"], saved["multi_objective_aggregation"], saved["off_policy_mask_threshold"]) == \
+        ("vespo", "normalize_then_sum", 0.5)
+
+
+@pytest.mark.trains
 @pytest.mark.processes
 def test_peft_config_trains_a_lora_adapter(tiny_model_dir, tmp_path):
     from datasets import Dataset
