@@ -184,11 +184,9 @@ CASES = {
     "beta-no-bias-correction": {"beta": 0.04, "use_bias_correction_kl": False},
     "scale-batch": {"scale_rewards": "batch"},
     "scale-none-mask-truncated": {"scale_rewards": "none", "mask_truncated_completions": True},
-    "sequence": {"importance_sampling_level": "sequence"},
     "iterations": {"num_iterations": 2, "max_steps": 2, "beta": 0.04},
     "sequence-iterations": {"num_iterations": 2, "max_steps": 2, "importance_sampling_level": "sequence",
                             "loss_type": "grpo"},
-    "accumulation-dapo": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
     "accumulation-grpo": {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "loss_type": "grpo",
                           "beta": 0.04},
     "clip-higher-delta": {"epsilon_high": 0.28, "delta": 1.5, "num_iterations": 2, "max_steps": 2},
@@ -200,6 +198,7 @@ CASES = {
     # above the tiny model's entropy: the coefficient climbs and applies from the second step on)
     "cispo-entropy-bonus": {"loss_type": "cispo", "epsilon_high": 1.02, "num_iterations": 2, "max_steps": 2,
                             "entropy_coef": 0.05},  # one micro-batch: TRL averages a step's micro-batches' ratios (docs/trl.md)
+    # dapo with gradient accumulation, and the bonus (sequence ratios: sequence-iterations and luspo's case)
     "entropy-bonus-accumulation": {"entropy_coef": 0.05, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
     "sapo": {"loss_type": "sapo", "num_iterations": 2, "max_steps": 2, "sapo_temperature_neg": 2.0},
     "luspo-adaptive-entropy": {"loss_type": "luspo", "importance_sampling_level": "sequence", "num_iterations": 2,
