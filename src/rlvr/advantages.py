@@ -151,7 +151,12 @@ def _check(rewards: torch.Tensor, group_size: int, scale: str) -> None:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size} (need group_size >= 2)")
 
 
-ESTIMATORS = ("grpo", "rloo", "reinforce_pp")
+# advantage_estimator -> (rewards, group_size, scale, loss tokens per completion) -> (advantages, zero_std)
+ESTIMATORS = {
+    "grpo": lambda rewards, size, scale, lengths: group_advantages(rewards, size, scale),
+    "rloo": lambda rewards, size, scale, lengths: rloo_advantages(rewards, size, scale),
+    "reinforce_pp": lambda rewards, size, scale, lengths: reinforce_pp_advantages(rewards, size, lengths),
+}
 
 
 def group_reward_std(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr import distributed
-from rlvr.advantages import group_advantages, normalize_then_sum, reinforce_pp_advantages, rloo_advantages, step_advantages
+from rlvr.advantages import ESTIMATORS, normalize_then_sum, step_advantages
 from rlvr.config import RolloutSettings, UpdateSettings
 from rlvr.monitor import generation_metrics
 from rlvr.rewards import RewardError, merge_counters
@@ -141,13 +141,9 @@ class Generations:
                                      for g in groups for j in range(size)], dtype=torch.float).reshape(-1, len(rewards.names))
             return normalize_then_sum(per_func, rewards.weights, size)
         rewards = torch.tensor([x for g in groups for x in g.scored_rewards], dtype=torch.float)
-        if s.advantage_estimator == "rloo":
-            return rloo_advantages(rewards, size, s.scale_rewards)
-        if s.advantage_estimator == "reinforce_pp":  # whitened over the tokens the loss covers
-            lengths = [0 if s.mask_truncated_completions and r.truncated else sum(r.mask) if r.mask is not None
-                       else len(r.completion_ids) for r in rollouts]
-            return reinforce_pp_advantages(rewards, size, lengths)
-        return group_advantages(rewards, size, s.scale_rewards)
+        lengths = [0 if s.mask_truncated_completions and r.truncated else sum(r.mask) if r.mask is not None
+                   else len(r.completion_ids) for r in rollouts]  # the tokens the loss covers (reinforce_pp whitens over them)
+        return ESTIMATORS[s.advantage_estimator](rewards, size, s.scale_rewards, lengths)
 
     def sample_round(self, state: TrainerState) -> Round:
         """One round: prompts_per_step prompts (the same on every rank), G completions each, scored;
