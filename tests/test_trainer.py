@@ -81,6 +81,31 @@ def test_generate_leaves_zero_std_groups_out(tiny, tmp_path, monkeypatch):
     assert gen.metrics["reward"] == 0.75
 
 
+@pytest.mark.parametrize("estimator, scale, expected", [
+    ("rloo", "none", [-1.0, 1.0]),  # each completion minus the other's reward
+    ("reinforce_pp", "group", None),  # whitened over the batch's tokens: every group trains (below)
+])
+def test_generate_uses_the_advantage_estimator(tiny, tmp_path, monkeypatch, estimator, scale, expected):
+    import rlvr.rewards as rewards
+
+    monkeypatch.setitem(rewards.REWARDS, "boxed_format", lambda completions, **kwargs: [1.0, 1.0, 0.0, 1.0])
+    model, tokenizer = tiny
+    cfg = build_config({"model": "default", "task_args": {"num_test": 10}, "reward_funcs": ["boxed_format"],
+                        "num_generations": 2, "per_device_train_batch_size": 4, "max_completion_length": 4,
+                        "advantage_estimator": estimator, "scale_rewards": scale})
+    gen = Trainer(cfg, model, tokenizer, [Example("a", "1"), Example("b", "2")], tmp_path, 10).generate()
+    assert gen.metrics["frac_reward_zero_std"] == 0.5
+    if expected is not None:  # rloo: the equal group (advantage 0) is left out, as GRPO's
+        assert gen.batch.advantages.tolist() == pytest.approx(expected)
+    else:  # reinforce_pp: all four completions go to the update; centred rewards 0, 0, -0.5, 0.5 whitened over tokens
+        assert len(gen.batch) == 4
+        n = gen.batch.completion_mask.sum(-1).float()
+        x = torch.tensor([0.0, 0.0, -0.5, 0.5])
+        mean = (x * n).sum() / n.sum()
+        std = (((x - mean) ** 2 * n).sum() / (n.sum() - 1)).sqrt()
+        assert gen.batch.advantages.tolist() == pytest.approx(((x - mean) / std).tolist(), abs=1e-4)
+
+
 def test_second_iteration_uses_old_logprobs(tiny, tmp_path):
     trainer = make_trainer(tiny, tmp_path, num_iterations=2, learning_rate=5e-2, per_device_train_batch_size=4)
     batch = make_batch(trainer)
