@@ -51,7 +51,7 @@ SCALES = ("group", "batch", "none")
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group", eps: float = EPS):
     """rewards [N] (N = groups x group_size, group members contiguous) ->
     (advantages [N], zero_std [N / group_size] bool: True where a group's rewards are all equal)."""
-    _check(rewards, group_size, scale)
+    _check(rewards.numel(), group_size, scale)
     if rewards.numel() == 0:  # e.g. dynamic sampling found no group with signal
         return rewards.float(), torch.zeros(0, dtype=torch.bool)
     grouped = rewards.float().view(-1, group_size)
@@ -70,7 +70,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int, scale: str = "none",
     """RLOO: A_i = r_i - (sum of the group's other scorable rewards) / (their number); then `scale`: none
     as is, batch (A - mean) / (std + eps) over the batch (RLOOTrainer's normalize_advantages), group / (the
     group's reward std + eps).  Same shapes as group_advantages; unscorable (NaN) rewards get 0."""
-    _check(rewards, group_size, scale)
+    _check(rewards.numel(), group_size, scale)
     if rewards.numel() == 0:
         return rewards.float(), torch.zeros(0, dtype=torch.bool)
     grouped = rewards.float().view(-1, group_size)
@@ -89,7 +89,7 @@ def reinforce_pp_advantages(rewards: torch.Tensor, group_size: int, lengths: lis
     """REINFORCE++ with the group mean as baseline: x_i = r_i - group mean, then whitened over the batch's
     tokens, (x_i - mu) / sqrt(var + eps) with mu and var (n - 1) of x over every completion token
     (`lengths`: each completion's loss tokens).  Unscorable (NaN) rewards take no part and get 0."""
-    _check(rewards, group_size, "none")
+    _check(rewards.numel(), group_size, "none")
     if rewards.numel() == 0:
         return rewards.float(), torch.zeros(0, dtype=torch.bool)
     grouped = rewards.float().view(-1, group_size)
@@ -112,7 +112,7 @@ def normalize_then_sum(per_func: torch.Tensor, weights: list[float], group_size:
     batch, (x - mean) / (std + eps); a completion no function scored gets 0.  zero_std flags the groups
     whose weighted totals are all equal, as group_advantages does."""
     n, f = per_func.shape
-    _check(torch.zeros(n), group_size, "none")
+    _check(n, group_size, "none")
     if n == 0:
         return torch.zeros(0), torch.zeros(0, dtype=torch.bool)
     grouped = per_func.float().view(-1, group_size, f)
@@ -144,11 +144,12 @@ def _nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return ((centred ** 2).sum(dim=dim, keepdim=True) / (count - 1)).sqrt()
 
 
-def _check(rewards: torch.Tensor, group_size: int, scale: str) -> None:
+def _check(n: int, group_size: int, scale: str, what: str = "rewards") -> None:
+    """`scale` is one of SCALES and n `what` split into groups of group_size >= 2."""
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {', '.join(SCALES)}; got {scale!r}")
-    if group_size < 2 or rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size} (need group_size >= 2)")
+    if group_size < 2 or n % group_size:
+        raise ValueError(f"{n} {what} do not split into groups of {group_size} (need group_size >= 2)")
 
 
 # advantage_estimator -> (rewards, group_size, scale, loss tokens per completion) -> (advantages, zero_std)
@@ -170,11 +171,10 @@ def step_advantages(steps: list[dict[int, float]], lengths: list[int], group_siz
     step ends at (every completion at least one step); lengths: each completion's tokens ->
     (advantages [N, max(lengths)], zero 0 past a completion's end; zero_std [N / group_size] bool: True
     where all the step scores of a group are equal)."""
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {', '.join(SCALES)}; got {scale!r}")
     n = len(steps)
-    if group_size < 2 or n % group_size or len(lengths) != n:
-        raise ValueError(f"{n} completions do not split into groups of {group_size} (need group_size >= 2)")
+    _check(n, group_size, scale, "completions")
+    if len(lengths) != n:
+        raise ValueError(f"{len(lengths)} lengths for {n} completions")
     if any(not s for s in steps) or any(not 0 <= t < max(length, 1) for s, length in zip(steps, lengths) for t in s):
         raise ValueError("every completion needs a step, each ending at one of its tokens")
     width = max(lengths, default=0)

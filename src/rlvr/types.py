@@ -16,6 +16,8 @@ from typing import Any, Union
 
 import torch
 
+from rlvr.advantages import without_signal  # the rule the advantages use
+
 Message = dict[str, str]
 Prompt = Union[str, list[Message]]
 # What a reward function receives for one completion: plain text when the prompt
@@ -234,8 +236,7 @@ class SampledGroup:
         if self.steps is not None:  # the step scores are what is normalised (advantages.step_advantages)
             pool = [v for s in self.steps for v in s.values()]
             return max(pool) > min(pool)
-        scored = [r for r in self.scored_rewards if r == r]
-        return len(scored) > 1 and max(scored) > min(scored)
+        return not bool(without_signal(torch.tensor([self.scored_rewards], dtype=torch.float))[0])
 
     def token_steps(self) -> list[dict[int, float]]:
         """Each completion's steps; a reward given as one number is one step, at the last token."""
