@@ -162,6 +162,7 @@ class _Term:
     adv: torch.Tensor
     mask: torch.Tensor
     counted: torch.Tensor  # the tokens, or with sequence ratios the completions, a clip count covers
+    sign: torch.Tensor  # the advantage a clip count reads: per token, or a completion's first token's (its return)
     epsilon: float
     eps_high: float
     delta: float | None
@@ -215,11 +216,13 @@ def policy_loss(
     log_w = importance_log_weights(logprobs, old_logprobs, mask, importance_sampling_level)
     ratio = torch.exp(log_w)
     adv = (advantages if advantages.dim() == 2 else advantages[:, None]).to(logprobs.dtype)
-    counted = mask if ratio.shape == mask.shape else torch.ones_like(ratio, dtype=torch.bool)
+    per_token_ratio = ratio.shape == mask.shape
+    counted = mask if per_token_ratio else torch.ones_like(ratio, dtype=torch.bool)
+    sign = (adv if per_token_ratio else adv[:, :1]).detach()
     term, aggregate = LOSS_TYPES[loss_type]
-    with torch.no_grad():
-        weights = None if importance_weights is None else importance_weights.detach()
-    per_token, metrics = term(_Term(logprobs, old_logprobs, ratio, adv, mask, counted, epsilon, eps_high, delta, knobs, weights))
+    weights = None if importance_weights is None else importance_weights.detach()
+    per_token, metrics = term(_Term(logprobs, old_logprobs, ratio, adv, mask, counted, sign, epsilon, eps_high, delta, knobs,
+                                    weights))
     if weights is not None and term is not _vespo:  # the sampler was not exactly this policy (vespo weighs it in phi)
         per_token = per_token * weights
     if per_token.shape != mask.shape:  # sequence-level weights broadcast over tokens
@@ -264,9 +267,8 @@ def _clipped(x: _Term):
     clipped = torch.clamp(x.ratio, 1 - x.epsilon, 1 + x.eps_high) * x.adv
     metrics = {}
     with torch.no_grad():  # per token, or per completion with sequence-level ratios (as TRL counts them)
-        sign = x.adv if x.ratio.shape == x.mask.shape else x.adv[:, :1]  # a completion's: its first token's (its return)
-        low = (x.ratio < 1 - x.epsilon) & (sign < 0) & x.counted
-        high = (x.ratio > 1 + x.eps_high) & (sign > 0) & x.counted
+        low = (x.ratio < 1 - x.epsilon) & (x.sign < 0) & x.counted
+        high = (x.ratio > 1 + x.eps_high) & (x.sign > 0) & x.counted
         metrics["clip_ratio/low"] = low.sum().float()
         metrics["clip_ratio/high"] = high.sum().float()
         metrics["clip_ratio/region"] = (low | high).sum().float()
@@ -285,8 +287,7 @@ def _cispo(x: _Term):
     the paper's eps_max (TRL: epsilon_high; ScaleRL recommends 5)."""
     weight = x.ratio.clamp(max=x.eps_high).detach()
     with torch.no_grad():
-        sign = x.adv if x.ratio.shape == x.mask.shape else x.adv[:, :1]
-        clipped = (x.ratio > x.eps_high) & (sign > 0) & x.counted
+        clipped = (x.ratio > x.eps_high) & (x.sign > 0) & x.counted
     return -weight * x.adv * x.logprobs, {"cispo_clip_ratio": clipped.sum().float()}
 
 
@@ -351,3 +352,5 @@ LOSS_TYPES = {
     "grpo": (_clipped, _grpo), "dapo": (_clipped, _dapo), "dr_grpo": (_clipped, _dr_grpo), "bnpo": (_clipped, _bnpo),
     "cispo": (_cispo, _dapo), "sapo": (_sapo, _grpo), "luspo": (_clipped, _luspo), "vespo": (_vespo, _dapo),
 }
+# the types normalised by the step's tokens (dapo's aggregation); TRL divides the others by its accumulation steps
+TOKEN_NORMALISED = frozenset(name for name, (_, aggregate) in LOSS_TYPES.items() if aggregate is _dapo)

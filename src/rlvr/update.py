@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from rlvr import config, distributed, fsdp
-from rlvr.losses import (LossKnobs, LossNorm, entropy_threshold, high_entropy_mask, off_policy_mask, policy_loss,
-                         sampler_importance_weights)
+from rlvr.losses import (TOKEN_NORMALISED, LossKnobs, LossNorm, entropy_threshold, high_entropy_mask, off_policy_mask,
+                         policy_loss, sampler_importance_weights)
 from rlvr.types import Batch
 from rlvr.errors import NonFinite  # noqa: F401 - raised here, defined in the leaf errors.py
 
@@ -384,7 +384,7 @@ class PolicyUpdate:
         weights = torch.where(trained, entropy, torch.zeros_like(entropy))
         tokens = trained.sum()
         # rlvr's micro-batch loss is its share of the step's; TRL states a mean-normalised one per micro-batch
-        share = norm.num_micro_batches if self.settings.loss_type in PER_MICRO_BATCH else self.world.world_size
+        share = self.world.world_size if self.settings.loss_type in TOKEN_NORMALISED else norm.num_micro_batches
         m["policy_loss"], m["policy_loss/count"] = loss.detach() * share, torch.tensor(1.0)
         m["entropy_bonus/sum"], m["entropy_bonus/count"] = weights.sum().detach(), tokens.detach().float()
         if not coef:
@@ -411,7 +411,6 @@ class PolicyUpdate:
 
 
 EXTREMES = ("clip_ratio/low_min", "clip_ratio/high_max")  # per micro-batch extremes (losses.policy_loss)
-PER_MICRO_BATCH = ("grpo", "sapo", "bnpo", "dr_grpo", "luspo")  # TRL's loss types divided by the accumulation steps
 
 
 def _add_sampling_sums(sums: dict, weights, old, micro: Batch) -> None:
