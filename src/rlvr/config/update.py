@@ -105,6 +105,11 @@ class LossSettings(Section):
     def epsilon_high_value(self) -> float:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
+    @property
+    def entropy_bonus(self) -> bool:
+        """Whether the loss has an entropy bonus: a coefficient, or its adaptive control (TRL's rule)."""
+        return self.entropy_coef != 0.0 or self.use_adaptive_entropy
+
     def _rules(self) -> list[str]:
         rules = [
             (self.epsilon > 0, f"epsilon must be > 0; got {self.epsilon}"),

@@ -66,7 +66,7 @@ class GenerationSettings:
         reinforce_pp or normalize_then_sum (whose batch-wide normalisation moves such a group's advantage
         off 0), not with an entropy bonus (which pulls on every completion)."""
         whole_batch = update.advantage_estimator == "reinforce_pp" or update.multi_objective_aggregation == "normalize_then_sum" \
-            or update.entropy_coef != 0 or update.use_adaptive_entropy
+            or update.entropy_bonus
         skip = not (update.beta > 0 and update.kl_penalty == "loss") and update.loss_type not in ("bnpo", "vespo") \
             and steps_per_optimizer_step == 1 and not whole_batch
         return cls(num_generations=rollout.num_generations, prompts_per_step=prompts_per_step,

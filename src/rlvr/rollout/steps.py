@@ -6,8 +6,8 @@ character before that offset: the first token whose decoded prefix of the comple
 offset (a binary search over prefix decodes, the way the text itself was decoded, so a token that
 spans the offset takes the step).  A step that ends where the text ends ends at the last token, the
 end-of-sequence token or a stop string's included, as scores given as one number do (with any KL
-charged to the reward, kl_penalty=reward): the decision to stop is part of the last step.  advantages.step_advantages turns the result into
-per-token advantages.
+charged to the reward, kl_penalty=reward): the decision to stop is part of the last step.
+advantages.step_advantages turns the result into per-token advantages.
 """
 
 from __future__ import annotations
@@ -45,4 +45,4 @@ def token_of(tokenizer, ids: list[int], offset: int) -> int:
             hi = mid
         else:
             lo = mid + 1
-    return max(lo, 0)
+    return lo
