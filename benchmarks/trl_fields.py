@@ -1,5 +1,6 @@
-"""Write src/rlvr/api/trl_fields.json: the fields of TRL's GRPOConfig, SFTConfig, DPOConfig and
-AsyncGRPOConfig (name, type, default, help), read from the installed TRL, so that rlvr's configs
+"""Write src/rlvr/api/trl_fields.json: the fields of TRL's GRPOConfig, SFTConfig, DPOConfig,
+AsyncGRPOConfig and DistillationConfig (name, type, default, help; `help_of` a class's own help where
+it means a shared name otherwise), read from the installed TRL, so that rlvr's configs
 have TRL's fields without importing TRL.  AsyncGRPOConfig is TRL's top-level class from 1.18 on and
 trl.experimental.async_grpo's before (TRL 1.16, the newest on the package index this was written with).
 
@@ -24,7 +25,7 @@ import typing
 from pathlib import Path
 
 TABLE = Path(__file__).resolve().parents[1] / "src" / "rlvr" / "api" / "trl_fields.json"
-CLASSES = ("GRPOConfig", "SFTConfig", "DPOConfig", "AsyncGRPOConfig")
+CLASSES = ("GRPOConfig", "SFTConfig", "DPOConfig", "AsyncGRPOConfig", "DistillationConfig")
 SCALARS = {bool: "bool", int: "int", float: "float", str: "str", type(None): "None"}
 
 
@@ -84,9 +85,11 @@ def table() -> dict:
             if not f.init:
                 continue
             rows[f.name] = field_row(f, hints)
-            text = f.metadata.get("help")
+            text = " ".join(str(f.metadata.get("help") or "").split())
             if text and f.name not in out["help"]:
-                out["help"][f.name] = " ".join(str(text).split())
+                out["help"][f.name] = text
+            elif text and text != out["help"][f.name]:  # a field this class means otherwise (DistillationConfig.beta)
+                out.setdefault("help_of", {}).setdefault(name, {})[f.name] = text
         out[name] = rows
     return out
 

@@ -2,6 +2,7 @@
 
     rlvr train [CONFIG_FILE | demo] [key=value ...]   train (no arguments: the built-in demo)
     rlvr sft | rft | dpo [CONFIG_FILE] [key=value ...]   SFT, rejection-sampling fine-tuning, DPO (finetune/)
+    rlvr distill teacher=<path or id> [key=value ...]   on-policy distillation (distill.py)
     rlvr eval  [CONFIG_FILE ...] [key=value ...]      held-out accuracy, pass@k, maj@k of a model, task by task
     rlvr compare EVAL_JSON|RUN_DIR ...                eval results side by side
     rlvr report [RUN_DIR]                             report.html and plots of a run (default: the latest)
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         ("sft", "supervised fine-tuning on demonstrations (TRL SFTConfig names)"),
         ("rft", "rejection-sampling fine-tuning: SFT on the model's own verifier-correct samples, in rounds"),
         ("dpo", "DPO on preference pairs from a dataset or built from the verifier (TRL DPOConfig names)"),
+        ("distill", "on-policy distillation from a teacher: `rlvr distill teacher=<path or id>` (TRL DistillationConfig names)"),
         ("eval", "held-out accuracy, pass@k and maj@k of a model on one task per config file"),
         ("sample", "print a few completions of one prompt with their rewards"),
         ("vllm-serve", "serve vLLM for `rlvr train use_vllm=true vllm_mode=server` (model, dtype, vllm_server_host/port)"),
@@ -155,7 +157,7 @@ def cmd_train(args: list[str], command: str = "train") -> int:
         cfg = resolve_config(args, default_file=None if args else "demo", ignored=ignored)
         if cfg.method != method.name:
             raise ConfigError(f"this run trains with method={cfg.method}: use rlvr {cfg.method} (rlvr rft for sft with self_samples)")
-    else:  # rlvr sft / rft / dpo: the same run with another objective (finetune/), under its TRL config's names
+    else:  # rlvr sft / rft / dpo / distill: the same run with another objective, under its TRL config's names
         cfg = resolve_config([*args, *extra], default_file=None if args else "demo", ignored=ignored, method=method.name)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 prints: the settings that differ from the defaults
         if ignored:

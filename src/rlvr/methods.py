@@ -1,5 +1,5 @@
 """The training methods, in one registry: everything that differs between what `rlvr train`
-(GRPO), `rlvr sft`, `rlvr rft` and `rlvr dpo` train, and the one place that dispatches on it.
+(GRPO), `rlvr sft`, `rlvr rft`, `rlvr dpo` and `rlvr distill` train, and the one place that dispatches on it.
 
 A method is its command, its settings as TRL's <Method>Config has them (the defaults that differ
 from GRPOConfig's, and the names it gives rlvr's settings: DPOConfig's `beta` is dpo_beta), its
@@ -43,6 +43,7 @@ class Method:
     pairs: bool = False  # trains on preference pairs (prompt, chosen, rejected) rather than demonstrations
     online: bool = False  # samples and trains on generations each step: several processes, rollout workers,
     # sampling ahead and multi-turn rollouts are for it; a method without trains in one process
+    min_generations: int = 2  # num_generations at least: a group to compare (1: each completion is trained on alone)
 
     @property
     def is_default(self) -> bool:
@@ -90,6 +91,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("dpo", command="dpo", trainer="rlvr.finetune.trainer:PreferenceTrainer", progress="loss", reference="dpo_beta",
            defaults=_frozen({"learning_rate": 1e-6}), renames=_frozen({"beta": "dpo_beta", "loss_type": "dpo_loss_type"}),
            pairs=True),
+    # On-policy distillation: GRPO's rollout stage, a teacher's divergence as the loss (distill.py).  TRL's
+    # DistillationConfig samples one completion per prompt and has no reference model (its beta is distill_beta).
+    Method("distill", command="distill", trainer="rlvr.distill:Distiller", progress="loss",
+           defaults=_frozen({"num_generations": 1}), renames=_frozen({"beta": "distill_beta"}), online=True, min_generations=1),
 )}
 
 

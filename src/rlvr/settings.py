@@ -173,7 +173,7 @@ def check_settings(cfg: Config, rewards_later: bool = False) -> Config:
     alert rules, the task, tools, environment and rollout_func, local paths, Ray.  Run by
     check_runnable and by GRPOConfig(...) at construction, before any model loads.
     rewards_later: the reward functions come later (GRPOConfig, whose trainer is given them), so
-    reward_weights without reward_funcs are checked then."""
+    reward_weights without reward_funcs are checked then; so does DistillationConfig's teacher."""
     from rlvr.alerts import RULES
     from rlvr.finetune.losses import DPO_LOSS_TYPES, TRL_ONLY_DPO_LOSS_TYPES
     from rlvr.losses import LOSS_TYPES
@@ -196,6 +196,9 @@ def check_settings(cfg: Config, rewards_later: bool = False) -> Config:
     problems += schedule_problems(cfg.lr_scheduler_type, cfg.lr_scheduler_kwargs, cfg.learning_rate)
     problems += [f"on_alert: unknown rule {rule!r}; rules: {', '.join(RULES)}" for rule in cfg.on_alert if rule not in RULES]
     problems += _reward_problems(cfg, rewards_later) + _multiturn_problems(cfg) + _path_problems(cfg)
+    if cfg.method == "distill" and not cfg.teacher_model_name_or_path and not rewards_later:  # DistillationTrainer gives it later
+        problems.append("rlvr distill needs a teacher: teacher=<local directory or Hub id> "
+                        "(DistillationConfig.teacher_model_name_or_path, or DistillationTrainer(teacher_model=...))")
     if cfg.rollout_workers > 0:
         import importlib.util
 
@@ -267,10 +270,16 @@ def _multiturn_problems(cfg: Config) -> list[str]:
     return problems
 
 
+TEACHER_OBJECT = "<teacher object>"  # teacher_model_name_or_path of a teacher given to DistillationTrainer as a loaded model
+
+
 def _path_problems(cfg: Config) -> list[str]:
     problems = []
     if _looks_local(cfg.model) and not Path(cfg.model).expanduser().exists():
         problems.append(f"model directory not found: {cfg.model}")
+    teacher = cfg.teacher_model_name_or_path
+    if teacher and teacher != TEACHER_OBJECT and _looks_local(teacher) and not Path(teacher).expanduser().exists():
+        problems.append(f"teacher model directory not found: {teacher}")
     if cfg.dataset and _looks_local(cfg.dataset) and not Path(cfg.dataset).expanduser().exists():
         problems.append(f"dataset file not found: {cfg.dataset}")
     if cfg.resume and cfg.output_dir and not cfg.resume_checkpoint and not Path(cfg.output_dir).is_dir():

@@ -122,6 +122,7 @@ class RunData:
     train_examples: list[Example]
     test_examples: list[Example]
     items: list | None = None
+    teacher: object = None  # rlvr distill: a teacher given to DistillationTrainer as a loaded model
 
 
 class RunCore(StepRecord):
@@ -371,7 +372,11 @@ class RunCore(StepRecord):
 
 
 class Trainer(RunCore):
-    """GRPO's step: 1. rollout, 2. reward, 3. advantage (a generation, rollout/generation.py), 4. update (update.py)."""
+    """GRPO's step: 1. rollout, 2. reward, 3. advantage (a generation, rollout/generation.py), 4. update (update.py).
+    A method on the same step with a loss of its own (distill.py) gives `_objective()` and may train
+    on every completion (`trains_every_completion`: no group is left out for equal rewards)."""
+
+    trains_every_completion = False
 
     def __init__(self, cfg: Config, model, tokenizer, train_examples: list[Example], output_dir: Path, total_steps: int, ref_model=None,
                  world: distributed.World = distributed.SINGLE, full_model=None):
@@ -386,7 +391,8 @@ class Trainer(RunCore):
         self.kl = KLReference(cfg.section(KLSettings), model, ref_model, self.logprobs, world, sharded=cfg.fsdp)
         self._plan(train_examples, total_steps)
         generation = GenerationSettings.of(cfg.rollout_settings, cfg.update_settings, cfg.prompts_per_step,
-                                           cfg.num_completions_to_print, cfg.steps_per_optimizer_step)
+                                           cfg.num_completions_to_print, cfg.steps_per_optimizer_step,
+                                           every_completion=self.trains_every_completion)
         self.audit = reward_audit(cfg.reward_settings, cfg.data_settings, cfg.seed) if world.is_main else None
         self.batches = Generations(generation, self.rollout, self.prompts, self.generator,
                                    self.kl, world, self.home, self.audit)  # 1-3: sampling rounds, advantages, sampling ahead
@@ -395,13 +401,17 @@ class Trainer(RunCore):
                                                                   self.rollout.path.rollout_func is not None), model, self.optimizer,
                                     self.scheduler, self.logprobs, self.kl, self.rollout.pad_id, world,
                                     between_micro_batches=self.home.serve,
-                                    scaler=self.scaler, on_event=self._event)  # 4
+                                    scaler=self.scaler, on_event=self._event, objective=self._objective())  # 4
         self.log_completions = cfg.log_completions and world.is_main
         self.parts = cfg.steps_per_optimizer_step  # optimizer steps one pass over a generation takes
         self.uses = cfg.num_iterations * self.parts  # optimizer steps per generation
         self.pending: Generation | None = None  # the generation being trained on
         self.sync_every = cfg.weight_sync_steps  # the samplers of their own get the weights every this many steps
         self.waited = 0.0  # seconds the last update waited for the generation sampled ahead
+
+    def _objective(self):
+        """The update's loss when it is not GRPO's own (update.PolicyUpdate.objective): None here."""
+        return None
 
     @classmethod
     def load_data(cls, cfg: Config, objects=None) -> RunData:

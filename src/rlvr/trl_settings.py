@@ -127,7 +127,7 @@ UNSUPPORTED = {
 # SFTConfig's and DPOConfig's settings that are rlvr settings of the same name and meaning (with
 # their GRPOConfig ones); `loss_type` and DPO's `beta` are renamed for each method (methods.py).
 FINETUNE_NAMES = frozenset("""max_length truncation_mode completion_only_loss assistant_only_loss dataset_text_field
-packing label_smoothing loss_weights""".split())
+packing label_smoothing loss_weights teacher_model_name_or_path teacher_model_init_kwargs""".split())
 
 # Settings whose rlvr default is deliberately not TRL 1.16's: name -> (TRL's default, why).
 TRL_DEFAULTS_DIFFER = {
@@ -186,6 +186,8 @@ def _translate(key: str, value: Any) -> tuple[str, Any] | None:
         return "use_cpu", value
     if key in ("attn_implementation", "model_revision"):  # TRL scripts' ModelConfig: arguments of from_pretrained
         return f"model_init_kwargs.{key.removeprefix('model_')}", value
+    if key == "teacher_model_revision":  # DistillationConfig's: an argument of the teacher's from_pretrained
+        return None if value is None else ("teacher_model_init_kwargs.revision", value)
     if key in ("resume_from_checkpoint", "vllm_importance_sampling_cap") and value is None:
         return None  # TRL's default: nothing to resume; the deprecated cap unset
     if key == "hub_token" and value == "<HUB_TOKEN>":  # to_dict() hides the token behind this
@@ -286,7 +288,7 @@ def known_names() -> list[str]:
     """Every TRL name rlvr accepts, for "did you mean" hints."""
     return sorted(TRL_NAMES | FINETUNE_NAMES | set(IGNORED) | set(UNSUPPORTED) | {"activation_checkpointing", "resume_from_checkpoint",
                                                                    "vllm_importance_sampling_cap", "evaluation_strategy", "no_cuda",
-                                                                   "attn_implementation", "model_revision",
+                                                                   "attn_implementation", "model_revision", "teacher_model_revision",
                                                                    "reward_model_name_or_path"})
 
 

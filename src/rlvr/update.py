@@ -216,11 +216,13 @@ def skip_step(scheduler) -> None:
 class PolicyUpdate:
     def __init__(self, settings: UpdateSettings, model, optimizer, scheduler, logprobs, kl, pad_id: int,
                  world: distributed.World = distributed.SINGLE, between_micro_batches=None, scaler=None,
-                 on_event=None):
+                 on_event=None, objective=None):
         """logprobs: a logprobs.LogProbs; kl: a reference.KLReference; between_micro_batches: called
         after each backward pass (the reward calls of a batch sampled ahead, rollout/home.py);
         scaler: fp16's loss scaler (optim.loss_scaler), or None; on_event: told the points of the
-        step (the module docstring)."""
+        step (the module docstring); objective: a loss of another method over the same tokens
+        (distill.Distillation): called as objective(model, micro, norm) -> (logp, entropy, loss, metric
+        sums), it gives the log-probs and the loss, and GRPO's term is added times its policy_weight."""
         self.settings, self.model, self.optimizer, self.scheduler = settings, model, optimizer, scheduler
         self.logprobs, self.kl, self.pad_id, self.world = logprobs, kl, pad_id, world
         self.between_micro_batches = between_micro_batches or (lambda: None)
@@ -228,6 +230,7 @@ class PolicyUpdate:
         self.scaler = scaler
         self.on_event = on_event or _no_event
         self.entropy = EntropyControl(settings.entropy)  # the entropy bonus's coefficient, across steps
+        self.objective = objective
 
     @torch.no_grad()
     def prepare(self, batch: Batch) -> None:
@@ -285,6 +288,8 @@ class PolicyUpdate:
             metrics["vespo/phi_seq_mean"] = sums["vespo/phi_seq"] / max(rows, 1)
         if "kl" in sums:
             metrics["kl"] = sums["kl"] / tokens
+        if "divergence" in sums:  # rlvr distill: the teacher's divergence per completion token
+            metrics["divergence"] = sums["divergence"] / tokens
         if s.entropy.enabled:  # TRL's: the policy term's loss per micro-batch (averaged), and the coefficient after the step
             metrics["policy_loss"] = sums["policy_loss"] / max(sums["policy_loss/count"], 1.0)
             metrics["entropy_coef"] = self.entropy.coef
@@ -332,11 +337,15 @@ class PolicyUpdate:
                 self._entropy_mask(None, None)
                 continue
             micro = (batch.select(slice(lo, lo + size)) if lo < len(batch) else self._empty_micro_batch()).to(self.logprobs.device)
-            tokens, flops = work(self.model, micro, self.logprobs.fast)
+            tokens, flops = work(self.model, micro, self.logprobs.fast and self.objective is None)
             sums["update_tokens"] += tokens
             sums["update_flops"] += flops
             bonus = self.entropy.applied() if s.entropy.enabled else 0.0
-            if s.router_aux_loss_coef:
+            own = None
+            if self.objective is not None:  # another method's loss over these tokens (distill.py)
+                logprobs, entropy, *own = self.objective(self.model, micro, norm)
+                aux = None
+            elif s.router_aux_loss_coef:
                 logprobs, entropy, aux = self.logprobs.with_router_loss(self.model, micro, entropy_grad=bool(bonus))
             else:
                 (logprobs, entropy), aux = self.logprobs(self.model, micro, entropy_grad=bool(bonus)), None
@@ -359,6 +368,9 @@ class PolicyUpdate:
                 bias_correction_kl=self.kl.settings.use_bias_correction_kl, importance_weights=weights,
                 entropy_mask=trained, sequence_mask=off_policy, knobs=s.knobs,
             )
+            if own is not None:  # its loss, and GRPO's times its weight (then GRPO's metrics too)
+                weight = self.objective.policy_weight
+                loss, m = own[0] + weight * loss, {**(m if weight else {}), **own[1]}
             if s.entropy.enabled:
                 loss = self._entropy_bonus(loss, m, entropy, micro.loss_mask if trained is None else trained, norm, bonus)
             if lo >= len(batch):  # fsdp's empty micro-batch: a pass for the collectives, no completion to count

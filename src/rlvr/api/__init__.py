@@ -1,6 +1,6 @@
 """TRL's Python API on rlvr: a script that did `from trl import GRPOConfig, GRPOTrainer` runs
 with `from rlvr import GRPOConfig, GRPOTrainer` instead, and trains with rlvr; so do TRL's
-SFTConfig / SFTTrainer and DPOConfig / DPOTrainer.
+SFTConfig / SFTTrainer, DPOConfig / DPOTrainer and DistillationConfig / DistillationTrainer.
 
     args = GRPOConfig(output_dir="my-run", learning_rate=1e-5, max_steps=100)
     trainer = GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=[my_reward, "accuracy"],
@@ -21,8 +21,8 @@ functions, callable objects, built-in names or `module:function` paths; datasets
 TrainerCallback-like callbacks.  The run itself is rlvr's (run.py), with its run directory,
 checkpoints, metrics and report.
 
-    configs.py     GRPOConfig, SFTConfig, DPOConfig, AsyncGRPOConfig
-    trainers.py    GRPOTrainer, and SFTTrainer / DPOTrainer / AsyncGRPOTrainer on its construction
+    configs.py     GRPOConfig, SFTConfig, DPOConfig, AsyncGRPOConfig, DistillationConfig
+    trainers.py    GRPOTrainer, and SFTTrainer / DPOTrainer / AsyncGRPOTrainer / DistillationTrainer on its construction
     inputs.py      the objects a trainer is given, as settings, Examples or rows; RunObjects for run.py
     callbacks.py   transformers' TrainerState, TrainerControl, TrainerCallback, TrainOutput; the callbacks
     trl_fields.py  the fields of TRL's configs (trl_fields.json), which the configs are dataclasses of
@@ -31,15 +31,16 @@ checkpoints, metrics and report.
 """
 
 from rlvr.api.callbacks import Callbacks
-from rlvr.api.configs import AsyncGRPOConfig, DPOConfig, GRPOConfig, SFTConfig
+from rlvr.api.configs import AsyncGRPOConfig, DistillationConfig, DPOConfig, GRPOConfig, SFTConfig
 from rlvr.api.inputs import RunObjects
-from rlvr.api.trainers import AsyncGRPOTrainer, DPOTrainer, GRPOTrainer, SFTTrainer
+from rlvr.api.trainers import AsyncGRPOTrainer, DistillationTrainer, DPOTrainer, GRPOTrainer, SFTTrainer
 
 # scripts.py's names, imported when asked for (it imports transformers' HfArgumentParser)
 SCRIPT_NAMES = ("TrlParser", "ScriptArguments", "ModelConfig", "DatasetConfig", "DatasetMixtureConfig", "get_dataset",
                 "get_peft_config", "get_quantization_config", "get_kbit_device_map", "init_zero_verbose")
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "AsyncGRPOConfig", "AsyncGRPOTrainer", "SFTConfig", "SFTTrainer", "DPOConfig", "DPOTrainer", "TrainOutput", "TrainerState",
+__all__ = ["GRPOConfig", "GRPOTrainer", "AsyncGRPOConfig", "AsyncGRPOTrainer", "SFTConfig", "SFTTrainer", "DPOConfig", "DPOTrainer", "DistillationConfig",
+           "DistillationTrainer", "TrainOutput", "TrainerState",
            "TrainerControl", "TrainerCallback", "Callbacks", "RunObjects", *SCRIPT_NAMES]
 
 

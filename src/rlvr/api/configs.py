@@ -1,4 +1,4 @@
-"""TRL's GRPOConfig, SFTConfig, DPOConfig and AsyncGRPOConfig: dataclasses with every field of TRL 1.16's class
+"""TRL's GRPOConfig, SFTConfig, DPOConfig, AsyncGRPOConfig and DistillationConfig: dataclasses with every field of TRL 1.16's class
 (name, type, default: trl_fields.py), which transformers' HfArgumentParser and TrlParser read,
 resolved into rlvr's Config of their method (methods.py) when made and whenever a field is set.
 
@@ -25,7 +25,7 @@ from rlvr.config import ALIASES, FIELDS, ConfigError, build_config, hide_secret
 from rlvr.settings import check_settings
 from rlvr.trl_settings import IGNORED, METHOD_DEFAULTS_DIFFER, TRL_DEFAULTS_DIFFER, UNSUPPORTED, inert, known_names
 
-__all__ = ["GRPOConfig", "SFTConfig", "DPOConfig", "AsyncGRPOConfig"]
+__all__ = ["GRPOConfig", "SFTConfig", "DPOConfig", "AsyncGRPOConfig", "DistillationConfig"]
 
 
 def _same(ours: Any, theirs: Any) -> bool:
@@ -216,6 +216,10 @@ GRPOConfig = _make("GRPOConfig", "grpo", """TRL's GRPOConfig: `GRPOConfig(output
 SFTConfig = _make("SFTConfig", "sft", """TRL's SFTConfig: max_length, packing, completion_only_loss, and every shared setting.""")
 DPOConfig = _make("DPOConfig", "dpo", """TRL's DPOConfig: beta, loss_type (sigmoid, ipo, hinge, or a list of them
     weighed by loss_weights), label_smoothing, max_length, ...""")
+
+DistillationConfig = _make("DistillationConfig", "distill", """TRL's DistillationConfig: teacher_model_name_or_path, beta (0 forward
+    KL, 1 reverse KL, between: generalised JSD; rlvr's distill_beta), temperature, and every shared setting; rlvr adds
+    distill_reward_weight (the verifier's GRPO loss mixed in) and num_generations (default 1, as TRL's).""")
 
 
 # Where TRL's AsyncGRPOConfig's defaults are not its GRPOConfig's (TRL 1.16), and what it always does:

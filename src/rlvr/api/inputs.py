@@ -22,6 +22,7 @@ class RunObjects:
     test_examples: list | None = None
     callbacks: Any = None  # events.TrainerEvents: the trainer's callbacks, state and control
     train_rows: list | None = None  # sft / dpo: the train_dataset's rows (finetune/data.py reads them)
+    teacher: Any = None  # distill: a teacher given as a loaded model
 
 
 def model_name(model) -> str:

@@ -11,12 +11,12 @@ from pathlib import Path
 from rlvr import methods
 from rlvr.api import inputs
 from rlvr.api.outputs import ScriptMethods
-from rlvr.api.configs import AsyncGRPOConfig, DPOConfig, GRPOConfig, SFTConfig
+from rlvr.api.configs import AsyncGRPOConfig, DistillationConfig, DPOConfig, GRPOConfig, SFTConfig
 from rlvr.config import Config, ConfigError, ModelSettings, RewardSettings, build_config
 from rlvr.events import TrainerEvents
 from rlvr.trl_settings import ignored_line
 
-__all__ = ["GRPOTrainer", "AsyncGRPOTrainer", "SFTTrainer", "DPOTrainer"]
+__all__ = ["GRPOTrainer", "AsyncGRPOTrainer", "SFTTrainer", "DPOTrainer", "DistillationTrainer"]
 
 
 def _is_model(f) -> bool:
@@ -171,7 +171,7 @@ class GRPOTrainer(ScriptMethods):
         if self.args._ignored:
             print(ignored_line(self.args._ignored))
         objects = inputs.RunObjects(self.model, self.processing_class, self.train_examples, self.test_examples, self.callbacks,
-                                    train_rows=self.train_rows)
+                                    train_rows=self.train_rows, teacher=getattr(self, "teacher_model", None))
         summary = train(cfg, objects=objects)
         self._objects, self.model, self.processing_class = objects, objects.model, objects.tokenizer
         self.output_dir = Path(summary["output_dir"])
@@ -235,6 +235,40 @@ class AsyncGRPOTrainer(GRPOTrainer):
                                   "its own rollout stage (vLLM servers: `rlvr vllm-serve`; Ray rollout workers: rollout_workers)")
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, callbacks=callbacks,
                          optimizers=optimizers, peft_config=peft_config, tools=tools, environment_factory=environment_factory)
+
+
+class DistillationTrainer(GRPOTrainer):
+    """TRL's DistillationTrainer(model, teacher_model, args=DistillationConfig(...), train_dataset=...): on-policy
+    distillation (distill.py).  The student samples completions of the dataset's prompts, the teacher (a name,
+    a path or a loaded model with the student's vocabulary) scores the same tokens, and the loss is the
+    divergence `beta` picks.  rlvr adds `reward_funcs` (optional): the verifier's rewards, logged, and with
+    distill_reward_weight > 0 trained on too; without them a dataset's answer column is scored by `accuracy`."""
+
+    config_class = DistillationConfig
+    suffix = "Distillation"
+
+    def __init__(self, model, teacher_model=None, args: DistillationConfig | None = None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, callbacks=None, optimizers=(None, None), quantization_config=None,
+                 peft_config=None, tools=None, reward_funcs=None):
+        if any(o is not None for o in optimizers):
+            raise ConfigError("DistillationTrainer(optimizers=...) is not supported: rlvr builds AdamW from the settings "
+                              "of DistillationConfig (and restores it exactly on resume)")
+        if tools is not None:
+            raise ConfigError("DistillationTrainer(tools=...) is not supported yet: rlvr distill distils single-turn completions")
+        if train_dataset is None:
+            raise ConfigError("DistillationTrainer needs a train_dataset (a datasets.Dataset or a list of rows with a prompt)")
+        settings = self._model_settings(model, args, peft_config, quantization_config)
+        self.teacher_model = None if teacher_model is None or isinstance(teacher_model, str) else teacher_model
+        if isinstance(teacher_model, str):
+            settings["teacher_model_name_or_path"] = teacher_model
+        elif teacher_model is not None:
+            from rlvr.settings import TEACHER_OBJECT
+
+            settings["teacher_model_name_or_path"] = TEACHER_OBJECT
+        if reward_funcs is not None:
+            self._reward_settings(settings, reward_funcs)
+        self._data_settings(settings, eval_dataset)
+        self._setup(settings, processing_class, train_dataset, eval_dataset, callbacks)
 
 
 class _FinetuneTrainer(GRPOTrainer):

@@ -1,4 +1,5 @@
-"""The fields of TRL 1.16's GRPOConfig, SFTConfig and DPOConfig (name, type, default, help), from
+"""The fields of TRL 1.16's GRPOConfig, SFTConfig, DPOConfig, AsyncGRPOConfig and DistillationConfig
+(name, type, default, help), from
 trl_fields.json, which benchmarks/trl_fields.py writes from the installed TRL; rlvr never imports
 TRL.  tests/test_trl_scripts.py compares the table with the installed TRL when there is one.
 
@@ -39,7 +40,7 @@ def takes_mapping(spelled: str) -> bool:
 def dataclass_fields(config: str, defaults: dict[str, Any]) -> list[tuple[str, Any, dataclasses.Field]]:
     """(name, type, field) for make_dataclass: TRL's fields of `config` ("GRPOConfig"), each with its
     TRL default unless `defaults` gives rlvr's, and TRL's help."""
-    helps = table()["help"]
+    helps = {**table()["help"], **table().get("help_of", {}).get(config, {})}
     out = []
     for name, row in table()[config].items():
         default = defaults.get(name, row["default"])

@@ -5,7 +5,7 @@ with its fields, defaults, comments and value rules written once:
 
     model.py    ModelSettings (model, LoRA), DataSettings
     rollout.py  RolloutSettings = sampling + vLLM + Ray workers + multi-turn
-    update.py   RewardSettings; UpdateSettings = advantage + loss + KL + optimizer; FinetuneSettings
+    update.py   RewardSettings; UpdateSettings = advantage + loss + KL + optimizer; FinetuneSettings; DistillSettings
     run.py      RunSettings = output, checkpoints, logging, Hub + evaluation + alerts
     schema.py   Config, the union of the sections; cfg.rollout_settings etc. give a part its own
     parse.py    YAML file + key=value overrides + TRL's names -> Config (build_config)
@@ -23,11 +23,11 @@ from rlvr.config.rollout import (MultiTurnSettings, RolloutSettings, SamplingSet
 from rlvr.config.rules import validate
 from rlvr.config.run import REPORT_TO, AlertSettings, EvalSettings, OutputSettings, RunSettings
 from rlvr.config.schema import FIELDS, Config, hide_secret, is_secret
-from rlvr.config.update import (AdvantageSettings, FinetuneSettings, KLSettings, LossSettings, OptimizerSettings,
+from rlvr.config.update import (AdvantageSettings, DistillSettings, FinetuneSettings, KLSettings, LossSettings, OptimizerSettings,
                                 RewardSettings, UpdateSettings)
 from rlvr.errors import ConfigError
 
-__all__ = ["ALIASES", "FIELDS", "REPORT_TO", "AdvantageSettings", "AlertSettings", "Config", "ConfigError", "DataSettings",
+__all__ = ["ALIASES", "FIELDS", "REPORT_TO", "AdvantageSettings", "AlertSettings", "Config", "ConfigError", "DataSettings", "DistillSettings",
            "EvalSettings", "FinetuneSettings", "KLSettings", "LossSettings", "ModelSettings", "MultiTurnSettings",
            "OptimizerSettings", "OutputSettings", "RewardSettings", "RolloutSettings", "RunSettings", "SamplingSettings",
            "UpdateSettings", "VLLMSettings", "WorkerSettings", "build_config", "defaults_markdown", "describe_settings",

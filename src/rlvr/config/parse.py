@@ -23,6 +23,7 @@ ALIASES = {
     "dataset_name": "dataset",
     "dataset_config_name": "dataset_config",
     "resume_from_checkpoint": "resume",
+    "teacher": "teacher_model_name_or_path",  # rlvr distill teacher=...
     "vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max",  # TRL's older name
 }
 
@@ -113,7 +114,7 @@ def _launched() -> int:
 
 
 _REWARD_MODEL = " reward_model_name_or_path"  # held aside until every source is read (build_config)
-_MAPPINGS = {"task_args", "reward_args", "reward_audit_args", "on_alert", "model_init_kwargs", "chat_template_kwargs", "generation_kwargs",
+_MAPPINGS = {"task_args", "reward_args", "reward_audit_args", "on_alert", "model_init_kwargs", "teacher_model_init_kwargs", "chat_template_kwargs", "generation_kwargs",
              "lr_scheduler_kwargs"}
 
 

@@ -25,8 +25,8 @@ class SamplingSettings(Section):
 
     def _rules(self) -> list[str]:
         problems = []
-        if self.num_generations < 2:
-            problems.append(f"num_generations must be at least 2 (a group of one has no relative advantage); got {self.num_generations}")
+        if self.num_generations < 1:  # at least 2 where the method compares a group (config/rules.py)
+            problems.append(f"num_generations must be at least 1; got {self.num_generations}")
         if self.max_completion_length < 1:
             problems.append("max_completion_length must be at least 1")
         return problems + sampling_problems(vars(self))

@@ -40,6 +40,15 @@ def cross_section_problems(cfg) -> list[str]:
          f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train"),
     ] + qlora_rules(cfg) + sleep_mode_rules(cfg)
     problems = [message for ok, message in rules if not ok] + best_model_problems(cfg)
+    if cfg.num_generations < (method.min_generations if method is not None else 2):
+        problems.append(f"num_generations must be at least 2 (a group of one has no relative advantage); got {cfg.num_generations}")
+    if cfg.distill_reward_weight > 0 and cfg.num_generations < 2:
+        problems.append(f"distill_reward_weight > 0 adds GRPO's loss on the verifier's rewards, whose advantage compares "
+                        f"a prompt's completions: set num_generations >= 2; got {cfg.num_generations}")
+    if cfg.method != "distill" and (cfg.teacher_model_name_or_path or cfg.distill_reward_weight):
+        problems.append("teacher_model_name_or_path and distill_reward_weight are for rlvr distill (DistillationTrainer)")
+    if cfg.method == "distill":
+        problems += distill_problems(cfg)
     option = lora_beyond_vllm(cfg)
     if cfg.use_peft and (cfg.use_vllm or cfg.rollout_workers) and option:
         problems.append(f"LoRA with {option} cannot be sampled by vLLM or the rollout workers, which take plain "
@@ -53,6 +62,21 @@ def cross_section_problems(cfg) -> list[str]:
     if online:  # how generations feed optimizer steps; sft and dpo take whole examples
         problems += generation_batch_problems(cfg)
     return problems
+
+
+def distill_problems(cfg) -> list[str]:
+    """What rlvr distill needs, and what it does not do yet."""
+    rules = [
+        (not cfg.fsdp, "rlvr distill with fsdp is not supported yet: the teacher's and the student's whole output "
+                       "distributions are compared in one process; train with one process per GPU (torchrun without fsdp)"),
+        (not cfg.multi_turn, "rlvr distill with tools, an environment or a rollout_func is not supported yet: it distils "
+                             "single-turn completions"),
+        (cfg.beta == 0, "rlvr distill has no KL term to a reference (as TRL's DistillationTrainer): its `beta` is distill_beta"),
+        (not (cfg.entropy_coef or cfg.use_adaptive_entropy or cfg.top_entropy_quantile < 1 or cfg.dynamic_sampling),
+         "entropy_coef, use_adaptive_entropy, top_entropy_quantile and dynamic_sampling shape GRPO's loss, not the "
+         "divergence of rlvr distill: leave them at their defaults"),
+    ]
+    return [message for ok, message in rules if not ok]
 
 
 def qlora_rules(cfg) -> list[tuple[bool, str]]:
@@ -107,7 +131,7 @@ def generation_batch_problems(cfg) -> list[str]:
         return [f"generation_batch_size={cfg.generation_batch_size} and steps_per_generation={cfg.steps_per_generation} disagree "
                 f"({each} x steps_per_generation = {batch * cfg.steps_per_generation}); "
                 "set one of them: the other follows"]
-    if cfg.per_device_train_batch_size < 1 or cfg.gradient_accumulation_steps < 1 or cfg.num_generations < 2:
+    if cfg.per_device_train_batch_size < 1 or cfg.gradient_accumulation_steps < 1 or cfg.num_generations < 1:
         return []  # reported by the sections
     if (cfg.generation_batch_size or 1) < 1 or (cfg.steps_per_generation or 1) < 1:
         return ["generation_batch_size and steps_per_generation must be at least 1"]

@@ -10,12 +10,12 @@ from typing import Any
 from rlvr.config.model import DataSettings, ModelSettings
 from rlvr.config.rollout import RolloutSettings
 from rlvr.config.run import RunSettings
-from rlvr.config.update import FinetuneSettings, RewardSettings, UpdateSettings
+from rlvr.config.update import DistillSettings, FinetuneSettings, RewardSettings, UpdateSettings
 from rlvr.errors import ConfigError
 
 
 @dataclass(frozen=True, repr=False)
-class Config(RunSettings, FinetuneSettings, UpdateSettings, RewardSettings, RolloutSettings, DataSettings, ModelSettings):
+class Config(RunSettings, DistillSettings, FinetuneSettings, UpdateSettings, RewardSettings, RolloutSettings, DataSettings, ModelSettings):
     """Every setting of a run, flat (cfg.temperature), in the order of the sections; a part is
     given its own section (cfg.rollout_settings), never the whole Config."""
 
@@ -46,6 +46,10 @@ class Config(RunSettings, FinetuneSettings, UpdateSettings, RewardSettings, Roll
     @property
     def finetune_settings(self) -> FinetuneSettings:
         return self.section(FinetuneSettings)
+
+    @property
+    def distill_settings(self) -> DistillSettings:
+        return self.section(DistillSettings)
 
     def for_processes(self, launched: int) -> Config:
         """These settings for the processes launched: as in TRL, per_device_train_batch_size is each

@@ -220,9 +220,26 @@ class UpdateSettings(OptimizerSettings, KLSettings, LossSettings, AdvantageSetti
 
 
 @dataclass(frozen=True)
+class DistillSettings(Section):
+    # --- distill --------------------------------------------------------------------
+    teacher_model_name_or_path: str | None = None  # distill: the teacher (`teacher` for short): a local directory or Hub id of a model with the student's vocabulary
+    teacher_model_init_kwargs: dict = field(default_factory=dict)  # distill: keyword arguments for the teacher's from_pretrained (its revision, ...)
+    distill_beta: float = 1.0  # distill: `beta` of rlvr distill and DistillationConfig: 0 forward KL(teacher || student) | 1 reverse KL(student || teacher) | between: generalised JSD with that mixture weight
+    distill_reward_weight: float = 0.0  # distill: the weight of GRPO's policy-gradient loss on the verifier's rewards added to the divergence (0 = pure distillation; needs num_generations >= 2)
+
+    def _rules(self) -> list[str]:
+        problems = []
+        if not 0 <= self.distill_beta <= 1:
+            problems.append(f"beta for rlvr distill (distill_beta) must be in [0, 1]; got {self.distill_beta}")
+        if not (self.distill_reward_weight >= 0 and math.isfinite(self.distill_reward_weight)):
+            problems.append(f"distill_reward_weight must be a finite number >= 0; got {self.distill_reward_weight}")
+        return problems
+
+
+@dataclass(frozen=True)
 class FinetuneSettings(Section):
     # --- sft and dpo ----------------------------------------------------------------
-    method: str = "grpo"  # what is trained; set by the command: grpo (rlvr train) | sft (rlvr sft, rlvr rft) | dpo (rlvr dpo)
+    method: str = "grpo"  # what is trained; set by the command: grpo (rlvr train) | sft (rlvr sft, rlvr rft) | dpo (rlvr dpo) | distill (rlvr distill)
     max_length: int | None = 1024  # sft / dpo: prompt + completion tokens at most; a longer sequence is cut as truncation_mode says
     truncation_mode: str = "keep_start"  # sft / dpo: keep_start cuts a sequence's end | keep_end its start (TRL's)
     completion_only_loss: bool | None = None  # sft: loss on the completion's tokens only (null: true); false: on the prompt's too

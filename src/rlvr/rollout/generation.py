@@ -52,7 +52,8 @@ class GenerationSettings:
 
     @classmethod
     def of(cls, rollout: RolloutSettings, update: UpdateSettings, prompts_per_step: int,
-           num_completions_to_print: int | None, steps_per_optimizer_step: int = 1) -> "GenerationSettings":
+           num_completions_to_print: int | None, steps_per_optimizer_step: int = 1,
+           every_completion: bool = False) -> "GenerationSettings":
         """From the rollout settings (num_generations, max_staleness), the update settings' advantage
         and loss parts, and the numbers of the whole run: prompts_per_step (Config.prompts_per_step),
         num_completions_to_print (the run's output settings) and steps_per_optimizer_step (optimizer
@@ -64,11 +65,12 @@ class GenerationSettings:
         steps_per_generation (whose micro-batches or steps TRL cuts from every completion), not with
         vespo (whose logged mean weight, vespo/phi_seq_mean, TRL takes over every completion), not with
         reinforce_pp or normalize_then_sum (whose batch-wide normalisation moves such a group's advantage
-        off 0), not with an entropy bonus (which pulls on every completion)."""
+        off 0), not with an entropy bonus (which pulls on every completion), not when the update's loss
+        trains on every completion whatever its advantage (`every_completion`: rlvr distill)."""
         whole_batch = update.advantage_estimator == "reinforce_pp" or update.multi_objective_aggregation == "normalize_then_sum" \
             or update.entropy_bonus
         skip = not (update.beta > 0 and update.kl_penalty == "loss") and update.loss_type not in ("bnpo", "vespo") \
-            and steps_per_optimizer_step == 1 and not whole_batch
+            and steps_per_optimizer_step == 1 and not whole_batch and not every_completion
         return cls(num_generations=rollout.num_generations, prompts_per_step=prompts_per_step,
                    scale_rewards=update.scale_rewards, advantage_estimator=update.advantage_estimator,
                    normalize_then_sum=update.multi_objective_aggregation == "normalize_then_sum",
@@ -129,6 +131,8 @@ class Generations:
         """Stage 3: (advantages [N] or, with process rewards, [N, T]; zero_std per group), by the settings'
         estimator and aggregation (advantages.py); a completion no reward function scored gets 0."""
         s, size = self.settings, self.settings.num_generations
+        if size == 1:  # groups of one (rlvr distill): nothing to compare, every advantage 0
+            return torch.zeros(len(rollouts)), torch.ones(len(groups), dtype=torch.bool)
         if any(g.steps is not None for g in groups):  # process rewards: an advantage per token
             if s.advantage_estimator != "grpo" or s.normalize_then_sum:
                 raise RewardError("a reward function returned step scores, which are normalised by GRPO's rule only: "

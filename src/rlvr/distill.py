@@ -1,0 +1,207 @@
+"""On-policy distillation (`rlvr distill teacher=...`, TRL's DistillationTrainer): the student samples
+(GRPO's rollout stage, any sampler), a teacher scores the same tokens, and the update moves the
+student's next-token distribution toward the teacher's at every completion position.
+
+For the student's distribution p_s and the teacher's p_t at one position, both over the whole
+vocabulary from logits divided by the sampling temperature, the loss of that token is (TRL's
+`beta`, here distill_beta; GKD, https://arxiv.org/abs/2306.13649, eq. 1):
+
+    beta = 0:      KL(p_t || p_s) = sum_v p_t (log p_t - log p_s)            forward KL
+    beta = 1:      KL(p_s || p_t) = sum_v p_s (log p_s - log p_t)            reverse KL
+    0 < beta < 1:  beta KL(p_t || m) + (1 - beta) KL(p_s || m),  m = (1 - beta) p_s + beta p_t
+
+summed over the completion tokens and divided by the step's completion tokens (every micro-batch's
+and rank's: TRL's num_items_in_batch), so the gradient is a token mean whatever the split.  With
+distill_reward_weight w > 0, w x GRPO's loss (loss_type's, on the verifier's group advantages) is
+added: the mixed objective.  No reference model, no KL term (as TRL).
+
+The [tokens, V] logits are never held whole: the student's and teacher's final hidden states at the
+completion positions go through their output layers `chunk` tokens at a time, each chunk under
+activation checkpointing, so a chunk's logits exist only while its terms are computed (forward) or
+recomputed (backward).  Groups whose rewards are all equal are trained on like any other (the
+divergence does not need a group), so num_generations may be 1 (TRL's DistillationTrainer samples one
+completion per prompt; rlvr distill's default).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from rlvr.errors import ModelError
+from rlvr.trainer import RunData, Trainer, total_steps_for
+from rlvr.types import Batch
+
+__all__ = ["token_divergence", "completion_hidden", "hidden_terms", "distill_terms", "Head", "Teacher", "Distillation", "Distiller",
+           "load_teacher"]
+
+CHUNK = 256  # completion tokens whose logits are held at once (V = 49,152: 50 MB each for student and teacher in fp32)
+
+
+def token_divergence(student_logp: torch.Tensor, teacher_logp: torch.Tensor, beta: float) -> torch.Tensor:
+    """[N, V] log-probs of the student and the teacher -> [N], each row's divergence (the module docstring)."""
+    ps, pt = student_logp.exp(), teacher_logp.exp()
+    if beta == 0.0:
+        return (pt * (teacher_logp - student_logp)).sum(-1)
+    if beta == 1.0:
+        return (ps * (student_logp - teacher_logp)).sum(-1)
+    mixture = torch.logaddexp(student_logp + math.log1p(-beta), teacher_logp + math.log(beta))
+    return beta * (pt * (teacher_logp - mixture)).sum(-1) + (1 - beta) * (ps * (student_logp - mixture)).sum(-1)
+
+
+def completion_hidden(model, batch: Batch) -> torch.Tensor:
+    """[B, T, H]: the final hidden states (after the last norm) at the positions that predict each
+    completion token, by the model's own decoder over left-padded prompt + right-padded completion (the
+    layout of logprobs.padded_logprobs; a LoRA model's adapter applies)."""
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+    mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    prompt, width = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
+    return out.last_hidden_state[:, prompt - 1 : prompt + width - 1]  # position t predicts completion token t + 1
+
+
+@dataclass(frozen=True)
+class Head:
+    """A model's output layer as its own forward applies it: the linear map, then Gemma's
+    final_logit_softcapping where the config has one."""
+
+    linear: torch.nn.Module
+    softcap: float | None = None
+
+    @classmethod
+    def of(cls, model) -> Head:
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        return cls(model.get_output_embeddings(), getattr(config, "final_logit_softcapping", None))
+
+    def logits(self, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
+        z = torch.nn.functional.linear(hidden, self.linear.weight, self.linear.bias).float()
+        if self.softcap:
+            z = self.softcap * torch.tanh(z / self.softcap)
+        return z / temperature
+
+
+class Teacher:
+    """A frozen model that scores the student's completions: its hidden states at the completion positions."""
+
+    def __init__(self, model):
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.head = Head.of(model)
+
+    @torch.no_grad()
+    def hidden(self, batch: Batch) -> torch.Tensor:
+        return completion_hidden(self.model, batch)
+
+
+@dataclass(frozen=True)
+class DistillTerms:
+    """Per-token values of a micro-batch [B, T]: the divergence and the sampled token's log-prob (both
+    with the student's gradient) and the student's entropy (no gradient); zero where the mask is off."""
+
+    divergence: torch.Tensor
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+
+
+def hidden_terms(h_s: torch.Tensor, h_t: torch.Tensor, ids: torch.Tensor, student: Head, teacher: Head, beta: float,
+                 temperature: float, chunk: int = CHUNK) -> DistillTerms:
+    """[N, H_s] student and [N, H_t] teacher hidden states at N completion positions, the N sampled token
+    ids -> DistillTerms of [N]: the divergence and the log-prob with the student's gradient (its hidden
+    states' and output layer's), the student's entropy without, `chunk` positions' logits at a time."""
+    def terms(hs, ht, y):
+        logp_s = torch.log_softmax(student.logits(hs, temperature), dim=-1)
+        with torch.no_grad():
+            logp_t = torch.log_softmax(teacher.logits(ht, temperature), dim=-1)
+            entropy = -(logp_s.exp() * logp_s).sum(-1)
+        return token_divergence(logp_s, logp_t, beta), logp_s.gather(-1, y[:, None]).squeeze(-1), entropy
+
+    parts = []
+    for lo in range(0, ids.numel(), chunk):
+        args = (h_s[lo : lo + chunk], h_t[lo : lo + chunk], ids[lo : lo + chunk])
+        parts.append(checkpoint(terms, *args, use_reentrant=False) if torch.is_grad_enabled() else terms(*args))
+    if not parts:
+        empty = h_s.new_zeros(0, dtype=torch.float32)
+        return DistillTerms(empty, empty, empty)
+    return DistillTerms(*(torch.cat([p[i] for p in parts]) for i in range(3)))
+
+
+def distill_terms(student, teacher: Teacher, batch: Batch, beta: float, temperature: float, chunk: int = CHUNK) -> DistillTerms:
+    """DistillTerms [B, T] of `batch`'s completion tokens (zero where the loss mask is off)."""
+    mask = batch.loss_mask
+    h_s = completion_hidden(student, batch)[mask]
+    h_t = teacher.hidden(batch)[mask].to(h_s.device)
+    found = hidden_terms(h_s, h_t, batch.completion_ids[mask], Head.of(student), teacher.head, beta, temperature, chunk)
+    out = []
+    for values in (found.divergence, found.logprobs, found.entropy):
+        out.append(torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(mask, values))
+    return DistillTerms(*out)
+
+
+class Distillation:
+    """The update's objective for rlvr distill (update.PolicyUpdate.objective): called per micro-batch,
+    it returns the student's log-probs and entropy [B, T], the divergence's share of the step's loss, and
+    the divergence's sum over the micro-batch's tokens (logged as `divergence`, a mean per token)."""
+
+    def __init__(self, teacher: Teacher, beta: float, reward_weight: float, temperature: float, autocast):
+        self.teacher, self.beta, self.policy_weight = teacher, beta, reward_weight
+        self.temperature, self.autocast = temperature, autocast  # autocast(model): logprobs.LogProbs.autocast
+
+    def __call__(self, model, micro: Batch, norm) -> tuple:
+        with self.autocast(model):
+            t = distill_terms(model, self.teacher, micro, self.beta, self.temperature)
+        loss = t.divergence.sum() / max(norm.num_tokens, 1.0)
+        return t.logprobs, t.entropy, loss, {"divergence": t.divergence.detach().sum()}
+
+
+def load_teacher(settings, model_settings, student, tokenizer, device, given=None) -> Teacher:
+    """The teacher: `given` (a loaded model, DistillationTrainer(teacher_model=...)), else loaded from
+    teacher_model_name_or_path in the student's dtype onto its device.  Refused unless its tokenizer
+    (when it has its own) and its output layer's vocabulary are the student's."""
+    from rlvr.models import load_model
+
+    if given is None:
+        model, teacher_tokenizer, _ = load_model(settings.teacher_model_name_or_path, model_settings.dtype, device,
+                                                 settings.teacher_model_init_kwargs, model_settings.trust_remote_code)
+        if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ModelError(f"teacher {settings.teacher_model_name_or_path!r} has another tokenizer than the student: "
+                             "distillation compares next-token distributions over one vocabulary, so the teacher "
+                             "must share the student's tokenizer")
+    else:
+        model = given.to(device)
+    rows, own = model.get_output_embeddings().weight.shape[0], student.get_output_embeddings().weight.shape[0]
+    if rows != own:
+        raise ModelError(f"the teacher's output layer has {rows} rows and the student's {own}: distillation needs "
+                         "the same vocabulary on both")
+    return Teacher(model)
+
+
+class Distiller(Trainer):
+    """rlvr distill: GRPO's step (trainer.Trainer) with the teacher's divergence as the loss."""
+
+    trains_every_completion = True  # no group is left out for equal rewards: the divergence needs none
+
+    def __init__(self, *args, teacher=None, **kwargs):
+        self.teacher_given = teacher  # a loaded teacher (DistillationTrainer(teacher_model=...)), else None
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def load_data(cls, cfg, objects=None) -> RunData:
+        data = super().load_data(cfg, objects)
+        data.teacher = getattr(objects, "teacher", None)
+        return data
+
+    @classmethod
+    def for_run(cls, cfg, model, tokenizer, data: RunData, output_dir, reference, world, full_model=None) -> Distiller:
+        total = total_steps_for(cfg, len(data.train_examples))
+        return cls(cfg, model, tokenizer, data.train_examples, output_dir, total, reference, world, full_model, teacher=data.teacher)
+
+    def _objective(self) -> Distillation:
+        s = self.cfg.distill_settings
+        device = next(self.full_model.parameters()).device
+        teacher = load_teacher(s, self.cfg.model_settings, self.model, self.tokenizer, device, self.teacher_given)
+        return Distillation(teacher, s.distill_beta, s.distill_reward_weight, self.cfg.temperature, self.logprobs.autocast)
