@@ -226,3 +226,36 @@ def test_a_student_distilled_from_a_trained_teacher_gains_held_out_accuracy(tmp_
     print(f"held-out accuracy: teacher {teacher:.2f}, student before {before:.2f}, after {after:.2f}")
     assert teacher >= 0.4, teacher
     assert before <= 0.1 and after >= 0.3, (before, after, teacher)
+
+
+def test_a_trl_distillation_yaml_trains_a_step_with_rlvr_distill(tiny_model_dir, tmp_path):
+    """DistillationConfig's names as a TRL YAML writes them (beta picks the divergence), with the mixed objective."""
+    import yaml
+
+    from rlvr.cli import main
+
+    recipe = tmp_path / "distill.yaml"
+    recipe.write_text(f"teacher_model_name_or_path: {tiny_model_dir}\nbeta: 0.5\ntemperature: 0.9\nmax_completion_length: 6\n"
+                      "distill_reward_weight: 0.5\nnum_generations: 4\nper_device_train_batch_size: 8\n")
+    code = main(["distill", str(recipe), f"model={tiny_model_dir}", f"output_dir={tmp_path / 'run'}", "max_steps=1", "logging_steps=1",
+                 "eval_on_start=false", "eval_on_end=false", "task_args.num_train=8", "task_args.num_test=2"])
+    assert code == 0
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert abs(row["divergence"]) < 1e-6 and "clip_ratio/low_mean" in row  # the teacher is the student; GRPO's term is in
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert (saved["method"], saved["distill_beta"], saved["beta"], saved["temperature"]) == ("distill", 0.5, 0.0, 0.9)
+
+
+def test_a_teacher_given_as_a_loaded_model_and_one_with_another_vocabulary(tmp_path, tiny_model_dir):
+    from rlvr import DistillationConfig, DistillationTrainer
+    from rlvr.errors import ModelError
+
+    teacher = make_tiny_model(len(make_tokenizer()), seed=1)
+    args = DistillationConfig(output_dir=str(tmp_path / "run"), max_steps=2, **COMMON)
+    rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in TRAIN_ROWS[:16]]
+    out = DistillationTrainer(str(tiny_model_dir), teacher_model=teacher, args=args, train_dataset=rows).train()
+    assert out.global_step == 2 and out.metrics["train_loss"] > 0  # another model: a divergence to move
+    other = make_tiny_model(len(make_tokenizer()) + 3, seed=1)
+    args = DistillationConfig(output_dir=str(tmp_path / "other"), max_steps=1, **COMMON)
+    with pytest.raises(ModelError, match="the same vocabulary"):
+        DistillationTrainer(str(tiny_model_dir), teacher_model=other, args=args, train_dataset=rows).train()

@@ -1,6 +1,7 @@
 """On-policy distillation (`rlvr distill teacher=...`, TRL's DistillationTrainer): the student samples
 (GRPO's rollout stage, any sampler), a teacher scores the same tokens, and the update moves the
-student's next-token distribution toward the teacher's at every completion position.
+student's next-token distribution toward the teacher's at every completion position.  The math and
+the teacher are here; the method's trainer is trainer.Distiller (GRPO's step with this objective).
 
 For the student's distribution p_s and the teacher's p_t at one position, both over the whole
 vocabulary from logits divided by the sampling temperature, the loss of that token is (TRL's
@@ -32,10 +33,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.errors import ModelError
-from rlvr.trainer import RunData, Trainer, total_steps_for
 from rlvr.types import Batch
 
-__all__ = ["token_divergence", "completion_hidden", "hidden_terms", "distill_terms", "Head", "Teacher", "Distillation", "Distiller",
+__all__ = ["token_divergence", "completion_hidden", "hidden_terms", "distill_terms", "Head", "Teacher", "Distillation",
            "load_teacher"]
 
 CHUNK = 256  # completion tokens whose logits are held at once (V = 49,152: 50 MB each for student and teacher in fp32)
@@ -178,30 +178,3 @@ def load_teacher(settings, model_settings, student, tokenizer, device, given=Non
         raise ModelError(f"the teacher's output layer has {rows} rows and the student's {own}: distillation needs "
                          "the same vocabulary on both")
     return Teacher(model)
-
-
-class Distiller(Trainer):
-    """rlvr distill: GRPO's step (trainer.Trainer) with the teacher's divergence as the loss."""
-
-    trains_every_completion = True  # no group is left out for equal rewards: the divergence needs none
-
-    def __init__(self, *args, teacher=None, **kwargs):
-        self.teacher_given = teacher  # a loaded teacher (DistillationTrainer(teacher_model=...)), else None
-        super().__init__(*args, **kwargs)
-
-    @classmethod
-    def load_data(cls, cfg, objects=None) -> RunData:
-        data = super().load_data(cfg, objects)
-        data.teacher = getattr(objects, "teacher", None)
-        return data
-
-    @classmethod
-    def for_run(cls, cfg, model, tokenizer, data: RunData, output_dir, reference, world, full_model=None) -> Distiller:
-        total = total_steps_for(cfg, len(data.train_examples))
-        return cls(cfg, model, tokenizer, data.train_examples, output_dir, total, reference, world, full_model, teacher=data.teacher)
-
-    def _objective(self) -> Distillation:
-        s = self.cfg.distill_settings
-        device = next(self.full_model.parameters()).device
-        teacher = load_teacher(s, self.cfg.model_settings, self.model, self.tokenizer, device, self.teacher_given)
-        return Distillation(teacher, s.distill_beta, s.distill_reward_weight, self.cfg.temperature, self.logprobs.autocast)

@@ -93,7 +93,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            pairs=True),
     # On-policy distillation: GRPO's rollout stage, a teacher's divergence as the loss (distill.py).  TRL's
     # DistillationConfig samples one completion per prompt and has no reference model (its beta is distill_beta).
-    Method("distill", command="distill", trainer="rlvr.distill:Distiller", progress="loss",
+    Method("distill", command="distill", trainer="rlvr.trainer:Distiller", progress="loss",
            defaults=_frozen({"num_generations": 1}), renames=_frozen({"beta": "distill_beta"}), online=True, min_generations=1),
 )}
 

@@ -44,7 +44,7 @@ from rlvr.tasks import PromptStream, build_rewards
 from rlvr.types import Batch, Example, Generation, TrainerState
 from rlvr.update import PolicyUpdate, UpdateSettings
 
-__all__ = ["RunCore", "RunData", "StepRecord", "Trainer", "rollout_stage", "steps_for", "total_steps_for"]
+__all__ = ["RunCore", "RunData", "StepRecord", "Trainer", "Distiller", "rollout_stage", "steps_for", "total_steps_for"]
 
 
 def rollout_stage(cfg: Config, model, sampler_model, tokenizer, world: distributed.World = distributed.SINGLE,
@@ -373,7 +373,7 @@ class RunCore(StepRecord):
 
 class Trainer(RunCore):
     """GRPO's step: 1. rollout, 2. reward, 3. advantage (a generation, rollout/generation.py), 4. update (update.py).
-    A method on the same step with a loss of its own (distill.py) gives `_objective()` and may train
+    A method on the same step with a loss of its own (Distiller) gives `_objective()` and may train
     on every completion (`trains_every_completion`: no group is left out for equal rewards)."""
 
     trains_every_completion = False
@@ -572,6 +572,35 @@ class Trainer(RunCore):
         if self.audit is not None:
             self.audit.close()
         super().close()
+
+
+class Distiller(Trainer):
+    """rlvr distill: GRPO's step (trainer.Trainer) with the teacher's divergence as the loss."""
+
+    trains_every_completion = True  # no group is left out for equal rewards: the divergence needs none
+
+    def __init__(self, *args, teacher=None, **kwargs):
+        self.teacher_given = teacher  # a loaded teacher (DistillationTrainer(teacher_model=...)), else None
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def load_data(cls, cfg, objects=None) -> RunData:
+        data = super().load_data(cfg, objects)
+        data.teacher = getattr(objects, "teacher", None)
+        return data
+
+    @classmethod
+    def for_run(cls, cfg, model, tokenizer, data: RunData, output_dir, reference, world, full_model=None) -> Distiller:
+        total = total_steps_for(cfg, len(data.train_examples))
+        return cls(cfg, model, tokenizer, data.train_examples, output_dir, total, reference, world, full_model, teacher=data.teacher)
+
+    def _objective(self):
+        from rlvr.distill import Distillation, load_teacher
+
+        s = self.cfg.distill_settings
+        device = next(self.full_model.parameters()).device
+        teacher = load_teacher(s, self.cfg.model_settings, self.model, self.tokenizer, device, self.teacher_given)
+        return Distillation(teacher, s.distill_beta, s.distill_reward_weight, self.cfg.temperature, self.logprobs.autocast)
 
 
 def steps_for(cfg: Config, items: int, items_per_batch: int, steps_per_batch: int = 1) -> int:
