@@ -91,10 +91,36 @@ def test_the_loss_and_gradients_are_trls_on_the_same_tensors(beta):
     assert torch.allclose(head.weight.grad, trl_w.grad, rtol=1e-4, atol=1e-7)
 
 
-def _self_distillation(model, weight: float = 0.0, beta: float = 1.0) -> Distillation:
+def _self_distillation(model, weight: float = 0.0, beta: float = 1.0, fast: bool = True) -> Distillation:
     import contextlib
 
-    return Distillation(Teacher(copy.deepcopy(model)), beta, weight, 1.0, lambda m: contextlib.nullcontext())
+    return Distillation(Teacher(copy.deepcopy(model)), beta, weight, 1.0, lambda m: contextlib.nullcontext(), fast=fast)
+
+
+def test_rlvrs_forward_and_the_models_own_give_the_same_terms_and_gradients():
+    """The fast path (each group's prompt once, no padding) against the model's own padded forward, for the
+    student and the teacher (another model), on completions of different lengths."""
+    from rlvr.distill import distill_terms
+    from rlvr.llama import LlamaRunner
+
+    tokenizer = make_tokenizer()
+    model = make_tiny_model(len(tokenizer))
+    teacher = Teacher(make_tiny_model(len(tokenizer), seed=1))
+    batch = _two_completions(tokenizer)
+    batch.completion_mask[1, 2] = False  # the second completion one token shorter
+    batch.loss_mask[1, 2] = False
+    found, grads = [], []
+    for runner in (LlamaRunner(model), None):
+        teacher.runner = LlamaRunner(teacher.model) if runner is not None else None
+        model.zero_grad()
+        t = distill_terms(model, teacher, batch, 0.5, 0.8, runner=runner)
+        t.divergence.sum().backward()
+        found.append(t)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for name in ("divergence", "logprobs", "entropy"):
+        assert torch.allclose(getattr(found[0], name), getattr(found[1], name), atol=1e-5), name
+    assert found[0].divergence[1, 2] == 0 and (found[0].divergence[batch.loss_mask] > 0).all()
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads))
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
@@ -109,7 +135,8 @@ def test_a_teacher_that_is_the_student_gives_zero_loss_and_gradient(beta):
     assert (entropy[batch.loss_mask] > 0).all()
 
 
-def test_the_mixed_objective_with_a_self_teacher_is_grpos_update():
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_mixed_objective_with_a_self_teacher_is_grpos_update(fast):
     """distill_reward_weight = 1 and a teacher equal to the student: the divergence and its gradient are 0,
     so the update's loss and gradients are GRPO's own on the same batch (its log-probs by rlvr's fast path,
     the distillation's by the model's own forward)."""
@@ -120,14 +147,14 @@ def test_the_mixed_objective_with_a_self_teacher_is_grpos_update():
     plain = grpo.accumulate_gradients(batch)
     expected = {n: p.grad.clone() for n, p in model.named_parameters()}
     mixed = _policy_update(model)
-    mixed.objective = _self_distillation(model, weight=1.0)
+    mixed.objective = _self_distillation(model, weight=1.0, fast=fast)
     sums = mixed.accumulate_gradients(batch)
     assert sums["loss"] == pytest.approx(plain["loss"], rel=1e-5, abs=1e-7)
     assert abs(sums["divergence"]) < 1e-6 and "clip_ratio/low" in sums
     for name, p in model.named_parameters():
         assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-6), name
     weighted = _policy_update(model)
-    weighted.objective = _self_distillation(model, weight=0.25)
+    weighted.objective = _self_distillation(model, weight=0.25, fast=fast)
     assert weighted.accumulate_gradients(batch)["loss"] == pytest.approx(0.25 * plain["loss"], rel=1e-5, abs=1e-7)
 
 

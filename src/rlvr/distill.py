@@ -33,6 +33,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.errors import ModelError
+from rlvr.logprobs import packed_hidden
 from rlvr.types import Batch
 
 __all__ = ["token_divergence", "completion_hidden", "hidden_terms", "distill_terms", "Head", "Teacher", "Distillation",
@@ -88,14 +89,18 @@ class Teacher:
     """A frozen model that scores the student's completions: its hidden states at the completion positions."""
 
     def __init__(self, model):
+        from rlvr.llama import LlamaRunner, on_fast_path
+
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.head = Head.of(model)
+        self.runner = LlamaRunner(model) if on_fast_path(model) else None
 
     @torch.no_grad()
     def hidden(self, batch: Batch) -> torch.Tensor:
-        return completion_hidden(self.model, batch)
+        """[completion tokens, hidden] of `batch` (its completion_mask's), as `states`."""
+        return states(self.model, batch, self.runner)
 
 
 @dataclass(frozen=True)
@@ -130,15 +135,27 @@ def hidden_terms(h_s: torch.Tensor, h_t: torch.Tensor, ids: torch.Tensor, studen
     return DistillTerms(*(torch.cat([p[i] for p in parts]) for i in range(3)))
 
 
-def distill_terms(student, teacher: Teacher, batch: Batch, beta: float, temperature: float, chunk: int = CHUNK) -> DistillTerms:
-    """DistillTerms [B, T] of `batch`'s completion tokens (zero where the loss mask is off)."""
-    mask = batch.loss_mask
-    h_s = completion_hidden(student, batch)[mask]
-    h_t = teacher.hidden(batch)[mask].to(h_s.device)
+def states(model, batch: Batch, runner=None) -> torch.Tensor:
+    """[completion tokens, hidden]: the hidden states that predict `batch`'s completion tokens (its
+    completion_mask's, row after row), by rlvr's forward (a llama.LlamaRunner: each group's prompt
+    once, no padding) or else the model's own padded one."""
+    if runner is not None:
+        return packed_hidden(runner, batch)
+    return completion_hidden(model, batch)[batch.completion_mask]
+
+
+def distill_terms(student, teacher: Teacher, batch: Batch, beta: float, temperature: float, chunk: int = CHUNK,
+                  runner=None) -> DistillTerms:
+    """DistillTerms [B, T] of `batch`'s completion tokens (zero where the loss mask is off); `runner`: the
+    student's llama.LlamaRunner when it is on rlvr's fast path."""
+    mask = batch.completion_mask
+    h_s = states(student, batch, runner)
+    h_t = teacher.hidden(batch).to(h_s.device)
     found = hidden_terms(h_s, h_t, batch.completion_ids[mask], Head.of(student), teacher.head, beta, temperature, chunk)
     out = []
     for values in (found.divergence, found.logprobs, found.entropy):
-        out.append(torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(mask, values))
+        full = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(mask, values)
+        out.append(full.masked_fill(~batch.loss_mask, 0.0))
     return DistillTerms(*out)
 
 
@@ -147,13 +164,20 @@ class Distillation:
     it returns the student's log-probs and entropy [B, T], the divergence's share of the step's loss, and
     the divergence's sum over the micro-batch's tokens (logged as `divergence`, a mean per token)."""
 
-    def __init__(self, teacher: Teacher, beta: float, reward_weight: float, temperature: float, autocast):
+    def __init__(self, teacher: Teacher, beta: float, reward_weight: float, temperature: float, autocast, fast: bool = False):
         self.teacher, self.beta, self.policy_weight = teacher, beta, reward_weight
         self.temperature, self.autocast = temperature, autocast  # autocast(model): logprobs.LogProbs.autocast
+        self.fast = fast  # the student on rlvr's fast path (llama.on_fast_path), else the model's own forward
+        self._runners: dict = {}
 
     def __call__(self, model, micro: Batch, norm) -> tuple:
+        runner = None
+        if self.fast:
+            from rlvr.llama import LlamaRunner
+
+            runner = self._runners.setdefault(id(model), LlamaRunner(model))
         with self.autocast(model):
-            t = distill_terms(model, self.teacher, micro, self.beta, self.temperature)
+            t = distill_terms(model, self.teacher, micro, self.beta, self.temperature, runner=runner)
         loss = t.divergence.sum() / max(norm.num_tokens, 1.0)
         return t.logprobs, t.entropy, loss, {"divergence": t.divergence.detach().sum()}
 

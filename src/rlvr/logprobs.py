@@ -157,15 +157,11 @@ def batch_logprobs(runner, batch, temperature: float, dtype: torch.dtype | None 
         return (logp, entropy, torch.zeros_like(mask), torch.zeros_like(logp)) if stats else (logp, entropy)
     if not rows:  # every rank takes part in the sharded model's gathers and reductions
         rows, lengths = [0], [1, *lengths[1:]]
-    gids = batch.group_ids[rows] if batch.group_ids is not None else torch.tensor(rows)
-    unique, group = torch.unique(gids, return_inverse=True)
-    first = [rows[(gids == g).nonzero()[0].item()] for g in unique.tolist()]
-    prompts = [batch.prompt_ids[r][batch.prompt_mask[r]].tolist() for r in first]
-    completions = [batch.completion_ids[r, : lengths[r]].tolist() for r in rows]
+    prompts, completions, group = packed(batch, rows, lengths)
     targets = torch.tensor([t for c in completions for t in c], device=runner.inner.embed_tokens.weight.device)
 
     def forward():
-        hidden = runner.completion_hidden(prompts, completions, group.tolist())
+        hidden = runner.completion_hidden(prompts, completions, group)
         return linear_logprobs(hidden, runner.model.lm_head.weight, targets, temperature, dtype, stats=stats)
 
     found = runner.call(forward)
@@ -174,6 +170,28 @@ def batch_logprobs(runner, batch, temperature: float, dtype: torch.dtype | None 
         return out
     top1, means = found[2].unbind(-1)
     return (*out, torch.zeros_like(mask).masked_scatter(mask, top1.bool()), torch.zeros_like(logp).masked_scatter(mask, means.float()))
+
+
+def packed(batch, rows: list[int], lengths: list[int]) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """The fast path's inputs for `rows` of a Batch: each group's prompt once (without padding), each
+    row's first lengths[row] completion tokens, and the prompt each completion continues."""
+    gids = batch.group_ids[rows] if batch.group_ids is not None else torch.tensor(rows)
+    unique, group = torch.unique(gids, return_inverse=True)
+    first = [rows[(gids == g).nonzero()[0].item()] for g in unique.tolist()]
+    prompts = [batch.prompt_ids[r][batch.prompt_mask[r]].tolist() for r in first]
+    completions = [batch.completion_ids[r, : lengths[r]].tolist() for r in rows]
+    return prompts, completions, group.tolist()
+
+
+def packed_hidden(runner, batch) -> torch.Tensor:
+    """[completion tokens, hidden]: the final hidden states that predict each completion token of
+    `batch` (its completion_mask's, row after row) by rlvr's forward (a llama.LlamaRunner, not sharded)."""
+    lengths = batch.completion_mask.sum(1).tolist()
+    rows = [i for i, n in enumerate(lengths) if n > 0]
+    if not rows:
+        weight = runner.inner.embed_tokens.weight
+        return weight.new_zeros((0, weight.shape[1]))
+    return runner.completion_hidden(*packed(batch, rows, lengths))
 
 
 def linear_logprobs(hidden, weight, targets, temperature: float = 1.0, dtype: torch.dtype | None = None, chunk: int = DEFAULT_CHUNK,
