@@ -282,7 +282,44 @@ def test_a_teacher_given_as_a_loaded_model_and_one_with_another_vocabulary(tmp_p
     rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in TRAIN_ROWS[:16]]
     out = DistillationTrainer(str(tiny_model_dir), teacher_model=teacher, args=args, train_dataset=rows).train()
     assert out.global_step == 2 and out.metrics["train_loss"] > 0  # another model: a divergence to move
+    args = DistillationConfig(output_dir=str(tmp_path / "gkd"), max_steps=2, lmbda=0.0, **COMMON)  # GKD: the dataset's completions only
+    DistillationTrainer(str(tiny_model_dir), teacher_model=teacher, args=args, train_dataset=TRAIN_ROWS[:16]).train()
+    logged = [json.loads(line) for line in (tmp_path / "gkd" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["distill/on_policy"] for r in logged] == [0.0, 0.0]
     other = make_tiny_model(len(make_tokenizer()) + 3, seed=1)
     args = DistillationConfig(output_dir=str(tmp_path / "other"), max_steps=1, **COMMON)
     with pytest.raises(ModelError, match="the same vocabulary"):
         DistillationTrainer(str(tiny_model_dir), teacher_model=other, args=args, train_dataset=rows).train()
+
+
+def test_lmbda_mixes_in_steps_on_the_datasets_completions_and_resumes_exactly(tmp_path, tiny_model_dir):
+    """GKD's lmbda = 0.5: a seeded coin per step (on-policy when u <= lmbda, as TRL's GKD) picks the student's
+    samples or the dataset's own completions ("37" and EOS: 3 tokens each); a run cut after its checkpoint at
+    step 3 and resumed logs the same steps, to the bit."""
+    import shutil
+
+    from rlvr.run import train
+
+    teacher = tmp_path / "teacher"
+    make_tiny_model(len(make_tokenizer()), seed=1).save_pretrained(teacher)
+    make_tokenizer().save_pretrained(teacher)
+    data = tmp_path / "copy.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in TRAIN_ROWS))
+    settings = {**COMMON, "save_steps": 3, "max_completion_length": 6}
+
+    def config(**more):
+        return _distill(model=str(tiny_model_dir), teacher=str(teacher), dataset=str(data), lmbda=0.5, max_steps=6,
+                        output_dir=str(tmp_path / "run"), text_prompts="raw", **settings, **more)
+
+    train(config())
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    coin = torch.Generator().manual_seed(config().seed)
+    expected = [0.0 if torch.rand((), generator=coin).item() > 0.5 else 1.0 for _ in range(6)]
+    assert [r["distill/on_policy"] for r in rows] == expected and 0 < sum(expected) < 6
+    assert all(r["completions/num_tokens"] == 16 * 3 for r, on in zip(rows, expected) if not on)
+    assert all("reward" in r for r, on in zip(rows, expected) if on)
+    shutil.rmtree(tmp_path / "run" / "checkpoint-6")
+    train(config(resume=True))
+    again = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    keys = ("loss", "divergence", "distill/on_policy", "grad_norm")
+    assert [[r[k] for k in keys] for r in again] == [[r[k] for k in keys] for r in rows]

@@ -202,3 +202,45 @@ def load_teacher(settings, model_settings, student, tokenizer, device, given=Non
         raise ModelError(f"the teacher's output layer has {rows} rows and the student's {own}: distillation needs "
                          "the same vocabulary on both")
     return Teacher(model)
+
+
+class DatasetCompletions:
+    """GKD's off-policy steps (`lmbda` < 1): before each generation a seeded coin decides, as TRL's GKD
+    (on-policy when u <= lmbda), whether the step trains on the student's samples or on the dataset's own
+    completions (rlvr sft's demonstrations, tokenised as it tokenises them), taken in a seeded order,
+    `rows` per process (each process its own share).  A checkpoint part: the coin and the order."""
+
+    def __init__(self, sequences: list, rows: int, lmbda: float, seed: int, pad_id: int, rank: int = 0, world_size: int = 1):
+        from rlvr.tasks import PromptStream
+
+        if not sequences:
+            raise ValueError("lmbda < 1 trains some steps on the dataset's completions, but it has none: give a dataset "
+                             "with a completion column (completion, solution or answer: completion_column) or set lmbda=1")
+        self.sequences, self.rows, self.lmbda, self.pad_id = sequences, rows, lmbda, pad_id
+        self.rank, self.world_size = rank, world_size
+        self.coin = torch.Generator().manual_seed(seed)
+        self.order = PromptStream(list(range(len(sequences))), seed)
+
+    def due(self) -> bool:
+        """Whether the next step trains on the dataset's completions (probability 1 - lmbda)."""
+        return torch.rand((), generator=self.coin).item() > self.lmbda
+
+    def generation(self, epochs_done: float):
+        """The next `rows` completions as a Generation (advantages 0, no sampler log-probs)."""
+        from rlvr.finetune.data import to_batch
+        from rlvr.types import Generation
+
+        taken = self.order.take(self.rows * self.world_size)[self.rank * self.rows : (self.rank + 1) * self.rows]
+        batch = to_batch([self.sequences[i] for i in taken], self.pad_id)
+        batch.sampler_logprobs = None  # not sampled: no engine to correct for
+        tokens = float(batch.completion_mask.sum())
+        metrics = {"distill/on_policy": 0.0, "completions/num_tokens": tokens,
+                   "tokens/generation": float(batch.prompt_mask.sum()) + tokens}
+        return Generation(batch, metrics, epochs_after=epochs_done)
+
+    def state_dict(self) -> dict:
+        return {"coin": self.coin.get_state(), "order": self.order.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coin.set_state(state["coin"])
+        self.order.load_state_dict(state["order"])

@@ -579,20 +579,58 @@ class Distiller(Trainer):
 
     trains_every_completion = True  # no group is left out for equal rewards: the divergence needs none
 
-    def __init__(self, *args, teacher=None, **kwargs):
+    def __init__(self, *args, teacher=None, demonstrations=None, **kwargs):
         self.teacher_given = teacher  # a loaded teacher (DistillationTrainer(teacher_model=...)), else None
         super().__init__(*args, **kwargs)
+        self.dataset_completions = None  # lmbda < 1: GKD's steps on the dataset's own completions
+        if self.cfg.lmbda < 1:
+            from rlvr.distill import DatasetCompletions
+
+            cfg, world = self.cfg, self.world
+            self.dataset_completions = DatasetCompletions(self._encode(demonstrations or []), cfg.completions_per_generation // cfg.processes,
+                                                          cfg.lmbda, cfg.seed, self.rollout.pad_id, world.rank, world.world_size)
+
+    def _encode(self, demonstrations: list) -> list:
+        """rlvr sft's tokens of the demonstrations (finetune/data.py): the prompt as the rollout renders it, the completion, EOS."""
+        from rlvr.finetune.data import Encoder
+
+        cfg, ends = self.cfg, eos_token_ids(self.full_model, self.tokenizer)
+        eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id in ends else ends[0]
+        encoder = Encoder(cfg.data_settings, self.tokenizer, eos, cfg.max_length, cfg.truncation_mode, cfg.assistant_only_loss)
+        found = encoder.sequences([d.prompt for d in demonstrations], [d.completion for d in demonstrations], False,
+                                  [d.whole for d in demonstrations])
+        return [s for s in found if s is not None]
 
     @classmethod
     def load_data(cls, cfg, objects=None) -> RunData:
+        """GRPO's prompts; with lmbda < 1 also the dataset's completions, as rlvr sft reads them."""
         data = super().load_data(cfg, objects)
         data.teacher = getattr(objects, "teacher", None)
+        if cfg.lmbda < 1:
+            from rlvr.finetune.data import load_data
+
+            rows = getattr(objects, "train_rows", None)
+            data.items = load_data(cfg.data_settings, cfg.finetune_settings, cfg.seed, "sft", rows)[0]
         return data
 
     @classmethod
     def for_run(cls, cfg, model, tokenizer, data: RunData, output_dir, reference, world, full_model=None) -> Distiller:
         total = total_steps_for(cfg, len(data.train_examples))
-        return cls(cfg, model, tokenizer, data.train_examples, output_dir, total, reference, world, full_model, teacher=data.teacher)
+        return cls(cfg, model, tokenizer, data.train_examples, output_dir, total, reference, world, full_model, teacher=data.teacher,
+                   demonstrations=data.items)
+
+    def _prepare(self) -> Generation:
+        if self.pending is None and self.dataset_completions is not None and self.dataset_completions.due():
+            self.pending = self.dataset_completions.generation(self.prompts.epochs_done)
+            self.pending.weight_version = self.synced_at
+        gen = super()._prepare()
+        if self.dataset_completions is not None:
+            gen.metrics.setdefault("distill/on_policy", 1.0)
+        return gen
+
+    def _own_parts(self) -> dict:
+        extra = {"dataset_completions": self.dataset_completions} if self.dataset_completions is not None else {}
+        return {**super()._own_parts(), **extra}
 
     def _objective(self):
         from rlvr.distill import Distillation, load_teacher

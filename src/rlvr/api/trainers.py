@@ -270,6 +270,11 @@ class DistillationTrainer(GRPOTrainer):
         self._data_settings(settings, eval_dataset)
         self._setup(settings, processing_class, train_dataset, eval_dataset, callbacks)
 
+    def _read_data(self, train_dataset, eval_dataset) -> None:
+        super()._read_data(train_dataset, eval_dataset)
+        if self.cfg.lmbda < 1:  # GKD's steps on the dataset's own completions read its rows as SFTTrainer does
+            self.train_rows = inputs.rows(train_dataset, "train_dataset")
+
 
 class _FinetuneTrainer(GRPOTrainer):
     """SFTTrainer's and DPOTrainer's: GRPOTrainer's construction with rows of data for the method

@@ -45,8 +45,8 @@ def cross_section_problems(cfg) -> list[str]:
     if cfg.distill_reward_weight > 0 and cfg.num_generations < 2:
         problems.append(f"distill_reward_weight > 0 adds GRPO's loss on the verifier's rewards, whose advantage compares "
                         f"a prompt's completions: set num_generations >= 2; got {cfg.num_generations}")
-    if cfg.method != "distill" and (cfg.teacher_model_name_or_path or cfg.distill_reward_weight):
-        problems.append("teacher_model_name_or_path and distill_reward_weight are for rlvr distill (DistillationTrainer)")
+    if cfg.method != "distill" and (cfg.teacher_model_name_or_path or cfg.distill_reward_weight or cfg.lmbda != 1):
+        problems.append("teacher_model_name_or_path, distill_reward_weight and lmbda are for rlvr distill (DistillationTrainer)")
     if cfg.method == "distill":
         problems += distill_problems(cfg)
     option = lora_beyond_vllm(cfg)
@@ -72,6 +72,8 @@ def distill_problems(cfg) -> list[str]:
         (not cfg.multi_turn, "rlvr distill with tools, an environment or a rollout_func is not supported yet: it distils "
                              "single-turn completions"),
         (cfg.beta == 0, "rlvr distill has no KL term to a reference (as TRL's DistillationTrainer): its `beta` is distill_beta"),
+        (cfg.lmbda == 1 or not cfg.max_staleness, "lmbda < 1 draws each step's source (samples or the dataset's completions) "
+                                                 "when the step starts: set max_staleness=0"),
         (not (cfg.entropy_coef or cfg.use_adaptive_entropy or cfg.top_entropy_quantile < 1 or cfg.dynamic_sampling),
          "entropy_coef, use_adaptive_entropy, top_entropy_quantile and dynamic_sampling shape GRPO's loss, not the "
          "divergence of rlvr distill: leave them at their defaults"),

@@ -226,11 +226,14 @@ class DistillSettings(Section):
     teacher_model_init_kwargs: dict = field(default_factory=dict)  # distill: keyword arguments for the teacher's from_pretrained (its revision, ...)
     distill_beta: float = 1.0  # distill: `beta` of rlvr distill and DistillationConfig: 0 forward KL(teacher || student) | 1 reverse KL(student || teacher) | between: generalised JSD with that mixture weight
     distill_reward_weight: float = 0.0  # distill: the weight of GRPO's policy-gradient loss on the verifier's rewards added to the divergence (0 = pure distillation; needs num_generations >= 2)
+    lmbda: float = 1.0  # distill: GKD's share of steps on the student's own samples; the others train on the dataset's completions (sft's columns; 1 = on-policy only, TRL's DistillationTrainer)
 
     def _rules(self) -> list[str]:
         problems = []
         if not 0 <= self.distill_beta <= 1:
             problems.append(f"beta for rlvr distill (distill_beta) must be in [0, 1]; got {self.distill_beta}")
+        if not 0 <= self.lmbda <= 1:
+            problems.append(f"lmbda must be in [0, 1] (the share of on-policy steps); got {self.lmbda}")
         if not (self.distill_reward_weight >= 0 and math.isfinite(self.distill_reward_weight)):
             problems.append(f"distill_reward_weight must be a finite number >= 0; got {self.distill_reward_weight}")
         return problems
