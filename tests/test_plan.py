@@ -209,3 +209,21 @@ def test_layouts_rlvr_train_refuses_are_planned_with_a_note(capsys):
     assert code == 0 and "each GPU's 2 completions of a generation are not whole groups of num_generations=4" in out
     code, out = _plan_output(capsys, "fsdp=true", "gpu_memory_gb=80")
     assert code == 0 and "fsdp=true shards across several processes" in out
+
+
+def test_a_distillation_teacher_is_resident_at_its_own_size(tmp_path, capsys):
+    """rlvr plan method=distill teacher=<dir>: the teacher's parameters, read from its own config (a model twice
+    as wide here), in the run's dtype, added to what stays all along; none without a teacher."""
+    import json
+
+    from rlvr.plan import plan, render
+
+    wide = {**TINY, "hidden_size": 64, "intermediate_size": 128, "model_type": "llama"}
+    (tmp_path / "config.json").write_text(json.dumps(wide))
+    args = [f"{k}={v}" for k, v in TINY.items()] + ["max_prompt_length=10", "max_completion_length=6"]
+    size, cfg, _ = plan([*args, "method=distill", f"teacher={tmp_path}"])
+    teacher = ModelSize.from_config(wide).params
+    assert size.teacher_params == teacher
+    est, alone = estimate(size, cfg), estimate(ModelSize.from_config(TINY), cfg)
+    assert est["teacher"] == teacher * 4 and est["total"] == alone["total"] + teacher * 4
+    assert "teacher" in render(size, cfg, None) and "teacher" not in render(*plan(args)[:2], None)

@@ -33,8 +33,10 @@ Trainable parameters T = P, or with LoRA r (in + out) summed over every adapted 
                        autocast keeps during a forward, P x 2
     sampler copy       with max_staleness=1 and the in-process sampler: the weights it
                        samples from while the policy trains, P w
+    teacher            rlvr distill (`rlvr plan method=distill teacher=...`): the teacher's own
+                       parameters (from its config) x w, frozen
 
-    total = policy + reference + gradients + optimizer + rollout weights + sampler copy
+    total = policy + reference + teacher + gradients + optimizer + rollout weights + sampler copy
             + max(KV cache + rollout logits, activations (checkpointed or not) + logits chunk + bf16 casts)
     (with max_staleness=1 and the in-process sampler, rollout and update overlap in time:
     the sum of the two instead of the max)
@@ -88,6 +90,7 @@ from __future__ import annotations
 
 import json
 import math
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,6 +124,7 @@ class ModelSize:
     head_dim: int
     vocab_size: int
     tie_word_embeddings: bool
+    teacher_params: int = 0  # rlvr distill: the parameters of the teacher the run holds beside the model
 
     @classmethod
     def from_config(cls, c: dict) -> "ModelSize":
@@ -208,6 +212,7 @@ def estimate(size: ModelSize, cfg, sampling_prompts: int | None = None) -> dict[
         "logits chunk": 2 * min(CHUNK, B * lc) * V * 4,
         "bf16 casts": P * 2 if cfg.bf16 and w == 4 else 0,
         "sampler copy": P * w if overlap else 0,
+        "teacher": size.teacher_params * w,  # frozen, in the run's dtype, on the training device
     }
     out["total"] = _total(out, cfg.gradient_checkpointing, overlap)
     out["trainable parameters"], out["parameters"] = T, P
@@ -223,7 +228,7 @@ def sampling_bytes(cfg) -> int:
     return 2 if cfg.bf16 else weight_bytes(cfg)
 
 
-RESIDENT = ("policy", "reference", "gradients", "optimizer", "rollout weights", "sampler copy",
+RESIDENT = ("policy", "reference", "teacher", "gradients", "optimizer", "rollout weights", "sampler copy",
             "vLLM, colocated")
 
 
@@ -249,8 +254,10 @@ def _header(size: ModelSize, cfg) -> list[str]:
 def format_plan(size: ModelSize, cfg, est: dict[str, float]) -> str:
     gib = GIB
     lines = [*_header(size, cfg), ""]
-    for key in ("policy", "reference", "gradients", "optimizer", "rollout weights", "KV cache", "rollout logits",
+    for key in ("policy", "reference", "teacher", "gradients", "optimizer", "rollout weights", "KV cache", "rollout logits",
                 "activations", "activations, checkpointed", "logits chunk", "bf16 casts", "sampler copy", "total"):
+        if key == "teacher" and not est[key]:
+            continue
         counted = "activations, checkpointed" if cfg.gradient_checkpointing else "activations"
         note = "  (in the total)" if key == counted else ""
         lines.append(f"  {key:<26} {est[key] / gib:9.3f} GiB{note}")
@@ -287,6 +294,7 @@ def trainer_gpu(size: ModelSize, cfg, layout: Layout) -> dict[str, float]:
     elsewhere = cfg.use_vllm or cfg.rollout_workers > 0  # no in-process sampler on this GPU
     out = {k: base[k] / shards for k in ("policy", "gradients", "optimizer")}
     out["reference"] = base["reference"] / shards  # with fsdp sharded like the policy (fsdp.shard)
+    out["teacher"] = base["teacher"]  # whole on each training GPU (rlvr distill refuses fsdp)
     for k in ("rollout weights", "KV cache", "rollout logits", "sampler copy"):
         out[k] = 0 if elsewhere else base[k]
     for k in ("activations", "activations, checkpointed", "logits chunk", "bf16 casts"):
@@ -362,7 +370,7 @@ def refusals(cfg, layout: Layout) -> list[str]:
     return out
 
 
-TRAINER_ROWS = ("policy", "gathered to sample", "reference", "gradients", "optimizer", "rollout weights", "KV cache",
+TRAINER_ROWS = ("policy", "gathered to sample", "reference", "teacher", "gradients", "optimizer", "rollout weights", "KV cache",
                 "rollout logits", "sampler copy", "vLLM, colocated", "activations", "activations, checkpointed",
                 "logits chunk", "bf16 casts", "FSDP gathered")
 
@@ -392,6 +400,7 @@ def _trainer_notes(cfg, layout: Layout) -> dict[str, str]:
     elif cfg.fsdp:
         notes["reference"] = f"1/{layout.gpus}: sharded like the policy (fsdp.shard)"
     notes["vLLM, colocated"] = "vLLM's share, below"
+    notes["teacher"] = "rlvr distill: the teacher's weights, frozen, whole on each GPU"
     return notes
 
 
@@ -462,7 +471,10 @@ def plan(args: list[str]) -> tuple[ModelSize, object, Layout | None]:
     sizes = {k: v for k, v in given.items() if k in SIZE_KEYS}
     needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     config = sizes if all(k in sizes for k in needed) else {**read_model_config(cfg.model), **sizes}
-    return ModelSize.from_config(config), cfg, layout
+    size = ModelSize.from_config(config)
+    if cfg.method == "distill" and cfg.teacher_model_name_or_path:  # its own size, from its own config
+        size = dataclasses.replace(size, teacher_params=ModelSize.from_config(read_model_config(cfg.teacher_model_name_or_path)).params)
+    return size, cfg, layout
 
 
 def render(size: ModelSize, cfg, layout: Layout | None) -> str:
