@@ -73,7 +73,7 @@ def test_python_dash_m_rlvr_is_the_rlvr_command():
     """`python -m rlvr` where the venv's scripts are not on PATH: the same commands, errors and exit codes."""
     run = lambda *args: subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, timeout=120)  # noqa: E731
     shown = run("--help")
-    assert shown.returncode == 0 and "{train,sft,rft,dpo,eval,sample" in shown.stdout
+    assert shown.returncode == 0 and "{train,sft,rft,dpo,distill,eval,sample" in shown.stdout
     typo = run("train", "learning_rat=1e-5")
     assert typo.returncode == 2
     assert typo.stderr.strip() == ("rlvr train: error: unknown setting 'learning_rat'; did you mean 'learning_rate'? "
