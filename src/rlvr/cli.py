@@ -2,7 +2,7 @@
 
     rlvr train [CONFIG_FILE | demo] [key=value ...]   train (no arguments: the built-in demo)
     rlvr sft | rft | dpo [CONFIG_FILE] [key=value ...]   SFT, rejection-sampling fine-tuning, DPO (finetune/)
-    rlvr distill teacher=<path or id> [key=value ...]   on-policy distillation (distill.py)
+    rlvr distill [CONFIG_FILE | demo] teacher=<path or id> [key=value ...]   on-policy distillation (distill.py)
     rlvr eval  [CONFIG_FILE ...] [key=value ...]      held-out accuracy, pass@k, maj@k of a model, task by task
     rlvr compare EVAL_JSON|RUN_DIR ...                eval results side by side
     rlvr report [RUN_DIR]                             report.html and plots of a run (default: the latest)
