@@ -318,7 +318,7 @@ def check_reward_doc() -> str:
 def cmd_check_reward(ns) -> int:
     import json
 
-    from rlvr.rewards import check, resolve_reward
+    from rlvr.rewards import check, check_reward_args, resolve_reward
 
     kwargs = parse_overrides(ns.args)
     reward = kwargs.pop("reward", "accuracy")
@@ -326,6 +326,9 @@ def cmd_check_reward(ns) -> int:
         resolve_reward(reward)
     except (ValueError, ImportError) as e:
         raise check.CaseError(str(e)) from None
+    problems = check_reward_args(reward, kwargs)  # a built-in reward's knobs: a mistyped one is named, not passed on
+    if problems:
+        raise check.CaseError("; ".join(p.replace(f"reward_args.{reward}: ", f"check-reward {reward}: ") for p in problems))
     result = check.check_reward(check.load_cases(ns.cases), reward, kwargs)
     print(json.dumps(result.to_dict(), indent=2) if ns.json else check.format_result(result, ns.cases))
     if result.agreement < ns.min_agreement:

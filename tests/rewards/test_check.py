@@ -82,3 +82,12 @@ def test_missing_file(capsys):
 def test_unknown_reward_is_a_usage_error(cases_file, capsys):
     assert cli.main(["check-reward", str(cases_file), "reward=acuracy"]) == 2
     assert "unknown reward function 'acuracy'" in capsys.readouterr().err
+
+
+def test_an_unknown_knob_of_a_built_in_reward_is_a_usage_error(cases_file, capsys):
+    """A mistyped knob (or another command's setting) used to reach the reward's **kwargs and be ignored."""
+    assert cli.main(["check-reward", str(cases_file), "reward_funcs=math_verify"]) == 2
+    err = capsys.readouterr().err
+    assert "check-reward accuracy: unknown setting 'reward_funcs'" in err and "accuracy takes" in err
+    assert cli.main(["check-reward", str(cases_file), "timout=1"]) == 2
+    assert "did you mean 'timeout'?" in capsys.readouterr().err
