@@ -323,3 +323,15 @@ def test_lmbda_mixes_in_steps_on_the_datasets_completions_and_resumes_exactly(tm
     again = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     keys = ("loss", "divergence", "distill/on_policy", "grad_norm")
     assert [[r[k] for k in keys] for r in again] == [[r[k] for k in keys] for r in rows]
+
+
+def test_lmbda_without_a_completion_within_max_length_is_a_clear_error(tmp_path, tiny_model_dir, capsys):
+    from rlvr.cli import main
+
+    data = tmp_path / "copy.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in TRAIN_ROWS[:8]))
+    code = main(["distill", f"model={tiny_model_dir}", f"teacher={tiny_model_dir}", f"dataset={data}", "lmbda=0.5", "max_length=4",
+                 "max_steps=1", "per_device_train_batch_size=8", f"output_dir={tmp_path / 'run'}", "eval_on_start=false",
+                 "eval_on_end=false"])
+    assert code == 2
+    assert "none of its 7 keeps a completion token within max_length=4" in capsys.readouterr().err  # 8 rows, 1 held out

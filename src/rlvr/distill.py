@@ -205,7 +205,7 @@ def load_teacher(settings, model_settings, student, tokenizer, device, given=Non
 
 
 class DatasetCompletions:
-    """GKD's off-policy steps (`lmbda` < 1): before each generation a seeded coin decides, as TRL's GKD
+    """GKD's off-policy steps (`lmbda` < 1; `sequences` not empty): before each generation a seeded coin decides, as TRL's GKD
     (on-policy when u <= lmbda), whether the step trains on the student's samples or on the dataset's own
     completions (rlvr sft's demonstrations, tokenised as it tokenises them), taken in a seeded order,
     `rows` per process (each process its own share).  A checkpoint part: the coin and the order."""
@@ -213,9 +213,6 @@ class DatasetCompletions:
     def __init__(self, sequences: list, rows: int, lmbda: float, seed: int, pad_id: int, rank: int = 0, world_size: int = 1):
         from rlvr.tasks import PromptStream
 
-        if not sequences:
-            raise ValueError("lmbda < 1 trains some steps on the dataset's completions, but it has none: give a dataset "
-                             "with a completion column (completion, solution or answer: completion_column) or set lmbda=1")
         self.sequences, self.rows, self.lmbda, self.pad_id = sequences, rows, lmbda, pad_id
         self.rank, self.world_size = rank, world_size
         self.coin = torch.Generator().manual_seed(seed)

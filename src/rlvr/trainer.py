@@ -26,6 +26,7 @@ from rlvr.audit import reward_audit
 from rlvr.checkpoint import (CheckpointError, DiskFull, GeneratorState, is_sharded, load_checkpoint, load_shards, load_trainer_state, load_weights,
                              restore_trainer_state, save_checkpoint, save_sharded_checkpoint, trainer_state)
 from rlvr.config import Config
+from rlvr.errors import DatasetError
 from rlvr.llama import on_fast_path
 from rlvr.lora import is_peft
 from rlvr.logprobs import LogProbs
@@ -587,7 +588,12 @@ class Distiller(Trainer):
             from rlvr.distill import DatasetCompletions
 
             cfg, world = self.cfg, self.world
-            self.dataset_completions = DatasetCompletions(self._encode(demonstrations or []), cfg.completions_per_generation // cfg.processes,
+            sequences = self._encode(demonstrations or [])
+            if not sequences:
+                raise DatasetError(f"lmbda={cfg.lmbda} trains some steps on the dataset's own completions, but none of its "
+                                   f"{len(demonstrations or [])} keeps a completion token within max_length={cfg.max_length} "
+                                   "(prompt + completion tokens): raise max_length, or set lmbda=1")
+            self.dataset_completions = DatasetCompletions(sequences, cfg.completions_per_generation // cfg.processes,
                                                           cfg.lmbda, cfg.seed, self.rollout.pad_id, world.rank, world.world_size)
 
     def _encode(self, demonstrations: list) -> list:
