@@ -222,6 +222,7 @@ COMMON = dict(per_device_train_batch_size=16, max_completion_length=3, reward_ar
               bf16=False, eval_on_start=False, eval_on_end=False)
 
 
+@pytest.mark.trains
 def test_a_teacher_that_is_the_student_trains_with_zero_divergence(tmp_path, tiny_model_dir):
     from rlvr.run import train
 
@@ -232,6 +233,7 @@ def test_a_teacher_that_is_the_student_trains_with_zero_divergence(tmp_path, tin
     assert len(rows) == 2 and all(abs(r["divergence"]) < 1e-6 and r["grad_norm"] < 1e-5 for r in rows)
 
 
+@pytest.mark.trains
 def test_a_student_distilled_from_a_trained_teacher_gains_held_out_accuracy(tmp_path, tiny_model_dir):
     """A tiny teacher trained (SFTTrainer) to answer "copy 37" with 37, then a fresh tiny student distilled from
     it (DistillationTrainer, the teacher given by path, no reward) on the same prompts: the verifier's held-out
@@ -255,6 +257,7 @@ def test_a_student_distilled_from_a_trained_teacher_gains_held_out_accuracy(tmp_
     assert before <= 0.1 and after >= 0.3, (before, after, teacher)
 
 
+@pytest.mark.trains
 def test_a_trl_distillation_yaml_trains_a_step_with_rlvr_distill(tiny_model_dir, tmp_path):
     """DistillationConfig's names as a TRL YAML writes them (beta picks the divergence), with the mixed objective."""
     import yaml
@@ -273,6 +276,7 @@ def test_a_trl_distillation_yaml_trains_a_step_with_rlvr_distill(tiny_model_dir,
     assert (saved["method"], saved["distill_beta"], saved["beta"], saved["temperature"]) == ("distill", 0.5, 0.0, 0.9)
 
 
+@pytest.mark.trains
 def test_a_teacher_given_as_a_loaded_model_and_one_with_another_vocabulary(tmp_path, tiny_model_dir):
     from rlvr import DistillationConfig, DistillationTrainer
     from rlvr.errors import ModelError
@@ -292,6 +296,7 @@ def test_a_teacher_given_as_a_loaded_model_and_one_with_another_vocabulary(tmp_p
         DistillationTrainer(str(tiny_model_dir), teacher_model=other, args=args, train_dataset=rows).train()
 
 
+@pytest.mark.trains
 def test_lmbda_mixes_in_steps_on_the_datasets_completions_and_resumes_exactly(tmp_path, tiny_model_dir):
     """GKD's lmbda = 0.5: a seeded coin per step (on-policy when u <= lmbda, as TRL's GKD) picks the student's
     samples or the dataset's own completions ("37" and EOS: 3 tokens each); a run cut after its checkpoint at
@@ -325,6 +330,7 @@ def test_lmbda_mixes_in_steps_on_the_datasets_completions_and_resumes_exactly(tm
     assert [[r[k] for k in keys] for r in again] == [[r[k] for k in keys] for r in rows]
 
 
+@pytest.mark.trains
 def test_lmbda_without_a_completion_within_max_length_is_a_clear_error(tmp_path, tiny_model_dir, capsys):
     from rlvr.cli import main
 
