@@ -37,7 +37,8 @@ entropy_coef_max entropy_coef_delta entropy_target
 """.split()) | frozenset(  # the ModelConfig / ScriptArguments of TRL's scripts (trl/scripts/grpo.py)
     "dtype use_peft lora_r lora_alpha lora_dropout lora_target_modules lora_target_parameters lora_modules_to_save "
     "lora_task_type use_rslora use_dora load_in_4bit bnb_4bit_quant_type use_bnb_nested_quant bnb_4bit_quant_storage "
-    "dataset_config dataset_train_split dataset_test_split reward_funcs".split())
+    "dataset_config dataset_train_split dataset_test_split reward_funcs".split()) | frozenset(  # DistillationConfig's own
+    "teacher_model_name_or_path teacher_model_init_kwargs".split())
 
 # Accepted and without effect in rlvr; the reason is what `rlvr train --help` and docs/settings.md say.
 IGNORED = {
@@ -127,7 +128,7 @@ UNSUPPORTED = {
 # SFTConfig's and DPOConfig's settings that are rlvr settings of the same name and meaning (with
 # their GRPOConfig ones); `loss_type` and DPO's `beta` are renamed for each method (methods.py).
 FINETUNE_NAMES = frozenset("""max_length truncation_mode completion_only_loss assistant_only_loss dataset_text_field
-packing label_smoothing loss_weights teacher_model_name_or_path teacher_model_init_kwargs""".split())
+packing label_smoothing loss_weights""".split())
 
 # Settings whose rlvr default is deliberately not TRL 1.16's: name -> (TRL's default, why).
 TRL_DEFAULTS_DIFFER = {
