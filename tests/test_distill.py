@@ -92,9 +92,9 @@ def test_the_loss_and_gradients_are_trls_on_the_same_tensors(beta):
 
 
 def _self_distillation(model, weight: float = 0.0, beta: float = 1.0, fast: bool = True) -> Distillation:
-    import contextlib
+    from rlvr.logprobs import LogProbs
 
-    return Distillation(Teacher(copy.deepcopy(model)), beta, weight, 1.0, lambda m: contextlib.nullcontext(), fast=fast)
+    return Distillation(Teacher(copy.deepcopy(model)), beta, weight, LogProbs(fast=fast, temperature=1.0))
 
 
 def test_rlvrs_forward_and_the_models_own_give_the_same_terms_and_gradients():

@@ -33,7 +33,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.errors import ModelError
-from rlvr.logprobs import packed_hidden
+from rlvr.logprobs import packed_hidden, padded_inputs
 from rlvr.types import Batch
 
 __all__ = ["token_divergence", "completion_hidden", "hidden_terms", "distill_terms", "Head", "Teacher", "Distillation",
@@ -57,9 +57,7 @@ def completion_hidden(model, batch: Batch) -> torch.Tensor:
     """[B, T, H]: the final hidden states (after the last norm) at the positions that predict each
     completion token, by the model's own decoder over left-padded prompt + right-padded completion (the
     layout of logprobs.padded_logprobs; a LoRA model's adapter applies)."""
-    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
-    mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions = padded_inputs(batch)
     out = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
     prompt, width = batch.prompt_ids.shape[1], batch.completion_ids.shape[1]
     return out.last_hidden_state[:, prompt - 1 : prompt + width - 1]  # position t predicts completion token t + 1
@@ -162,22 +160,17 @@ def distill_terms(student, teacher: Teacher, batch: Batch, beta: float, temperat
 class Distillation:
     """The update's objective for rlvr distill (update.PolicyUpdate.objective): called per micro-batch,
     it returns the student's log-probs and entropy [B, T], the divergence's share of the step's loss, and
-    the divergence's sum over the micro-batch's tokens (logged as `divergence`, a mean per token)."""
+    the divergence's sum over the micro-batch's tokens (logged as `divergence`, a mean per token).
+    `logprobs`: the update's logprobs.LogProbs, whose temperature, autocast and path (rlvr's fast path or
+    the model's own forward) it takes."""
 
-    def __init__(self, teacher: Teacher, beta: float, reward_weight: float, temperature: float, autocast, fast: bool = False):
-        self.teacher, self.beta, self.policy_weight = teacher, beta, reward_weight
-        self.temperature, self.autocast = temperature, autocast  # autocast(model): logprobs.LogProbs.autocast
-        self.fast = fast  # the student on rlvr's fast path (llama.on_fast_path), else the model's own forward
-        self._runners: dict = {}
+    def __init__(self, teacher: Teacher, beta: float, reward_weight: float, logprobs):
+        self.teacher, self.beta, self.policy_weight, self.logprobs = teacher, beta, reward_weight, logprobs
 
     def __call__(self, model, micro: Batch, norm) -> tuple:
-        runner = None
-        if self.fast:
-            from rlvr.llama import LlamaRunner
-
-            runner = self._runners.setdefault(id(model), LlamaRunner(model))
-        with self.autocast(model):
-            t = distill_terms(model, self.teacher, micro, self.beta, self.temperature, runner=runner)
+        lp = self.logprobs
+        with lp.autocast(model):
+            t = distill_terms(model, self.teacher, micro, self.beta, lp.temperature, runner=lp.runner(model) if lp.fast else None)
         loss = t.divergence.sum() / max(norm.num_tokens, 1.0)
         return t.logprobs, t.entropy, loss, {"divergence": t.divergence.detach().sum()}
 

@@ -55,12 +55,17 @@ class LogProbs:
         (the entropy's where entropy_grad; the fast path's always); with stats, also (top1 [B, T] bool,
         mean_logit [B, T]) (see the module docstring)."""
         if self.fast:
+            with self.autocast(model):
+                return batch_logprobs(self.runner(model), batch, self.temperature, self.autocast_dtype, stats=stats)
+        return self.padded(model, batch, stats=stats, entropy_grad=entropy_grad)
+
+    def runner(self, model):
+        """`model`'s llama.LlamaRunner (fast only), made once per model."""
+        if id(model) not in self._runners:
             from rlvr.llama import LlamaRunner
 
-            runner = self._runners.setdefault(id(model), LlamaRunner(model))
-            with self.autocast(model):
-                return batch_logprobs(runner, batch, self.temperature, self.autocast_dtype, stats=stats)
-        return self.padded(model, batch, stats=stats, entropy_grad=entropy_grad)
+            self._runners[id(model)] = LlamaRunner(model)
+        return self._runners[id(model)]
 
     def padded(self, model, batch, stats: bool = False, entropy_grad: bool = False):
         """The straightforward computation: the model's own forward over padded prompt + completion."""
@@ -103,15 +108,21 @@ def padded_logprobs(model, batch, temperature: float, router_loss: bool = False,
     """(logp, entropy) [B, T] by the model's own forward over left-padded prompt + right-padded completion;
     with router_loss, a Mixture-of-Experts model's load-balancing loss as a third value; with stats,
     (logp, entropy, top1, mean_logit)."""
-    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
-    mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, positions = padded_inputs(batch)
     width = batch.completion_ids.shape[1]
     extra = {"output_router_logits": True} if router_loss else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=width + 1, **extra)
     logits = out.logits[:, :-1] / temperature  # position t predicts token t + 1
     found = selective_logprobs(logits, batch.completion_ids, stats=stats, entropy_grad=entropy_grad)
     return (*found, out.aux_loss) if router_loss else found
+
+
+def padded_inputs(batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask, position ids) [B, P + T] of left-padded prompts and right-padded
+    completions, positions counting real tokens only."""
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+    mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, chunk: int = 8, stats: bool = False,

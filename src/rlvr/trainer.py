@@ -644,8 +644,7 @@ class Distiller(Trainer):
         s = self.cfg.distill_settings
         device = next(self.full_model.parameters()).device
         teacher = load_teacher(s, self.cfg.model_settings, self.model, self.tokenizer, device, self.teacher_given)
-        return Distillation(teacher, s.distill_beta, s.distill_reward_weight, self.cfg.temperature, self.logprobs.autocast,
-                            fast=self.logprobs.fast)
+        return Distillation(teacher, s.distill_beta, s.distill_reward_weight, self.logprobs)
 
 
 def steps_for(cfg: Config, items: int, items_per_batch: int, steps_per_batch: int = 1) -> int:

@@ -337,7 +337,7 @@ class PolicyUpdate:
                 self._entropy_mask(None, None)
                 continue
             micro = (batch.select(slice(lo, lo + size)) if lo < len(batch) else self._empty_micro_batch()).to(self.logprobs.device)
-            tokens, flops = work(self.model, micro, self.logprobs.fast and getattr(self.objective, "fast", True))
+            tokens, flops = work(self.model, micro, self.logprobs.fast)
             sums["update_tokens"] += tokens
             sums["update_flops"] += flops
             bonus = self.entropy.applied() if s.entropy.enabled else 0.0
