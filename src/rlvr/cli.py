@@ -326,9 +326,9 @@ def cmd_check_reward(ns) -> int:
         resolve_reward(reward)
     except (ValueError, ImportError) as e:
         raise check.CaseError(str(e)) from None
-    problems = check_reward_args(reward, kwargs)  # a built-in reward's knobs: a mistyped one is named, not passed on
+    problems = check_reward_args(reward, kwargs, where=f"check-reward {reward}")  # a mistyped knob is named, not passed on
     if problems:
-        raise check.CaseError("; ".join(p.replace(f"reward_args.{reward}: ", f"check-reward {reward}: ") for p in problems))
+        raise check.CaseError("; ".join(problems))
     result = check.check_reward(check.load_cases(ns.cases), reward, kwargs)
     print(json.dumps(result.to_dict(), indent=2) if ns.json else check.format_result(result, ns.cases))
     if result.agreement < ns.min_agreement:

@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rlvr.errors import ModelError
 from rlvr.logprobs import packed_hidden, padded_inputs
-from rlvr.types import Batch
+from rlvr.types import Batch, Generation
 
 __all__ = ["token_divergence", "completion_hidden", "hidden_terms", "distill_terms", "Head", "Teacher", "Distillation",
            "load_teacher"]
@@ -215,10 +215,9 @@ class DatasetCompletions:
         """Whether the next step trains on the dataset's completions (probability 1 - lmbda)."""
         return torch.rand((), generator=self.coin).item() > self.lmbda
 
-    def generation(self, epochs_done: float):
+    def generation(self, epochs_done: float) -> Generation:
         """The next `rows` completions as a Generation (advantages 0, no sampler log-probs)."""
         from rlvr.finetune.data import to_batch
-        from rlvr.types import Generation
 
         taken = self.order.take(self.rows * self.world_size)[self.rank * self.rows : (self.rank + 1) * self.rows]
         batch = to_batch([self.sequences[i] for i in taken], self.pad_id)

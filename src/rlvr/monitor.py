@@ -159,7 +159,7 @@ def format_log_line(line: dict, total_steps: int) -> str:
     ]
     if line.get("kl") is not None:
         parts.insert(4, f"kl {f('kl', '{:.4f}')}")
-    if line.get("divergence") is not None:  # rlvr distill: the teacher's divergence per token, for the groups' spread
+    if line.get("divergence") is not None:  # rlvr distill: the teacher's divergence per token, in zero_std's place (groups of one)
         parts[3] = f"divergence {f('divergence', '{:.4f}')}"
     return "  ".join(parts)
 

@@ -88,9 +88,9 @@ LoRA) and the in-process sampler's rows for ceil(prompts per step / W) prompts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 

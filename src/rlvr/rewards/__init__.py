@@ -165,24 +165,26 @@ def knobs(fn: RewardFn) -> list[str]:
     return [p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in CONTEXT]
 
 
-def check_reward_args(name: str, args: dict) -> list[str]:
+def check_reward_args(name: str, args: dict, where: str | None = None) -> list[str]:
     """Problems with `reward_args.<name>` of a built-in reward: unknown knobs, or values it refuses
-    (found by calling it on no completions).  Your own functions' arguments are yours to check."""
+    (found by calling it on no completions).  Your own functions' arguments are yours to check.
+    `where`: what the problems are said of (default reward_args.<name>)."""
     fn = REWARDS.get(name)
     if fn is None:
         return []
+    where = where or f"reward_args.{name}"
     allowed = knobs(fn)
     problems = []
     for key in args:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            problems.append(f"reward_args.{name}: unknown setting {key!r}; {hint}{name} takes {', '.join(allowed) or 'none'}")
+            problems.append(f"{where}: unknown setting {key!r}; {hint}{name} takes {', '.join(allowed) or 'none'}")
     if not problems:
         try:
             fn(completions=[], **args)
         except (ValueError, TypeError) as e:
-            problems.append(f"reward_args.{name}: {e}")
+            problems.append(f"{where}: {e}")
     return problems
 
 
