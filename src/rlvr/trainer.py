@@ -600,9 +600,7 @@ class Distiller(Trainer):
         """rlvr sft's tokens of the demonstrations (finetune/data.py): the prompt as the rollout renders it, the completion, EOS."""
         from rlvr.finetune.data import Encoder
 
-        cfg, ends = self.cfg, eos_token_ids(self.full_model, self.tokenizer)
-        eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id in ends else ends[0]
-        encoder = Encoder(cfg.data_settings, self.tokenizer, eos, cfg.max_length, cfg.truncation_mode, cfg.assistant_only_loss)
+        encoder = Encoder.of(self.cfg.data_settings, self.cfg.finetune_settings, self.full_model, self.tokenizer)
         found = encoder.sequences([d.prompt for d in demonstrations], [d.completion for d in demonstrations], False,
                                   [d.whole for d in demonstrations])
         return [s for s in found if s is not None]

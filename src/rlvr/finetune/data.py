@@ -222,6 +222,17 @@ class Encoder:
         self.truncation_mode, self.assistant_only_loss, self.as_sampled = truncation_mode, assistant_only_loss, as_sampled
         self.dropped = 0  # rows (demonstrations or pairs) left without a trained token by max_length
 
+    @classmethod
+    def of(cls, data: DataSettings, finetune: FinetuneSettings, model, tokenizer, as_sampled: bool = False) -> Encoder:
+        """The run's encoder: its max_length, truncation_mode and assistant_only_loss, completions ended
+        by the tokenizer's EOS where it is one the model stops at (else the model's first)."""
+        from rlvr.models import eos_token_ids
+
+        ends = eos_token_ids(model, tokenizer)
+        eos = tokenizer.eos_token_id if tokenizer.eos_token_id in ends else ends[0]
+        return cls(data, tokenizer, eos, finetune.max_length, finetune.truncation_mode, finetune.assistant_only_loss,
+                   as_sampled=as_sampled)
+
     def prompts(self, prompts: list[Prompt]) -> list[list[int]]:
         """The prompts' ids as the rollout stage samples from them (chat template, system prompt, max_prompt_length)."""
         data = self.data

@@ -28,7 +28,6 @@ import torch
 from rlvr import distributed
 from rlvr.finetune.data import Demonstration, Encoder, Pair, keep_correct, make_pairs, pack, to_batch
 from rlvr.finetune.losses import combined_dpo_loss, sequence_logps, sft_loss
-from rlvr.models import eos_token_ids
 from rlvr.reference import KLReference, KLSettings
 from rlvr.tasks import PromptStream, build_rewards, verifier_name
 from rlvr.trainer import RunCore, RunData, rollout_stage, steps_for
@@ -52,9 +51,7 @@ class FinetuneTrainer(RunCore):
         self.rollout = rollout_stage(cfg, model, model, tokenizer, world)  # evaluation; self_samples' rounds
         self.rollout.rewards = build_rewards(cfg.reward_settings, cfg.data_settings, with_verifier=True)  # a round keeps what the task's verifier scores 1
         self.weight_subscribers.append(self.rollout)
-        eos = eos_token_ids(model, tokenizer)
-        self.encoder = Encoder(cfg.data_settings, tokenizer, tokenizer.eos_token_id if tokenizer.eos_token_id in eos else eos[0],
-                               cfg.max_length, cfg.truncation_mode, cfg.assistant_only_loss, as_sampled=cfg.self_samples)
+        self.encoder = Encoder.of(cfg.data_settings, cfg.finetune_settings, model, tokenizer, as_sampled=cfg.self_samples)
         self._reference(ref_model)
         self.full_loss = cfg.completion_only_loss is False
         self.units_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
