@@ -304,6 +304,11 @@ class LlamaRunner:
         """Forget the sampling weights (InferenceWeights) built from the model's parameters."""
         self._weights = None
 
+    def reload(self, state: "DecodeState") -> None:
+        """Sample the rest of a running decode with the model's current weights (loaded in place since
+        its prefill: rollout/producer.py's in-flight update); the cache written so far stays."""
+        state.weights = self._inference_weights(state.dtype, state.rows)
+
     def _inference_weights(self, dtype: torch.dtype, rows: int) -> "InferenceWeights":
         cached = getattr(self, "_weights", None)
         if cached is None or cached.dtype != dtype or cached.version != _version(self.model) or cached.adapters != adapters_enabled(self.model):

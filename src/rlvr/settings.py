@@ -117,6 +117,9 @@ def check_runnable(cfg: Config, world: World) -> None:
                 "samples and trains on whole groups; make per_device_train_batch_size x steps_per_generation a multiple of "
                 f"{cfg.num_generations}"
             )
+        if cfg.async_mode == "free":
+            raise ConfigError("async_mode=free runs one producer for the run, and this launch has "
+                              f"{world.world_size} processes: train in one process with vLLM servers, or use async_mode=lockstep")
         if cfg.rollout_workers > 0:
             raise ConfigError(
                 "rollout_workers is not supported with several training processes: the Ray workers already sample "

@@ -38,6 +38,7 @@ from rlvr.rollout import sampling_params
 from rlvr.rollout.engine import make_sampler
 from rlvr.rollout.generation import Generations, GenerationSettings
 from rlvr.rollout.home import HomeThread
+from rlvr.rollout.producer import Producer, WeightVersions, token_staleness
 from rlvr.rollout.path import RolloutPath
 from rlvr.rollout.stage import RolloutStage
 from rlvr.rundir import save_final_model
@@ -238,10 +239,18 @@ class RunCore(StepRecord):
             self.gathered.hold()
 
     def publish_weights(self) -> None:
-        """Hand the updated weights to every sampler outside this model (vLLM, rollout workers)."""
+        """Hand the updated weights to every sampler outside this model (vLLM, rollout workers);
+        with a free-running producer (async_mode=free), tell it to load them when it can."""
+        producer = getattr(self, "producer", None)
+        if producer is not None:
+            producer.versions.publish()
+        else:
+            self._load_samplers()
+        self.synced_at = self.step
+
+    def _load_samplers(self) -> None:
         for subscriber in self.weight_subscribers:
             subscriber.update_weights(self.model)
-        self.synced_at = self.step
 
     # --- checkpoints (checkpoint.py) --------------------------------------------------------
 
@@ -408,7 +417,13 @@ class Trainer(RunCore):
         self.uses = cfg.num_iterations * self.parts  # optimizer steps per generation
         self.pending: Generation | None = None  # the generation being trained on
         self.sync_every = cfg.weight_sync_steps  # the samplers of their own get the weights every this many steps
-        self.waited = 0.0  # seconds the last update waited for the generation sampled ahead
+        self.waited = 0.0  # seconds the last update waited for the generation sampled ahead (or the last take waited)
+        self.producer: Producer | None = None  # async_mode=free: the thread that samples while the trainer trains
+        if cfg.max_staleness and cfg.async_mode == "free":
+            versions = WeightVersions(self._load_samplers)
+            if getattr(self.rollout.sampler, "reloads_in_flight", False):
+                self.rollout.sampler.live = versions  # in-flight updates, per-token versions (rollout/engine.py)
+            self.producer = Producer(self.batches, versions, self._state, cfg.max_staleness, self.home)
 
     def _objective(self):
         """The update's loss when it is not GRPO's own (update.PolicyUpdate.objective): None here."""
@@ -450,6 +465,10 @@ class Trainer(RunCore):
         self.home.bind()
 
     def _prepare(self) -> Generation:
+        if self.pending is None and self.producer is not None:
+            t0 = time.perf_counter()
+            self.pending = self.producer.take(self.step)  # serves its reward calls while it waits
+            self.waited = time.perf_counter() - t0
         if self.pending is None:
             self.pending = self.batches.generate_or_rewind(self._state())
             self.pending.weight_version = self.synced_at  # the step itself where the sampler is the policy (synced every step)
@@ -461,13 +480,21 @@ class Trainer(RunCore):
         if gen.iterations_done == 0 and len(gen.batch):
             self.updater.prepare(gen.batch)  # old and reference log-probs, with the weights it is first trained at
         last_use, last_step = gen.iterations_done + 1 >= self.uses, self.step + 1 >= self.total_steps
-        ahead = self.batches.settings.sample_ahead and last_use and not last_step
+        ahead = self.batches.settings.sample_ahead and self.producer is None and last_use and not last_step
         if ahead:
             self.batches.start_ahead(self._state())
         following = []  # the next generation, when it was sampled ahead (finished before the optimizer step)
         schedule = self.scheduler.last_epoch  # moves with the optimizer step (or a step without an update)
+        stepping = []  # async_mode=free: the weights' lock, held by the optimizer step (rollout/producer.py)
+
+        def before_step():
+            following.extend(self._finish_ahead())
+            if self.producer is not None:
+                self.producer.versions.step_begin()
+                stepping.append(True)
+
         try:
-            metrics = {**gen.metrics, **self.update(self._part(gen), lambda: following.extend(self._finish_ahead()))}
+            metrics = {**gen.metrics, **self.update(self._part(gen), before_step)}
         except BaseException:
             if self.scheduler.last_epoch != schedule:  # raised after the step was applied: it is counted all the same
                 self._count(gen, following, dict(gen.metrics), t0)
@@ -476,6 +503,9 @@ class Trainer(RunCore):
             if ahead:
                 self.batches.drop_ahead()  # rewound: a checkpoint saved now resumes exactly
             raise
+        finally:
+            if stepping:
+                self.producer.versions.step_end(self.step + (self.scheduler.last_epoch != schedule))
         self._count(gen, following, metrics, t0)
         if self.step % self.sync_every == 0:  # every step moves the weights (one without signal too: AdamW's momentum)
             self.publish_weights()
@@ -505,7 +535,12 @@ class Trainer(RunCore):
             metrics["sampling/weight_version"] = gen.weight_version
         metrics.update(self.rollout.metrics())
         self._timed(metrics, t0)
-        if following:  # where the overlapped step's time went: each side's wait for the other
+        if self.producer is not None and gen.iterations_done == 1:  # async_mode=free: where its time went, what it dropped
+            # per token, against the policy the step trained (the version before its update)
+            metrics["sampling/staleness_mean"], metrics["sampling/staleness_max"] = token_staleness(gen, self.step - 1)
+            metrics.update(self.producer.since_take())
+            metrics["timing/trainer_idle"] = self.waited
+        elif following:  # where the overlapped step's time went: each side's wait for the other
             metrics["timing/trainer_idle"] = self.waited
             metrics["timing/sampler_idle"] = max(0.0, metrics["step_time"] - self.batches.ahead_seconds)
         for side, seconds, tokens in (("rollout", gen.metrics.get("timing/rollout"), gen.metrics.get("completions/num_tokens")),
@@ -556,19 +591,49 @@ class Trainer(RunCore):
         super()._load_shards(shards)
         self.kl.load_shards(shards)
 
+    def state_dict(self, collective: bool = True) -> dict:
+        """With a free-running producer, it is stopped first (a generation being sampled is rewound), so that
+        the prompt stream and the sampler's generator stand right after the generations it queued."""
+        if self.producer is not None:
+            self.producer.drain()
+        return super().state_dict(collective)
+
     def _own_state(self, collective: bool) -> dict:
         pending = self.pending
         if self.world.enabled:
             pending = distributed.gather(self.pending, self.world) if collective else None
-        return {"pending": pending}
+        queued = [copy.copy(g) for g in self.producer.ready] if self.producer is not None else []
+        for gen in queued:
+            gen.audit = None  # a Future, which does not pickle: a queued generation's audit is not resumed
+        return {"pending": pending, **({"queued": queued} if queued else {})}
 
     def _load_own(self, state: dict) -> None:
+        if self.producer is not None and state.get("queued"):
+            self.producer.restore(state["queued"])
         self.pending = state["pending"]
         if self.world.enabled:  # one pending batch per rank, or none (then the generation is sampled again)
             fits = isinstance(self.pending, list) and len(self.pending) == self.world.world_size
             self.pending = self.pending[self.world.rank] if fits else None
 
+    def resume(self, checkpoint: Path) -> None:
+        super().resume(checkpoint)
+        if self.producer is not None:  # the samplers hold the checkpoint's weights, its version
+            versions = self.producer.versions
+            versions.current = versions.published = self.step
+            versions.load_now()
+
+    def whole_weights(self):
+        """Evaluation samples with the samplers: a free-running producer stops for it (a generation being
+        sampled is rewound), and the samplers take the current weights first."""
+        if self.producer is None:
+            return super().whole_weights()
+        self.producer.drain()
+        self.producer.versions.load_now()
+        return contextlib.nullcontext()
+
     def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
         self.batches.close()
         if self.audit is not None:
             self.audit.close()

@@ -63,6 +63,9 @@ class Rollout:
     mask: list[bool] | None = None
     messages: list[Message] | None = None
     info: dict | None = None
+    # The weight version that sampled each completion token, where the engine records it (async_mode=free,
+    # rollout/producer.py: weights may change while a completion is decoded); None: not recorded.
+    versions: list[int] | None = None
 
     @property
     def truncated(self) -> bool:
@@ -269,6 +272,10 @@ class Generation:
     epochs_after: float = 0.0  # passes over the train prompts once its prompts were drawn
     epochs_drawn: float = 0.0  # the share of a pass its prompts are
     audit: object = None  # the reward audit of its completions under way (audit.py), a Future
+    groups: int = 0  # the groups it holds (trained or left out for equal rewards)
+    # {weight version: completion tokens it sampled} over the groups it holds; None keys: tokens whose
+    # engine did not record it (rollout/producer.py counts them at the generation's first version)
+    token_versions: dict | None = None
 
 
 class ScoreList(list):

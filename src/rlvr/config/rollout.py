@@ -102,6 +102,7 @@ class WorkerSettings(Section):
     ray_address: str | None = None  # an existing Ray cluster ("auto" or host:port); null = start a local one
     max_staleness: int = 0  # weight versions a sample may lag the policy; >= 1: the next generation is sampled while this step trains
     weight_sync_steps: int = 1  # optimizer steps between weight syncs to a sampler of its own (vLLM, Ray workers, the copy sampling ahead)
+    async_mode: str = "lockstep"  # with max_staleness >= 1: lockstep (one generation ahead, reproducible) | free (a producer thread keeps up to max_staleness generations in flight; stale ones dropped)
 
     def _rules(self) -> list[str]:
         problems = []
@@ -109,6 +110,11 @@ class WorkerSettings(Section):
             problems.append("rollout_workers must be >= 0 (0 = sample in the training process)")
         if self.max_staleness < 0:
             problems.append(f"max_staleness must be >= 0 (0: on-policy), got {self.max_staleness}")
+        if self.async_mode not in ("lockstep", "free"):
+            problems.append(f"async_mode must be lockstep or free, got {self.async_mode!r}")
+        elif self.async_mode == "free" and self.max_staleness < 1:
+            problems.append("async_mode=free keeps up to max_staleness generations in flight: set max_staleness >= 1 "
+                            "(0 is on-policy, sampled between the steps)")
         if self.weight_sync_steps < 1:
             problems.append(f"weight_sync_steps must be >= 1 (1: after every optimizer step), got {self.weight_sync_steps}")
         elif self.max_staleness >= 0 and self.staleness_bound > self.max_staleness:
@@ -123,7 +129,10 @@ class WorkerSettings(Section):
     @property
     def staleness_bound(self) -> int:
         """The most weight versions a sample lags the policy it trains: weight_sync_steps - 1 from the
-        sync schedule, one more when it was sampled ahead (max_staleness >= 1)."""
+        sync schedule, one more when it was sampled ahead (max_staleness >= 1).  With async_mode=free the
+        producer may run further ahead; a generation beyond max_staleness is dropped, so the bound is that."""
+        if self.async_mode == "free":
+            return max(self.max_staleness, self.weight_sync_steps)
         return self.weight_sync_steps - 1 + (1 if self.max_staleness >= 1 else 0)
 
 

@@ -38,7 +38,7 @@ def cross_section_problems(cfg) -> list[str]:
          f"sync_ref_model (TR-DPO) is not supported for rlvr {cfg.method} yet: its reference stays the starting model"),
         (not (not online and (cfg.fsdp or cfg.rollout_workers or cfg.max_staleness)),
          f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train"),
-    ] + qlora_rules(cfg) + sleep_mode_rules(cfg)
+    ] + qlora_rules(cfg) + sleep_mode_rules(cfg) + free_running_rules(cfg)
     problems = [message for ok, message in rules if not ok] + best_model_problems(cfg)
     if cfg.num_generations < (method.min_generations if method is not None else 2):
         problems.append(f"num_generations must be at least 2 (a group of one has no relative advantage); got {cfg.num_generations}")
@@ -167,3 +167,21 @@ def lora_beyond_vllm(cfg) -> str | None:
                (given.get("bias", "none") != "none" or given.get("lora_bias"), "a trained bias"),
                (given.get("target_parameters", cfg.lora_target_parameters), "target_parameters")]
     return next((name for value, name in options if value), None)
+
+
+def free_running_rules(cfg) -> list[tuple[bool, str]]:
+    """async_mode=free (rollout/producer.py): a sampling thread that loads the policy's weights itself
+    whenever a newer version is published, which needs the whole weights in this process, and one
+    producer for the run."""
+    if cfg.async_mode != "free":
+        return []
+    return [
+        (not cfg.fsdp, "async_mode=free loads the policy's weights into the sampler from its own thread, but fsdp's "
+                       "whole weights are gathered by a collective of every process: use async_mode=lockstep with fsdp"),
+        (cfg.processes == 1, "async_mode=free runs one producer for the run; several training processes would each need "
+                             "theirs to agree on which generations are too stale: train in one process with vLLM servers, "
+                             "or use async_mode=lockstep"),
+        (not cfg.rollout_workers, "async_mode=free is not supported with rollout_workers yet (the workers sample a whole "
+                                  "step at a time): use vLLM servers, or async_mode=lockstep"),
+    ]
+

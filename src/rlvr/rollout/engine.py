@@ -24,6 +24,12 @@ from rlvr.types import Rollout
 
 class HFSampler:
     seeds_per_group = True  # generate() also takes a GroupGenerators (rollout/sampling.py)
+    reloads_in_flight = True  # newer weights may be loaded between two decode steps (see `live`)
+    # async_mode=free: the producer's rollout.producer.WeightVersions.  Between two decode steps the
+    # sampler asks it to load newer weights if some were published (an in-flight update: the cache of
+    # the tokens so far stays, the next ones come from the new weights) and records the version of
+    # each token (Rollout.versions).  None: the weights do not change during a call.
+    live = None
 
     def __init__(self, model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False):
         self.model = model
@@ -62,12 +68,13 @@ class HFSampler:
                 rows = self._decode(prompts, params, generator)
         finally:
             model.train(was_training)
-        tokens, logps, finish = rows
+        tokens, logps, finish, versions = rows
         out = []
         for i, prompt in enumerate(prompts):
             group = []
             for r in range(i * n, (i + 1) * n):
-                group.append(Rollout(list(prompt), tokens[r], logps[r], finish[r] or "length", self._text(tokens[r], params)))
+                group.append(Rollout(list(prompt), tokens[r], logps[r], finish[r] or "length", self._text(tokens[r], params),
+                                     versions=versions[r] if versions is not None else None))
             out.append(group)
         return out
 
@@ -79,6 +86,8 @@ class HFSampler:
         tokens = [[] for _ in range(total)]
         logps = [[] for _ in range(total)]
         finish: list[str | None] = [None] * total
+        clock = self.live if self.reloads_in_flight else None  # the producer's weight versions, if any
+        versions = [[] for _ in range(total)] if clock is not None else None
         # The repetition penalty's memory: which tokens each live row's prompt and completion hold.
         seen = None
         if params.repetition_penalty != 1.0:
@@ -92,6 +101,8 @@ class HFSampler:
             for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
                 tokens[r].append(t)
                 logps[r].append(l)
+                if versions is not None:
+                    versions[r].append(clock.held)
                 if t in self.eos or (params.stop_strings and self._hit_stop(tokens[r], params.stop_strings)):
                     finish[r] = "stop"
             live = [j for j, r in enumerate(rows.tolist()) if finish[r] is None]
@@ -102,8 +113,14 @@ class HFSampler:
                 state = self._drop(state, keep.to(logits.device))
                 rows, tok = rows[keep], tok[keep.to(tok.device)]
                 seen = None if seen is None else seen[keep.to(seen.device)]
+            if clock is not None and clock.refresh():  # newer weights published: the next token is theirs
+                state = self._reloaded(state)
             logits = self._step(tok, state)
-        return tokens, logps, finish
+        return tokens, logps, finish, versions
+
+    def _reloaded(self, state):
+        """The decode state after the model's weights were loaded in place: here the model itself samples."""
+        return state
 
     # --- the generic backend: any Hugging Face causal LM, through its own forward -------
 
@@ -174,6 +191,10 @@ class FastSampler(HFSampler):
     def _step(self, tok, state):
         return self.runner.decode(tok, state)
 
+    def _reloaded(self, state):
+        self.runner.reload(state)  # the fused sampling weights, built again from the new ones
+        return state
+
     def _drop(self, state, keep):
         # Copying the cache costs about as much as a decode step; do it only when a quarter of the rows are done.
         if len(keep) <= 0.75 * state.rows:
@@ -185,7 +206,10 @@ class FastSampler(HFSampler):
 
 class GraphSampler(FastSampler):
     """The fast sampler with llama.py's decode step given static shapes (rollout/graphs.py) and,
-    on a CUDA GPU with `graphs`, replayed from CUDA graphs."""
+    on a CUDA GPU with `graphs`, replayed from CUDA graphs.  The graphs hold the weights' addresses,
+    so newer weights are loaded between calls only, never during one."""
+
+    reloads_in_flight = False
 
     def __init__(self, model, tokenizer, eos_token_ids: list[int], max_batch_size: int = 64, bf16: bool = False,
                  graphs: bool = True, block: int = 256):

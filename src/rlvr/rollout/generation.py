@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
@@ -125,7 +126,11 @@ class Generations:
         ][: s.num_completions_to_print]
         drawn = len(rounds) * s.prompts_per_step / len(self.prompts.examples)
         audit = self.audit.submit(chosen, position) if self.audit is not None else None  # graded while it trains
-        return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done, epochs_drawn=drawn, audit=audit)
+        versions = Counter()
+        for r in rollouts:
+            versions.update(r.versions if r.versions is not None else {None: len(r.completion_ids)})
+        return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done, epochs_drawn=drawn, audit=audit,
+                          groups=len(chosen), token_versions=dict(versions))
 
     def advantages(self, groups: list[SampledGroup], rollouts: list) -> tuple[torch.Tensor, torch.Tensor]:
         """Stage 3: (advantages [N] or, with process rewards, [N, T]; zero_std per group), by the settings'
