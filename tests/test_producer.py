@@ -1,0 +1,283 @@
+"""async_mode=free (rollout/producer.py): the producer's queue bound, stale generations dropped, a
+stop that rewinds, errors, the weights' lock; the in-process engine's in-flight weight loads token by
+token; and runs of the tiny model (the staleness bound holds per token, it learns, a stopped run
+resumes with nothing lost or sampled twice)."""
+
+import copy
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from rlvr.config import ConfigError, build_config
+from rlvr.rollout import SamplingParams
+from rlvr.rollout.home import HomeThread
+from rlvr.rollout.producer import Cancelled, Producer, WeightVersions, oldest_version, token_staleness
+from rlvr.run import train
+from rlvr.trainer import Trainer
+from rlvr.types import Generation
+
+
+class FakeGenerations:
+    """Generations whose n-th generation is n, sampled when the test lets it (`allow`); position: how many were sampled."""
+
+    def __init__(self, versions=None):
+        self.count, self.allowed, self.versions = 0, threading.Semaphore(0), versions
+        self.running = threading.Event()
+
+    def position(self):
+        return self.count
+
+    def rewind(self, position):
+        self.count = position
+
+    def generate_or_rewind(self, state):
+        before = self.count
+        self.running.set()
+        try:
+            while not self.allowed.acquire(timeout=0.01):
+                if self.versions is not None:
+                    self.versions.refresh()  # as the engine does between tokens: raises Cancelled when stopping
+        except BaseException:
+            self.rewind(before)
+            raise
+        finally:
+            self.running.clear()
+        self.count += 1
+        return Generation(batch=None, metrics={"n": self.count}, groups=2, token_versions={None: 10})
+
+
+def _producer(k=2):
+    versions = WeightVersions(lambda: None)
+    gens = FakeGenerations(versions)
+    return Producer(gens, versions, lambda: None, k, HomeThread()), gens, versions
+
+
+def _wait(condition, seconds=30.0):
+    deadline = time.monotonic() + seconds  # a bound on a hang, never on how fast it runs
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
+def test_it_keeps_at_most_max_staleness_generations_in_flight_and_hands_them_over_in_order():
+    producer, gens, _ = _producer(k=2)
+    producer.start()
+    for _ in range(5):
+        gens.allowed.release()
+    _wait(lambda: len(producer.ready) == 2)
+    _wait(lambda: producer.idle_seconds > 0 or not gens.running.is_set())
+    assert len(producer.ready) == 2 and gens.count == 2 and not gens.running.is_set()  # waits with two ready
+    assert producer.take(0).metrics["n"] == 1
+    _wait(lambda: len(producer.ready) == 2)  # room for one more: it samples the third
+    assert [producer.take(0).metrics["n"] for _ in range(3)] == [2, 3, 4]
+    assert producer.ready[0].token_versions == {0: 10}  # unrecorded tokens: the version it started with
+    producer.close()
+
+
+def test_a_generation_older_than_max_staleness_is_dropped_and_counted():
+    producer, gens, _ = _producer(k=2)
+    producer.restore([Generation(None, {"n": n}, groups=3, token_versions={v: 5, v + 1: 5}) for n, v in ((1, 0), (2, 1), (3, 3))])
+    assert producer.take(3).metrics["n"] == 2  # 1 is 3 versions behind step 3 (its oldest token); 2 is 2 behind
+    assert producer.since_take() == {"sampling/queue_depth": 1, "sampling/stale_dropped_groups": 3,
+                                     "sampling/stale_dropped_generations": 1, "timing/sampler_idle": 0.0}
+    assert producer.since_take()["sampling/stale_dropped_groups"] == 0  # counted once
+    gen = Generation(None, {}, token_versions={4: 30, 6: 10})
+    assert oldest_version(gen) == 4 and token_staleness(gen, 6) == (1.5, 2)  # (2 * 30 + 0 * 10) / 40
+
+
+def test_drain_cancels_the_running_generation_rewinds_it_and_keeps_the_ready_ones():
+    producer, gens, versions = _producer(k=3)
+    producer.start()
+    gens.allowed.release()
+    _wait(lambda: len(producer.ready) == 1 and gens.running.is_set())  # the second is being sampled
+    ready = producer.drain()
+    assert [g.metrics["n"] for g in ready] == [1] and gens.count == 1  # rewound to right after the ready one
+    assert producer.thread is None
+    assert producer.take(0).metrics["n"] == 1  # the queue stays; take starts the thread again
+    gens.allowed.release()
+    assert producer.take(0).metrics["n"] == 2  # sampled again, from where it was rewound to
+    producer.close()
+
+
+def test_an_error_in_the_producer_is_raised_by_take():
+    producer, gens, _ = _producer()
+
+    def broken(state):
+        raise ValueError("the reward function broke")
+
+    gens.generate_or_rewind = broken
+    with pytest.raises(ValueError, match="the reward function broke"):
+        producer.take(0)
+    producer.close()
+
+
+def test_weights_load_only_when_newer_ones_are_published_and_never_during_an_optimizer_step():
+    loads = []
+    versions = WeightVersions(lambda: loads.append(versions.current))
+    assert versions.refresh() is False and loads == []
+    versions.step_begin()
+    versions.publish()  # nothing newer: the version is still 0
+    loader = threading.Thread(target=versions.load_now)
+    loader.start()
+    loader.join(timeout=0.2)
+    assert loader.is_alive() and loads == []  # waits for the step
+    versions.step_end(1)
+    loader.join()
+    assert loads == [1] and versions.held == 1
+    versions.step_begin()
+    versions.step_end(2)
+    assert versions.refresh() is False  # not published yet
+    versions.publish()
+    assert versions.refresh() is True and loads == [1, 2] and versions.held == 2
+    versions.cancelled = True
+    with pytest.raises(Cancelled):
+        versions.refresh()
+
+
+# --- the in-process engine: weights loaded between two decode steps ---------------------------------
+
+
+class SwitchAt:
+    """A producer's weight versions for the engine: at the `at`-th refresh the sampler's model takes `new`'s weights."""
+
+    def __init__(self, model, new, at):
+        self.model, self.new, self.at, self.calls, self.held = model, new, at, 0, 0
+
+    def refresh(self):
+        self.calls += 1
+        if self.calls != self.at:
+            return False
+        with torch.no_grad():
+            for p, q in zip(self.model.parameters(), self.new.parameters()):
+                p.copy_(q)
+        self.held = 1
+        return True
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "generic"])
+def test_in_flight_weights_sample_the_tokens_after_the_load_and_say_so(tiny, fast):
+    from rlvr.rollout.engine import FastSampler, HFSampler
+
+    model, tokenizer = tiny
+    cls = FastSampler if fast else HFSampler
+    params = SamplingParams(n=3, max_tokens=8, temperature=1.0)
+    prompts = [tokenizer.encode("what is 2 + 3?"), tokenizer.encode("7 - 1 =")]
+
+    def sample(new=None, at=3):
+        sampler_model = copy.deepcopy(model).eval()
+        sampler = cls(sampler_model, tokenizer, [10**6])  # no end token: every completion is 8 tokens
+        if new is not None:
+            sampler.live = SwitchAt(sampler_model, new, at)
+        return [r for g in sampler.generate(prompts, params, torch.Generator().manual_seed(0)) for r in g]
+
+    plain = sample()
+    assert all(r.versions is None for r in plain)
+    same = sample(new=model)  # the same weights loaded mid-way: nothing changes (the sampling weights are rebuilt)
+    assert [r.completion_ids for r in same] == [r.completion_ids for r in plain]
+    assert all(abs(a - b) < 1e-5 for r, s in zip(same, plain) for a, b in zip(r.logprobs, s.logprobs))
+    assert all(r.versions == [0, 0, 0, 1, 1, 1, 1, 1] for r in same)  # loaded after the 3rd token
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.5)
+    switched = sample(new=other)
+    # the first three tokens come from the old weights, exactly as without the load; the 4th on from the new
+    assert all(r.completion_ids[:3] == s.completion_ids[:3] and r.logprobs[:3] == pytest.approx(s.logprobs[:3], abs=1e-5)
+               for r, s in zip(switched, plain))
+    assert max(abs(a - b) for r, s in zip(switched, plain) for a, b in zip(r.logprobs[3:4], s.logprobs[3:4])) > 1e-2
+
+
+# --- runs of the tiny model --------------------------------------------------------------------------
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.trains
+def test_a_free_running_run_learns_and_no_token_is_older_than_max_staleness(tiny_model_dir, tmp_path):
+    plugin = tmp_path / "seven.py"
+    plugin.write_text("def starts_with_seven(completions, **kw):\n    return [float(c.startswith('7')) for c in completions]\n")
+    out = tmp_path / "run"
+    train(build_config({
+        "model": str(tiny_model_dir), "task_args": {"digits": 2, "num_train": 200, "num_test": 10},
+        "reward_funcs": [f"{plugin}:starts_with_seven"], "num_generations": 8, "per_device_train_batch_size": 64,
+        "max_completion_length": 4, "learning_rate": 1e-2, "max_steps": 40, "logging_steps": 1, "save_steps": 1000,
+        "eval_on_start": False, "eval_on_end": False, "max_staleness": 2, "async_mode": "free", "output_dir": str(out),
+    }))
+    rows = _rows(out)
+    rewards = [r["reward"] for r in rows]
+    assert sum(rewards[:3]) / 3 < 0.2 and sum(rewards[-3:]) / 3 > 0.8, rewards
+    assert all(0 <= r["sampling/staleness_mean"] <= r["sampling/staleness_max"] <= 2 for r in rows)
+    assert all(r["sampling/staleness"] == r["sampling/staleness_max"] for r in rows)  # the oldest token is the first
+    assert all(r["sampling/queue_depth"] <= 2 and r["sampling/stale_dropped_groups"] == 0 for r in rows)
+    assert any(r["sampling/staleness_max"] >= 1 for r in rows)  # it did run ahead
+    for key in ("timing/trainer_idle", "timing/sampler_idle", "sampling/weight_version"):
+        assert all(key in r for r in rows)
+
+
+@pytest.mark.trains
+def test_a_stopped_free_running_run_resumes_with_its_queue_and_nothing_lost_or_sampled_twice(tiny_run_config, tmp_path,
+                                                                                               monkeypatch):
+    """Stopped in step 4's update: the checkpoint holds step 4's generation and the ones queued (the one being
+    sampled is rewound), so the resumed run trains the same prompts in the same order as an on-policy run."""
+    import zlib
+
+    import rlvr.rewards as rewards
+
+    monkeypatch.setitem(rewards.REWARDS, "boxed_format",  # a function of the text alone, so a rewound generation scores alike
+                        lambda completions, **kw: [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions])
+    settings = {"max_steps": 6, "save_steps": 100, "log_completions": True}
+    on_policy = tmp_path / "on-policy"
+    train(tiny_run_config(on_policy, **settings))
+
+    out = tmp_path / "free"
+    original_update = Trainer.update
+
+    def stop_in_step_4(self, batch, *rest):
+        if self.step == 3:
+            _wait(lambda: self.home.serve() or len(self.producer.ready) >= 1)  # something is queued (its rewards served)
+            raise KeyboardInterrupt
+        return original_update(self, batch, *rest)
+
+    monkeypatch.setattr(Trainer, "update", stop_in_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_run_config(out, max_staleness=2, async_mode="free", **settings))
+    state = torch.load(out / "checkpoint-3" / "trainer_state.pt", weights_only=False)
+    assert state["pending"].iterations_done == 0 and len(state["queued"]) >= 1
+    queued_reward = state["queued"][0].metrics["reward"]
+    monkeypatch.setattr(Trainer, "update", original_update)
+    train(tiny_run_config(out, max_staleness=2, async_mode="free", resume=True, **settings))
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and rows[4]["reward"] == queued_reward
+
+    def prompts(run):
+        steps = {}
+        for line in (run / "completions.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            steps.setdefault(row["step"], []).append(row["prompt"])
+        return [sorted(set(p)) for _, p in sorted(steps.items())]
+
+    assert prompts(out) == prompts(on_policy)
+
+
+def test_settings_it_cannot_run_with_are_refused():
+    with pytest.raises(ConfigError, match="async_mode must be lockstep or free"):
+        build_config({"async_mode": "fast"})
+    with pytest.raises(ConfigError, match="async_mode=free keeps up to max_staleness generations in flight: set max_staleness >= 1"):
+        build_config({"async_mode": "free"})
+    with pytest.raises(ConfigError, match="async_mode=free loads the policy's weights .* use async_mode=lockstep with fsdp"):
+        build_config({"async_mode": "free", "max_staleness": 1, "fsdp": True})
+    with pytest.raises(ConfigError, match="async_mode=free is not supported with rollout_workers"):
+        build_config({"async_mode": "free", "max_staleness": 1, "rollout_workers": 2})
+    with pytest.raises(ConfigError, match="weight_sync_steps=3 lets a sample lag up to 3"):
+        build_config({"async_mode": "free", "max_staleness": 2, "weight_sync_steps": 3})
+    from rlvr.distributed import World
+    from rlvr.settings import check_runnable
+
+    with pytest.raises(ConfigError, match="async_mode=free runs one producer for the run, and this launch has 2 processes"):
+        check_runnable(build_config({"max_staleness": 1, "async_mode": "free", "num_generations": 4,
+                                     "per_device_train_batch_size": 8}), World(0, 2))
