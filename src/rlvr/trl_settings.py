@@ -81,9 +81,9 @@ IGNORED = {
     **dict.fromkeys("discopop_tau f_alpha_divergence_coef".split(), "a knob of a DPO loss rlvr does not have (see loss_type)"),
     # AsyncGRPOConfig's own (TRL 1.16's trl.experimental.async_grpo; top-level from TRL 1.18)
     "fork_threshold_tokens": "rlvr keeps each turn's token ids as sampled and never re-tokenises a conversation",
-    "max_inflight_tasks": ("rlvr sends a generation's prompts to the sampler or the servers at once, and samples at most "
-                           "one generation ahead (max_staleness >= 1)"),
-    "queue_maxsize": "rlvr holds at most one generation sampled ahead, so there is no queue to bound",
+    "max_inflight_tasks": ("rlvr sends a generation's prompts to the sampler or the servers at once and keeps max_staleness "
+                           "generations in flight with async_mode=free (TRL's automatic value: max_staleness x a step's samples)"),
+    "queue_maxsize": "rlvr's queue holds at most max_staleness generations (async_mode=free), the most that can still be trained on",
     "weight_sync_timeout": "a weight push is bounded by vllm_server_timeout",
     "heartbeat_stale_after_s": "rlvr samples ahead in a thread of the training process, whose errors reach the step that waits for it",
     # Older TRL / transformers versions' settings that recipes still carry.
