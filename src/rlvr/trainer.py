@@ -420,10 +420,9 @@ class Trainer(RunCore):
         self.waited = 0.0  # seconds the last update waited for the generation sampled ahead (or the last take waited)
         self.producer: Producer | None = None  # async_mode=free: the thread that samples while the trainer trains
         if cfg.max_staleness and cfg.async_mode == "free":
-            versions = WeightVersions(self._load_samplers)
-            if getattr(self.rollout.sampler, "reloads_in_flight", False):
-                self.rollout.sampler.live = versions  # in-flight updates, per-token versions (rollout/engine.py)
-            self.producer = Producer(self.batches, versions, self._state, cfg.max_staleness, self.home)
+            sampler = self.rollout.sampler  # the in-process engine loads newer weights between decode steps
+            self.producer = Producer(self.batches, WeightVersions(self._load_samplers), self._state, cfg.max_staleness, self.home,
+                                     in_flight=sampler if getattr(sampler, "reloads_in_flight", False) else None)
 
     def _objective(self):
         """The update's loss when it is not GRPO's own (update.PolicyUpdate.objective): None here."""

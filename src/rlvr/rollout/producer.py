@@ -81,10 +81,13 @@ class WeightVersions:
 
 
 class Producer:
-    def __init__(self, generations, versions: WeightVersions, state, max_staleness: int, home):
+    def __init__(self, generations, versions: WeightVersions, state, max_staleness: int, home, in_flight=None):
         """generations: rollout.generation.Generations (what one generation is); state(): the
-        TrainerState reward functions get; home: the rollout.home.HomeThread of the training loop."""
+        TrainerState reward functions get; home: the rollout.home.HomeThread of the training loop;
+        in_flight: the in-process sampler (rollout/engine.py), which loads newer weights between decode
+        steps while this thread samples with it (not while evaluation does), or None."""
         self.generations, self.versions, self.state, self.home = generations, versions, state, home
+        self.in_flight = in_flight
         self.max_staleness = max_staleness
         self.ready: deque[Generation] = deque()
         self.cond = threading.Condition()
@@ -130,9 +133,17 @@ class Producer:
     def _generate(self) -> Generation:
         before = self.generations.position()
         t0 = time.perf_counter()
-        self.versions.refresh()
-        version = self.versions.held
-        gen = self.generations.generate_or_rewind(self.state())  # a Cancelled from the engine rewinds too
+        if self.in_flight is not None:
+            self.in_flight.live = self.versions
+        try:
+            self.versions.refresh()
+            version = self.versions.held
+            if self.versions.cancelled:  # told to stop during the load
+                raise Cancelled()
+            gen = self.generations.generate_or_rewind(self.state())  # a Cancelled from the engine rewinds too
+        finally:
+            if self.in_flight is not None:
+                self.in_flight.live = None
         if self.versions.cancelled:  # finished after all (a server's request): thrown away all the same
             self.generations.rewind(before)
             raise Cancelled()
