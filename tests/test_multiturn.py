@@ -426,7 +426,10 @@ def test_training_with_tools_runs_and_logs_turns(model_dir, tmp_path):
 
 
 @pytest.mark.trains
-def test_training_with_an_environment_on_several_turns(model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["on-policy", "free"])
+def test_training_with_an_environment_on_several_turns(model_dir, tmp_path, monkeypatch, mode):
+    """Also with async_mode=free: a producer thread runs the environments, weights may change between and
+    within turns, and each sampled token keeps its version (observations, masked out, are not counted)."""
     from rlvr.run import train
 
     env_file = tmp_path / "envs" / "count_env.py"
@@ -440,9 +443,13 @@ def test_training_with_an_environment_on_several_turns(model_dir, tmp_path, monk
     monkeypatch.syspath_prepend(str(env_file.parent))
     train(_run_config(model_dir, tmp_path / "run", environment="count_env:CountEnv", reward_funcs=["environment"],
                       max_completion_length=120, max_turns=3, eval_on_end=False,
-                      stop_strings=list("aeiou0123456789 ")))  # short turns from a random model
+                      stop_strings=list("aeiou0123456789 "),  # short turns from a random model
+                      **({"max_staleness": 2, "async_mode": "free", "max_steps": 4} if mode == "free" else {})))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["turns/max"] <= 3 and rows[0]["turns/mean"] > 1
+    if mode == "free":
+        assert [r["step"] for r in rows] == [1, 2, 3, 4]
+        assert all(0 <= r["sampling/staleness_mean"] <= r["sampling/staleness_max"] <= 2 for r in rows)
     sample = json.loads((tmp_path / "run" / "completions.jsonl").read_text().splitlines()[0])
     assert "turns" in sample and sample["turns"][0]["role"] == "assistant"
 

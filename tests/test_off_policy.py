@@ -136,23 +136,27 @@ def alarm_length(completions, **kwargs):
 @pytest.mark.processes
 def test_reward_functions_that_use_signals_score_the_same_sampled_ahead(tiny_model_dir, tmp_path):
     """With max_staleness=1 the next batch is sampled in a thread; its rewards are still computed on
-    the main thread, so signal-based timeouts work as on-policy.  The learning rate is so small that
-    the weights do not move, so both runs sample the same completions and must score them the same."""
+    the main thread, so signal-based timeouts work as on-policy.  With async_mode=free they are scored on
+    a thread of their own, your functions in their worker process (whose main thread has the signals),
+    or with reward_isolation=inline on the main thread again.  The learning rate is so small that
+    the weights do not move, so every run samples the same completions and must score them the same."""
     plugin = tmp_path / "signal_rewards.py"
     plugin.write_text(SIGNAL_REWARDS)
     runs = {}
-    for staleness in (0, 1):
+    modes = {0: {}, 1: {}, "free": {"async_mode": "free"}, "free-inline": {"async_mode": "free", "reward_isolation": "inline"}}
+    for staleness, mode in modes.items():
         out = tmp_path / f"run{staleness}"
         train(build_config({
             "model": str(tiny_model_dir), "task_args": {"num_train": 50, "num_test": 10},
             "reward_funcs": [f"{plugin}:guide_accuracy", f"{plugin}:alarm_length"], "num_generations": 4,
             "per_device_train_batch_size": 8, "max_completion_length": 6, "learning_rate": 1e-20, "max_steps": 4,
             "logging_steps": 1, "save_steps": 1000, "eval_on_start": False, "eval_on_end": False,
-            "max_staleness": staleness, "output_dir": str(out),
+            "max_staleness": staleness if isinstance(staleness, int) else 2, "output_dir": str(out), **mode,
         }))
         runs[staleness] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     for name in ("rewards/guide_accuracy/mean", "rewards/alarm_length/mean"):
-        assert [r[name] for r in runs[0]] == [r[name] for r in runs[1]], name
+        for other in (1, "free", "free-inline"):
+            assert [r[name] for r in runs[0]] == [r[name] for r in runs[other]], (name, other)
     assert all(r["rewards/guide_accuracy/mean"] == 1.0 for r in runs[1])  # never the -1 of a failed signal
     assert all(r["rewards/alarm_length/mean"] > 0 for r in runs[1])
     assert [r["sampling/staleness"] for r in runs[1]] == [0, 1, 1, 1]

@@ -206,9 +206,12 @@ def test_a_free_running_run_learns_and_no_token_is_older_than_max_staleness(tiny
         "model": str(tiny_model_dir), "task_args": {"digits": 2, "num_train": 200, "num_test": 10},
         "reward_funcs": [f"{plugin}:starts_with_seven"], "num_generations": 8, "per_device_train_batch_size": 64,
         "max_completion_length": 4, "learning_rate": 1e-2, "max_steps": 40, "logging_steps": 1, "save_steps": 1000,
-        "eval_on_start": False, "eval_on_end": False, "max_staleness": 2, "async_mode": "free", "output_dir": str(out),
+        "eval_on_start": False, "eval_on_end": False, "eval_strategy": "steps", "eval_steps": 20,
+        "max_staleness": 2, "async_mode": "free", "output_dir": str(out),
     }))
     rows = _rows(out)
+    # held-out evaluation stops the producer and samples with the policy's weights (steps 20 and 40)
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [20, 40]
     rewards = [r["reward"] for r in rows]
     assert sum(rewards[:3]) / 3 < 0.2 and sum(rewards[-3:]) / 3 > 0.8, rewards
     assert all(0 <= r["sampling/staleness_mean"] <= r["sampling/staleness_max"] <= 2 for r in rows)
@@ -220,10 +223,12 @@ def test_a_free_running_run_learns_and_no_token_is_older_than_max_staleness(tiny
 
 
 @pytest.mark.trains
+@pytest.mark.parametrize("resumed_as", ["free", "on-policy"])
 def test_a_stopped_free_running_run_resumes_with_its_queue_and_nothing_lost_or_sampled_twice(tiny_run_config, tmp_path,
-                                                                                               monkeypatch):
+                                                                                               monkeypatch, resumed_as):
     """Stopped in step 4's update: the checkpoint holds step 4's generation and the ones queued (the one being
-    sampled is rewound), so the resumed run trains the same prompts in the same order as an on-policy run."""
+    sampled is rewound), so the resumed run trains the same prompts in the same order as an on-policy run;
+    also when it is resumed on-policy (the queue is trained first)."""
     import zlib
 
     import rlvr.rewards as rewards
@@ -250,7 +255,8 @@ def test_a_stopped_free_running_run_resumes_with_its_queue_and_nothing_lost_or_s
     assert state["pending"].iterations_done == 0 and len(state["queued"]) >= 1
     queued_reward = state["queued"][0].metrics["reward"]
     monkeypatch.setattr(Trainer, "update", original_update)
-    train(tiny_run_config(out, max_staleness=2, async_mode="free", resume=True, **settings))
+    resumed = {"max_staleness": 2, "async_mode": "free"} if resumed_as == "free" else {"resume_override": True}
+    train(tiny_run_config(out, resume=True, **resumed, **settings))
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and rows[4]["reward"] == queued_reward
 
@@ -262,6 +268,16 @@ def test_a_stopped_free_running_run_resumes_with_its_queue_and_nothing_lost_or_s
         return [sorted(set(p)) for _, p in sorted(steps.items())]
 
     assert prompts(out) == prompts(on_policy)
+
+
+@pytest.mark.trains
+def test_without_in_flight_updates_each_generation_comes_from_one_version(tiny_run_config, tmp_path):
+    out = tmp_path / "run"
+    train(tiny_run_config(out, max_staleness=2, async_mode="free", in_flight_weight_updates=False, max_steps=6,
+                          temperature=1.0, max_completion_length=16))
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(r["sampling/staleness_mean"] == r["sampling/staleness_max"] == r["sampling/staleness"] <= 2 for r in rows)
 
 
 def test_settings_it_cannot_run_with_are_refused():
@@ -281,3 +297,28 @@ def test_settings_it_cannot_run_with_are_refused():
     with pytest.raises(ConfigError, match="async_mode=free runs one producer for the run, and this launch has 2 processes"):
         check_runnable(build_config({"max_staleness": 1, "async_mode": "free", "num_generations": 4,
                                      "per_device_train_batch_size": 8}), World(0, 2))
+
+
+def test_the_scoring_thread_runs_calls_off_the_caller_thread_and_raises_their_errors():
+    from rlvr.rollout.home import ScoringThread
+
+    scoring = ScoringThread()
+    assert scoring.call(lambda x: (x, threading.current_thread().name), 3) == (3, "rlvr-scoring")
+
+    def broken():
+        raise ValueError("bad reward")
+
+    with pytest.raises(ValueError, match="bad reward"):
+        scoring.call(broken)
+    assert scoring.call(lambda: 1) == 1  # the thread lives on after a call's error
+    scoring.close()
+    scoring.thread.join(timeout=30)
+    assert not scoring.thread.is_alive()
+
+
+def test_which_reward_sets_must_score_on_the_main_thread():
+    from rlvr.rewards import RewardSet
+
+    assert not RewardSet(["accuracy", "boxed_format"]).needs_main_thread  # graded in worker processes
+    assert RewardSet(["accuracy"], isolation="inline").needs_main_thread  # bounded by the main thread's signals
+    assert RewardSet(["reasoning_gym"]).needs_main_thread  # reasoning-gym's scorers are bounded so too

@@ -37,7 +37,7 @@ from rlvr.reference import KLReference, KLSettings
 from rlvr.rollout import sampling_params
 from rlvr.rollout.engine import make_sampler
 from rlvr.rollout.generation import Generations, GenerationSettings
-from rlvr.rollout.home import HomeThread
+from rlvr.rollout.home import HomeThread, ScoringThread
 from rlvr.rollout.producer import Producer, WeightVersions, token_staleness
 from rlvr.rollout.path import RolloutPath
 from rlvr.rollout.stage import RolloutStage
@@ -418,11 +418,16 @@ class Trainer(RunCore):
         self.pending: Generation | None = None  # the generation being trained on
         self.sync_every = cfg.weight_sync_steps  # the samplers of their own get the weights every this many steps
         self.waited = 0.0  # seconds the last update waited for the generation sampled ahead (or the last take waited)
+        self.queued: list[Generation] = []  # a free-running checkpoint's queue, resumed without a producer
+        self.scoring: ScoringThread | None = None  # async_mode=free: where the producer's reward calls run
         self.producer: Producer | None = None  # async_mode=free: the thread that samples while the trainer trains
         if cfg.max_staleness and cfg.async_mode == "free":
             sampler = self.rollout.sampler  # the in-process engine loads newer weights between decode steps
             self.producer = Producer(self.batches, WeightVersions(self._load_samplers), self._state, cfg.max_staleness, self.home,
-                                     in_flight=sampler if getattr(sampler, "reloads_in_flight", False) else None)
+                                     in_flight=sampler if cfg.in_flight_weight_updates and getattr(sampler, "reloads_in_flight", False)
+                                     else None)
+            if not self.rollout.rewards.needs_main_thread:  # scored off the training loop (rollout/home.py)
+                self.scoring = self.rollout.home = ScoringThread()
 
     def _objective(self):
         """The update's loss when it is not GRPO's own (update.PolicyUpdate.objective): None here."""
@@ -468,6 +473,8 @@ class Trainer(RunCore):
             t0 = time.perf_counter()
             self.pending = self.producer.take(self.step)  # serves its reward calls while it waits
             self.waited = time.perf_counter() - t0
+        if self.pending is None and self.queued:
+            self.pending = self.queued.pop(0)
         if self.pending is None:
             self.pending = self.batches.generate_or_rewind(self._state())
             self.pending.weight_version = self.synced_at  # the step itself where the sampler is the policy (synced every step)
@@ -479,7 +486,7 @@ class Trainer(RunCore):
         if gen.iterations_done == 0 and len(gen.batch):
             self.updater.prepare(gen.batch)  # old and reference log-probs, with the weights it is first trained at
         last_use, last_step = gen.iterations_done + 1 >= self.uses, self.step + 1 >= self.total_steps
-        ahead = self.batches.settings.sample_ahead and self.producer is None and last_use and not last_step
+        ahead = self.batches.settings.sample_ahead and self.producer is None and not self.queued and last_use and not last_step
         if ahead:
             self.batches.start_ahead(self._state())
         following = []  # the next generation, when it was sampled ahead (finished before the optimizer step)
@@ -601,14 +608,16 @@ class Trainer(RunCore):
         pending = self.pending
         if self.world.enabled:
             pending = distributed.gather(self.pending, self.world) if collective else None
-        queued = [copy.copy(g) for g in self.producer.ready] if self.producer is not None else []
+        queued = [copy.copy(g) for g in (self.producer.ready if self.producer is not None else self.queued)]
         for gen in queued:
             gen.audit = None  # a Future, which does not pickle: a queued generation's audit is not resumed
         return {"pending": pending, **({"queued": queued} if queued else {})}
 
     def _load_own(self, state: dict) -> None:
-        if self.producer is not None and state.get("queued"):
-            self.producer.restore(state["queued"])
+        if self.producer is not None:
+            self.producer.restore(state.get("queued") or [])
+        else:  # a free-running run's checkpoint resumed in lockstep: its queue is trained first, not lost
+            self.queued = list(state.get("queued") or [])
         self.pending = state["pending"]
         if self.world.enabled:  # one pending batch per rank, or none (then the generation is sampled again)
             fits = isinstance(self.pending, list) and len(self.pending) == self.world.world_size
@@ -633,6 +642,8 @@ class Trainer(RunCore):
     def close(self) -> None:
         if self.producer is not None:
             self.producer.close()
+        if self.scoring is not None:
+            self.scoring.close()
         self.batches.close()
         if self.audit is not None:
             self.audit.close()

@@ -103,6 +103,7 @@ class WorkerSettings(Section):
     max_staleness: int = 0  # weight versions a sample may lag the policy; >= 1: the next generation is sampled while this step trains
     weight_sync_steps: int = 1  # optimizer steps between weight syncs to a sampler of its own (vLLM, Ray workers, the copy sampling ahead)
     async_mode: str = "lockstep"  # with max_staleness >= 1: lockstep (one generation ahead, reproducible) | free (a producer thread keeps up to max_staleness generations in flight; stale ones dropped)
+    in_flight_weight_updates: bool = True  # async_mode=free, in-process engine: load newer weights between decode steps of a running generation (false: between generations only)
 
     def _rules(self) -> list[str]:
         problems = []

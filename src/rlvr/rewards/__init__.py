@@ -263,6 +263,13 @@ class RewardSet:
         return cls(names, weights, args, timeout=settings.reward_timeout, isolation=settings.reward_isolation,
                    model_device=settings.reward_model_device, model_batch_size=settings.reward_model_batch_size)
 
+    @property
+    def needs_main_thread(self) -> bool:
+        """Whether scoring must run on the main thread, whose signals bound it (deadline.py): your own
+        functions run inline (reward_isolation=inline), and reasoning-gym's scorers.  Otherwise any
+        thread may score (your functions run in a worker process, the built-ins grade in their own)."""
+        return self.isolation == "inline" or any(getattr(fn, "func", fn) is reasoning_gym_score for fn in self.fns)
+
     def close(self) -> None:
         """Stop the worker process of your own reward functions (a later call starts another)."""
         for worker in (self.worker, self.async_worker):

@@ -126,9 +126,10 @@ class Generations:
         ][: s.num_completions_to_print]
         drawn = len(rounds) * s.prompts_per_step / len(self.prompts.examples)
         audit = self.audit.submit(chosen, position) if self.audit is not None else None  # graded while it trains
-        versions = Counter()
+        versions = Counter()  # over the tokens the loss covers (an observation between turns is not one)
         for r in rollouts:
-            versions.update(r.versions if r.versions is not None else {None: len(r.completion_ids)})
+            mask = r.mask if r.mask is not None else [True] * len(r.completion_ids)
+            versions.update([v for v, m in zip(r.versions, mask) if m] if r.versions is not None else {None: sum(mask)})
         return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done, epochs_drawn=drawn, audit=audit,
                           groups=len(chosen), token_versions=dict(versions))
 

@@ -11,6 +11,10 @@ The background thread posts the call and waits for it; the loop runs posted call
 micro-batches of its update (`serve`) and while it waits for the background thread
 (`serve_until`).  When the loop stops with an error, `refuse` fails every posted call, so the
 background thread ends instead of waiting forever.
+
+With async_mode=free a producer samples all the time, and its reward calls run on a scoring thread
+of their own (`ScoringThread`) where no function needs the main thread's signals, so scoring does
+not hold the training loop; with reward_isolation=inline they stay on the loop's thread.
 """
 
 from __future__ import annotations
@@ -104,3 +108,35 @@ class HomeThread:
                 return
             if call is not None:
                 yield call
+
+
+class ScoringThread:
+    """async_mode=free: where the producer's reward calls run when they need no signal of the main
+    thread (reward_isolation=process: your functions run in a worker process; the built-ins grade in
+    worker processes of their own), so that scoring never stops the training loop.  One long-lived
+    thread, not the producer's: the worker processes end with the thread that started them
+    (isolation.py), and the producer's thread ends at every checkpoint."""
+
+    def __init__(self):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="rlvr-scoring", daemon=True)
+        self.thread.start()
+
+    def call(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) on the scoring thread, waited for."""
+        call = _Call(fn, args, kwargs)
+        self._calls.put(call)
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.value
+
+    def _run(self) -> None:
+        while True:
+            call = self._calls.get()
+            if call is None:
+                return
+            call.run()
+
+    def close(self) -> None:
+        self._calls.put(None)

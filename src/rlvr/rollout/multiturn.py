@@ -55,6 +55,7 @@ class _Trajectory:
     ids: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] | None = field(default_factory=list)  # each token's weight version (None: a turn did not say)
     messages: list[dict] = field(default_factory=list)
     text: str = ""
     finish: str = "stop"
@@ -68,7 +69,7 @@ class _Trajectory:
         info = {"turns": self.turns, "env_reward": self.env_reward, "env_error": self.env_error,
                 "tool_calls": getattr(env, "calls", 0), "tool_errors": getattr(env, "errors", 0)}
         return Rollout(self.prompt_ids, self.ids, self.logprobs, self.finish, self.text, mask=self.mask,
-                       messages=self.messages, info=info)
+                       messages=self.messages, info=info, versions=self.versions)
 
 
 class MultiTurn:
@@ -177,7 +178,8 @@ class MultiTurn:
         if len(r.completion_ids) <= room:
             return r
         ids = r.completion_ids[:room]
-        return Rollout(r.prompt_ids, ids, r.logprobs[:room], "length", self.tokenizer.decode(ids, skip_special_tokens=True))
+        return Rollout(r.prompt_ids, ids, r.logprobs[:room], "length", self.tokenizer.decode(ids, skip_special_tokens=True),
+                       versions=r.versions[:room] if r.versions is not None else None)
 
     def _take(self, t: _Trajectory, r: Rollout, eos: set) -> None:
         """Add one model turn to `t` and let its environment answer."""
@@ -185,6 +187,7 @@ class MultiTurn:
         t.ids += r.completion_ids
         t.mask += [True] * n
         t.logprobs += list(r.logprobs[:n]) + [0.0] * (n - len(r.logprobs))
+        t.versions = t.versions + list(r.versions[:n]) if t.versions is not None and r.versions is not None else None
         t.turns += 1
         t.text = r.text
         written = self.tokenizer.decode(r.completion_ids, skip_special_tokens=True)  # with the stop string, if any
@@ -212,6 +215,8 @@ class MultiTurn:
         t.ids += between_ids
         t.mask += [False] * len(between_ids)
         t.logprobs += [0.0] * len(between_ids)
+        if t.versions is not None:  # not sampled (masked out of the loss): the version of the turn before
+            t.versions += (t.versions[-1:] or [0]) * len(between_ids)
         t.messages.append({"role": step.role, "content": str(step.observation or "")})
 
 

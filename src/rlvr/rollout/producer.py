@@ -98,7 +98,6 @@ class Producer:
         # since the last take: the sampler's seconds waiting with a full queue, generations and groups dropped
         self.idle_seconds = 0.0
         self.dropped_generations = self.dropped_groups = 0
-        self.sampling_seconds = 0.0  # the last generation's wall seconds (its rewards included)
 
     # --- the sampling thread -------------------------------------------------------------------
 
@@ -132,7 +131,6 @@ class Producer:
 
     def _generate(self) -> Generation:
         before = self.generations.position()
-        t0 = time.perf_counter()
         if self.in_flight is not None:
             self.in_flight.live = self.versions
         try:
@@ -153,7 +151,6 @@ class Producer:
         if unknown:  # tokens of an engine that does not say: the version the generation started with
             versions[version] += unknown
         gen.token_versions = dict(versions)
-        self.sampling_seconds = time.perf_counter() - t0
         return gen
 
     def _wake(self) -> None:
