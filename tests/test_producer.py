@@ -281,7 +281,7 @@ def test_without_in_flight_updates_each_generation_comes_from_one_version(tiny_r
 
 
 def test_settings_it_cannot_run_with_are_refused():
-    with pytest.raises(ConfigError, match="async_mode must be lockstep or free"):
+    with pytest.raises(ConfigError, match="async_mode must be lockstep, free or auto"):
         build_config({"async_mode": "fast"})
     with pytest.raises(ConfigError, match="async_mode=free keeps up to max_staleness generations in flight: set max_staleness >= 1"):
         build_config({"async_mode": "free"})
@@ -322,3 +322,21 @@ def test_which_reward_sets_must_score_on_the_main_thread():
     assert not RewardSet(["accuracy", "boxed_format"]).needs_main_thread  # graded in worker processes
     assert RewardSet(["accuracy"], isolation="inline").needs_main_thread  # bounded by the main thread's signals
     assert RewardSet(["reasoning_gym"]).needs_main_thread  # reasoning-gym's scorers are bounded so too
+
+
+def test_auto_runs_free_where_free_can_run_and_lockstep_elsewhere():
+    from rlvr.config import free_running
+
+    def section(**kw):
+        return build_config({"max_staleness": 2, "async_mode": "auto", **kw}).rollout_settings
+
+    assert free_running(section(), 1, fsdp=False)
+    assert not free_running(section(), 2, fsdp=False)  # several processes: one generation ahead, in lockstep
+    assert not free_running(section(), 2, fsdp=True)
+    assert not free_running(section(rollout_workers=2), 1, fsdp=False)
+    assert not free_running(section(max_staleness=0), 1, fsdp=False)  # on-policy
+    assert not free_running(section(async_mode="lockstep"), 1, fsdp=False)
+    assert free_running(section(async_mode="free"), 1, fsdp=False)
+    from rlvr import AsyncGRPOConfig
+
+    assert AsyncGRPOConfig(output_dir="x").async_mode == "auto"  # TRL's async trainer is free-running

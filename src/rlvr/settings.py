@@ -119,7 +119,8 @@ def check_runnable(cfg: Config, world: World) -> None:
             )
         if cfg.async_mode == "free":
             raise ConfigError("async_mode=free runs one producer for the run, and this launch has "
-                              f"{world.world_size} processes: train in one process with vLLM servers, or use async_mode=lockstep")
+                              f"{world.world_size} processes: train in one process with vLLM servers, or use async_mode=lockstep "
+                              "(or auto: free in one process, lockstep with several)")
         if cfg.rollout_workers > 0:
             raise ConfigError(
                 "rollout_workers is not supported with several training processes: the Ray workers already sample "

@@ -25,7 +25,7 @@ from rlvr.alerts import AlertMonitor
 from rlvr.audit import reward_audit
 from rlvr.checkpoint import (CheckpointError, DiskFull, GeneratorState, is_sharded, load_checkpoint, load_shards, load_trainer_state, load_weights,
                              restore_trainer_state, save_checkpoint, save_sharded_checkpoint, trainer_state)
-from rlvr.config import Config
+from rlvr.config import Config, free_running
 from rlvr.errors import DatasetError
 from rlvr.llama import on_fast_path
 from rlvr.lora import is_peft
@@ -421,7 +421,7 @@ class Trainer(RunCore):
         self.queued: list[Generation] = []  # a free-running checkpoint's queue, resumed without a producer
         self.scoring: ScoringThread | None = None  # async_mode=free: where the producer's reward calls run
         self.producer: Producer | None = None  # async_mode=free: the thread that samples while the trainer trains
-        if cfg.max_staleness and cfg.async_mode == "free":
+        if free_running(cfg.rollout_settings, world.world_size, cfg.fsdp):
             sampler = self.rollout.sampler  # the in-process engine loads newer weights between decode steps
             self.producer = Producer(self.batches, WeightVersions(self._load_samplers), self._state, cfg.max_staleness, self.home,
                                      in_flight=sampler if cfg.in_flight_weight_updates and getattr(sampler, "reloads_in_flight", False)

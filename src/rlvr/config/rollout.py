@@ -102,7 +102,7 @@ class WorkerSettings(Section):
     ray_address: str | None = None  # an existing Ray cluster ("auto" or host:port); null = start a local one
     max_staleness: int = 0  # weight versions a sample may lag the policy; >= 1: the next generation is sampled while this step trains
     weight_sync_steps: int = 1  # optimizer steps between weight syncs to a sampler of its own (vLLM, Ray workers, the copy sampling ahead)
-    async_mode: str = "lockstep"  # with max_staleness >= 1: lockstep (one generation ahead, reproducible) | free (a producer thread keeps up to max_staleness generations in flight; stale ones dropped)
+    async_mode: str = "lockstep"  # with max_staleness >= 1: lockstep (one generation ahead, reproducible) | free (a producer thread keeps up to max_staleness generations in flight; stale ones dropped) | auto (free in one process, else lockstep)
     in_flight_weight_updates: bool = True  # async_mode=free, in-process engine: load newer weights between decode steps of a running generation (false: between generations only)
 
     def _rules(self) -> list[str]:
@@ -111,8 +111,8 @@ class WorkerSettings(Section):
             problems.append("rollout_workers must be >= 0 (0 = sample in the training process)")
         if self.max_staleness < 0:
             problems.append(f"max_staleness must be >= 0 (0: on-policy), got {self.max_staleness}")
-        if self.async_mode not in ("lockstep", "free"):
-            problems.append(f"async_mode must be lockstep or free, got {self.async_mode!r}")
+        if self.async_mode not in ("lockstep", "free", "auto"):
+            problems.append(f"async_mode must be lockstep, free or auto, got {self.async_mode!r}")
         elif self.async_mode == "free" and self.max_staleness < 1:
             problems.append("async_mode=free keeps up to max_staleness generations in flight: set max_staleness >= 1 "
                             "(0 is on-policy, sampled between the steps)")
@@ -131,7 +131,8 @@ class WorkerSettings(Section):
     def staleness_bound(self) -> int:
         """The most weight versions a sample lags the policy it trains: weight_sync_steps - 1 from the
         sync schedule, one more when it was sampled ahead (max_staleness >= 1).  With async_mode=free the
-        producer may run further ahead; a generation beyond max_staleness is dropped, so the bound is that."""
+        producer may run further ahead; a generation beyond max_staleness is dropped, so the bound is that
+        (auto is held to lockstep's bound, which it may fall back to)."""
         if self.async_mode == "free":
             return max(self.max_staleness, self.weight_sync_steps)
         return self.weight_sync_steps - 1 + (1 if self.max_staleness >= 1 else 0)
@@ -169,3 +170,12 @@ class MultiTurnSettings(Section):
 @dataclass(frozen=True)
 class RolloutSettings(MultiTurnSettings, WorkerSettings, VLLMSettings, SamplingSettings):
     """Stage 1 as a whole: what the samplers, the Ray rollout workers and the multi-turn loop read."""
+
+
+def free_running(section, processes: int, fsdp: bool) -> bool:
+    """Whether a run samples with a free-running producer (rollout/producer.py): async_mode=free, or auto
+    where free can run (one training process, no fsdp, no rollout workers), with max_staleness >= 1."""
+    if not section.max_staleness or section.async_mode == "lockstep":
+        return False
+    return section.async_mode == "free" or (processes == 1 and not fsdp and not section.rollout_workers)
+

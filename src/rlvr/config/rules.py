@@ -171,16 +171,14 @@ def lora_beyond_vllm(cfg) -> str | None:
 
 def free_running_rules(cfg) -> list[tuple[bool, str]]:
     """async_mode=free (rollout/producer.py): a sampling thread that loads the policy's weights itself
-    whenever a newer version is published, which needs the whole weights in this process, and one
-    producer for the run."""
+    whenever a newer version is published, which needs the whole weights in this process (and one
+    producer for the run: several processes are the launch check's, settings.check_runnable).
+    async_mode=auto falls back to lockstep where these rules would refuse free."""
     if cfg.async_mode != "free":
         return []
     return [
         (not cfg.fsdp, "async_mode=free loads the policy's weights into the sampler from its own thread, but fsdp's "
                        "whole weights are gathered by a collective of every process: use async_mode=lockstep with fsdp"),
-        (cfg.processes == 1, "async_mode=free runs one producer for the run; several training processes would each need "
-                             "theirs to agree on which generations are too stale: train in one process with vLLM servers, "
-                             "or use async_mode=lockstep"),
         (not cfg.rollout_workers, "async_mode=free is not supported with rollout_workers yet (the workers sample a whole "
                                   "step at a time): use vLLM servers, or async_mode=lockstep"),
     ]
