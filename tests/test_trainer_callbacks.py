@@ -411,3 +411,22 @@ def test_a_resumed_run_goes_on_with_the_state_its_checkpoint_kept(tiny_model_dir
     seen = Seen()
     make([seen]).train(resume_from_checkpoint=True)
     assert seen.begin == (2, 0.5, 1, str(tmp_path / "run" / "checkpoint-1"), [1, 1, 2, 2], flos)
+
+
+def test_a_run_without_callbacks_keeps_its_state_without_importing_transformers_trainer():
+    """The command line's runs have no callbacks: their state is rlvr's RunState under transformers' names,
+    and transformers.trainer_callback (which imports peft, bitsandbytes and torch's compiler) stays unloaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom rlvr.events import TrainerEvents\nevents = TrainerEvents()\n"
+            "events.begin({'max_steps': 3, 'global_step': 0, 'epoch': 0.0}, 0, 0)\n"
+            "events.step_end(1, 0.5, log=True, evaluate=False, save=True)\n"
+            "events.tell({'loss': 0.5, 'eval/accuracy': 0.25}, {'step': 1, 'loss': 0.5}, True, ('accuracy', True, True))\n"
+            "s = events.state\n"
+            "print(s.global_step, s.epoch, s.best_metric, s.best_global_step, len(s.log_history), events.control.should_save,"
+            " sorted(events.kept()), 'transformers.trainer_callback' in sys.modules, 'peft' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "0.5", "0.25", "1", "2", "True", "['best_global_step',", "'best_metric',", "'log_history',",
+                                  "'num_input_tokens_seen',", "'total_flos']", "False", "False"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["TrainerEvents", "update_best", "best_checkpoint", "metric_key"]
@@ -36,14 +37,59 @@ RESETS = {"on_train_begin": ("should_training_stop",), "on_epoch_begin": ("shoul
 KEPT = ("log_history", "best_metric", "best_global_step", "total_flos", "num_input_tokens_seen")
 
 
+@dataclass
+class RunState:
+    """A run without callbacks (the command line) keeps its state here, under the names of transformers'
+    TrainerState (the fields rlvr fills, and those reward functions read as `trainer_state`): importing
+    transformers.trainer_callback imports peft, bitsandbytes and torch's compiler with it, about 4 s of
+    every process's start on the CI machine (2026-12-07), which such a run never uses."""
+
+    epoch: float | None = None
+    global_step: int = 0
+    max_steps: int = 0
+    logging_steps: float = 500
+    eval_steps: float = 500
+    save_steps: float = 500
+    train_batch_size: int | None = None
+    num_train_epochs: int = 0
+    num_input_tokens_seen: int = 0
+    total_flos: float = 0
+    log_history: list = field(default_factory=list)
+    best_metric: float | None = None
+    best_global_step: int | None = None
+    best_model_checkpoint: str | None = None
+    is_local_process_zero: bool = True
+    is_world_process_zero: bool = True
+    is_hyper_param_search: bool = False
+    trial_name: str | None = None
+    trial_params: dict | None = None
+    stateful_callbacks: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunControl:
+    """TrainerControl's flags, for a run without callbacks (see RunState)."""
+
+    should_training_stop: bool = False
+    should_epoch_stop: bool = False
+    should_save: bool = False
+    should_evaluate: bool = False
+    should_log: bool = False
+
+
 class TrainerEvents:
     """The callbacks of a run with transformers' TrainerState and TrainerControl: `fire(event)`
     calls each callback's method of that name as transformers' CallbackHandler does; `log` and
     `evaluated` are transformers' Trainer.log and the end of Trainer.evaluate.  A run without
-    callbacks (the command line) keeps its state all the same: the best checkpoint is tracked there."""
+    callbacks (the command line) keeps its state all the same, in rlvr's RunState and RunControl
+    (transformers' names, without their imports): the best checkpoint is tracked there."""
 
     def __init__(self, callbacks=(), args=None):
-        from transformers.trainer_callback import TrainerControl, TrainerState
+        self.plain = not callbacks and args is None  # the command line's: RunState, RunControl
+        if self.plain:
+            TrainerControl, TrainerState = RunControl, RunState
+        else:
+            from transformers.trainer_callback import TrainerControl, TrainerState
 
         self.callbacks: list = []
         for callback in callbacks:
@@ -126,11 +172,14 @@ class TrainerEvents:
         """A new TrainerState for this train() call, as transformers makes one: `schedule` (max_steps,
         num_train_epochs, logging_steps, eval_steps, save_steps, train_batch_size, global_step,
         epoch), this process's place, and what a resumed run's checkpoint kept (`kept`, see KEPT)."""
-        from transformers.trainer_callback import ExportableState, TrainerState
+        if self.plain:
+            state = RunState(is_world_process_zero=rank == 0, is_local_process_zero=local_rank == 0)
+        else:
+            from transformers.trainer_callback import ExportableState, TrainerState
 
-        stateful = [c for c in [*self.callbacks, self.control] if isinstance(c, ExportableState)]
-        state = TrainerState(stateful_callbacks=stateful, is_world_process_zero=rank == 0,
-                             is_local_process_zero=local_rank == 0, is_hyper_param_search=False)
+            stateful = [c for c in [*self.callbacks, self.control] if isinstance(c, ExportableState)]
+            state = TrainerState(stateful_callbacks=stateful, is_world_process_zero=rank == 0,
+                                 is_local_process_zero=local_rank == 0, is_hyper_param_search=False)
         for name, value in {**schedule, **(kept or {})}.items():
             setattr(state, name, value)
         state.log_history = list(state.log_history)
@@ -140,6 +189,8 @@ class TrainerEvents:
     def kept(self) -> dict:
         """The TrainerState fields a checkpoint keeps (KEPT); state.stateful_callbacks brought up to
         date, as transformers does when it saves (restoring them is off there by default, and here)."""
+        if self.plain:
+            return {name: getattr(self.state, name) for name in KEPT}
         from transformers.trainer_callback import ExportableState
 
         states: dict[str, list] = {}
