@@ -156,19 +156,18 @@ def test_a_disk_that_fills(trial, tiny_model_dir, reward_file, straight, tmp_pat
 
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_a_free_running_run_killed_at_random_moments(trial, tiny_model_dir, reward_file, straight, tmp_path):
-    """async_mode=free (a producer thread keeping two generations in flight): kill -9 twice, then resume
-    until done.  Which weights sample which tokens depends on timing, so the weights are not compared; what
+    """async_mode=free (a producer thread keeping two generations in flight): kill -9 at a random moment,
+    then resume until done.  Which weights sample which tokens depends on timing, so the weights are not compared; what
     must hold is that each step is logged once and trained the prompts the on-policy run trained at that
     step: nothing lost or sampled twice, however the producer and the checkpoints were cut."""
     rng = random.Random(f"free-{trial}")
     out = tmp_path / "run"
     args = _settings(tiny_model_dir, reward_file, out) + ["max_staleness=2", "async_mode=free"]
-    for _ in range(2):
-        proc = _start(args + (["resume=true"] if out.exists() else []))
-        time.sleep(rng.uniform(3.0, 7.0))
-        proc.send_signal(signal.SIGKILL)
-        code = proc.wait(timeout=120)
-        assert code in (0, -signal.SIGKILL, 2), proc.stderr.read()
+    proc = _start(args)
+    time.sleep(rng.uniform(3.0, 7.0))  # imports take ~3-4 s, the 8 steps ~1-2 s
+    proc.send_signal(signal.SIGKILL)
+    code = proc.wait(timeout=120)
+    assert code in (0, -signal.SIGKILL), proc.stderr.read()
     _until_done(args, out)
     assert [r["step"] for r in _rows(out, "metrics.jsonl")] == list(range(1, 9))
 
