@@ -58,24 +58,6 @@ def test_the_next_batch_comes_from_the_weights_before_the_update(tiny, tmp_path,
     trainer.close()
 
 
-@pytest.mark.trains
-@pytest.mark.processes
-def test_an_off_policy_run_learns(tiny_model_dir, tmp_path):
-    plugin = tmp_path / "seven.py"
-    plugin.write_text("def starts_with_seven(completions, **kw):\n    return [float(c.startswith('7')) for c in completions]\n")
-    out = tmp_path / "run"
-    train(build_config({
-        "model": str(tiny_model_dir), "task_args": {"digits": 2, "num_train": 200, "num_test": 10},
-        "reward_funcs": [f"{plugin}:starts_with_seven"], "num_generations": 8, "per_device_train_batch_size": 64,
-        "max_completion_length": 4, "learning_rate": 1e-2, "max_steps": 40, "logging_steps": 1, "save_steps": 1000,
-        "eval_on_start": False, "eval_on_end": False, "max_staleness": 1, "output_dir": str(out),
-    }))
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["reward"] for r in rows]
-    assert sum(rewards[:3]) / 3 < 0.2 and sum(rewards[-3:]) / 3 > 0.8, rewards
-    assert all(r["sampling/staleness"] == 1 for r in rows[1:])
-
-
 def test_settings_it_cannot_run_with_are_refused():
     with pytest.raises(ConfigError, match="max_staleness must be >= 0"):
         build_config({"max_staleness": -1})

@@ -199,6 +199,8 @@ def _rows(out):
 
 @pytest.mark.trains
 def test_a_free_running_run_learns_and_no_token_is_older_than_max_staleness(tiny_model_dir, tmp_path):
+    """The tiny model learns a reward from samples up to two versions old (it was the lockstep test's
+    run, max_staleness=1, before the free-running producer; lockstep's lag is tests/test_off_policy.py's)."""
     plugin = tmp_path / "seven.py"
     plugin.write_text("def starts_with_seven(completions, **kw):\n    return [float(c.startswith('7')) for c in completions]\n")
     out = tmp_path / "run"
