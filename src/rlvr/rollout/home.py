@@ -49,6 +49,13 @@ class _Call:
         self.error = error
         self.done.set()
 
+    def result(self):
+        """Wait for the call to run; its value, or its error raised here."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
 
 class HomeThread:
     def __init__(self):
@@ -70,10 +77,7 @@ class HomeThread:
             if self._refusing:
                 raise CallRefused("the training loop stopped")
             self._calls.put(call)
-        call.done.wait()
-        if call.error is not None:
-            raise call.error
-        return call.value
+        return call.result()
 
     def serve(self) -> None:
         """Run the calls posted so far (on the home thread)."""
@@ -126,10 +130,7 @@ class ScoringThread:
         """fn(*args, **kwargs) on the scoring thread, waited for."""
         call = _Call(fn, args, kwargs)
         self._calls.put(call)
-        call.done.wait()
-        if call.error is not None:
-            raise call.error
-        return call.value
+        return call.result()
 
     def _run(self) -> None:
         while True:
