@@ -9,6 +9,9 @@
 #   sleep_mode        the same with vllm_enable_sleep_mode=true: vLLM's "Sleep mode freed ... GiB" line each step
 #   qlora             load_in_4bit=true use_peft=true, 3 steps with beta > 0: the adapter moves from its start
 #   qlora_vllm        the same, sampled by vLLM colocated (the full-precision base model plus the adapter)
+#   free              async_mode=free max_staleness=2 with the in-process sampler on its own CUDA stream, weights
+#                     loaded between decode steps (cuda_graphs=false) and between generations (CUDA graphs), 6 steps
+#                     each: no token over 2 versions old, the sampler's log-probs close to the trainer's
 # On two GPUs besides:
 #   nccl_one          one training process on GPU 0, vllm_weight_transfer=collective to the server on GPU 1
 #   nccl_two          two training processes (torchrun) and the same server; only rank 0 joins its group
@@ -103,6 +106,18 @@ PY
 
 # --- one GPU ---------------------------------------------------------------------------------
 
+free_sane() {  # $1: a free-running run's output_dir: staleness within 2, sampled log-probs close to the trainer's
+    python - "$1/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert [r["step"] for r in rows] == list(range(1, 7)), [r["step"] for r in rows]
+assert all(0 <= r["sampling/staleness_mean"] <= r["sampling/staleness_max"] <= 2 for r in rows)
+gaps = [r["sampling/sampling_logp_difference/mean"] for r in rows if "sampling/sampling_logp_difference/mean" in r]
+print("staleness per token:", [round(r["sampling/staleness_mean"], 2) for r in rows], "log-prob gaps:", gaps)
+assert gaps and max(gaps) < 0.5, "the sampler's log-probs are far from the trainer's: torn weights?"
+PY
+}
+
 check_http() {
     start_server 0 0.3
     CUDA_VISIBLE_DEVICES=0 rlvr train demo max_steps=3 save_strategy=no $STEPS output_dir="$WORK/http" use_vllm=true \
@@ -125,6 +140,15 @@ check_sleep_mode() {
     freed=$(grep -c "Sleep mode freed" "$WORK/sleep.log" || true)
     grep "Sleep mode freed" "$WORK/sleep.log" || true
     if [ "$freed" -lt 3 ]; then echo "gpu_checks: vLLM slept $freed times in 3 steps, expected 3" >&2; return 1; fi
+}
+
+check_free() {
+    CUDA_VISIBLE_DEVICES=0 rlvr train demo max_steps=6 save_strategy=no $STEPS output_dir="$WORK/free" bf16=true \
+        max_staleness=2 async_mode=free cuda_graphs=false 2>&1 | tee "$WORK/free.log"
+    free_sane "$WORK/free"
+    CUDA_VISIBLE_DEVICES=0 rlvr train demo max_steps=6 save_strategy=no $STEPS output_dir="$WORK/free_graphs" bf16=true \
+        max_staleness=2 async_mode=free 2>&1 | tee "$WORK/free_graphs.log"
+    free_sane "$WORK/free_graphs"
 }
 
 adapter_moved() {  # $1: a LoRA run's output_dir: its final adapter's B matrices are no longer peft's zeros
@@ -226,6 +250,7 @@ run_check colocate 1 check_colocate
 run_check sleep_mode 1 check_sleep_mode
 run_check qlora 1 check_qlora
 run_check qlora_vllm 1 check_qlora_vllm
+run_check free 1 check_free
 run_check nccl_one 2 check_nccl_one
 run_check nccl_two 2 check_nccl_two
 run_check fsdp 2 check_fsdp

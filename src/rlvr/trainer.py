@@ -423,11 +423,17 @@ class Trainer(RunCore):
         self.producer: Producer | None = None  # async_mode=free: the thread that samples while the trainer trains
         if free_running(cfg.rollout_settings, world.world_size, cfg.fsdp):
             sampler = self.rollout.sampler  # the in-process engine loads newer weights between decode steps
-            self.producer = Producer(self.batches, WeightVersions(self._load_samplers), self._state, cfg.max_staleness, self.home,
+            self.producer = Producer(self.batches, WeightVersions(self._load_from_producer), self._state, cfg.max_staleness,
+                                     self.home, stream=self.rollout.side_stream,
                                      in_flight=sampler if cfg.in_flight_weight_updates and getattr(sampler, "reloads_in_flight", False)
                                      else None)
             if not self.rollout.rewards.needs_main_thread:  # scored off the training loop (rollout/home.py)
                 self.scoring = self.rollout.home = ScoringThread()
+
+    def _load_from_producer(self) -> None:
+        """The producer's weight load (rollout/producer.py), ordered on a GPU with the training stream."""
+        with self.rollout.after_training():
+            self._load_samplers()
 
     def _objective(self):
         """The update's loss when it is not GRPO's own (update.PolicyUpdate.objective): None here."""

@@ -29,6 +29,7 @@ reward calls (rollout/home.py) whenever it waits here.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter, deque
@@ -81,13 +82,15 @@ class WeightVersions:
 
 
 class Producer:
-    def __init__(self, generations, versions: WeightVersions, state, max_staleness: int, home, in_flight=None):
+    def __init__(self, generations, versions: WeightVersions, state, max_staleness: int, home, in_flight=None,
+                 stream=contextlib.nullcontext):
         """generations: rollout.generation.Generations (what one generation is); state(): the
         TrainerState reward functions get; home: the rollout.home.HomeThread of the training loop;
         in_flight: the in-process sampler (rollout/engine.py), which loads newer weights between decode
-        steps while this thread samples with it (not while evaluation does), or None."""
+        steps while this thread samples with it (not while evaluation does), or None; stream(): the
+        context this thread samples in (on a GPU a CUDA stream of its own: RolloutStage.side_stream)."""
         self.generations, self.versions, self.state, self.home = generations, versions, state, home
-        self.in_flight = in_flight
+        self.in_flight, self.stream = in_flight, stream
         self.max_staleness = max_staleness
         self.ready: deque[Generation] = deque()
         self.cond = threading.Condition()
@@ -134,11 +137,12 @@ class Producer:
         if self.in_flight is not None:
             self.in_flight.live = self.versions
         try:
-            self.versions.refresh()
-            version = self.versions.held
-            if self.versions.cancelled:  # told to stop during the load
-                raise Cancelled()
-            gen = self.generations.generate_or_rewind(self.state())  # a Cancelled from the engine rewinds too
+            with self.stream():
+                self.versions.refresh()
+                version = self.versions.held
+                if self.versions.cancelled:  # told to stop during the load
+                    raise Cancelled()
+                gen = self.generations.generate_or_rewind(self.state())  # a Cancelled from the engine rewinds too
         finally:
             if self.in_flight is not None:
                 self.in_flight.live = None

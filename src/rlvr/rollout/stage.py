@@ -122,16 +122,35 @@ class RolloutStage:
                 out.update(part.metrics())
         return out
 
+    def _cuda_device(self):
+        """The in-process sampler's CUDA device, or None (the CPU, or a sampler elsewhere)."""
+        device = next(self.sampler.model.parameters()).device if hasattr(self.sampler, "model") else None
+        return device if device is not None and device.type == "cuda" else None
+
     def side_stream(self):
         """Where sampling ahead runs on a GPU: a CUDA stream of its own, so its kernels can overlap
         the update's; a no-op context on the CPU."""
-        device = next(self.sampler.model.parameters()).device if hasattr(self.sampler, "model") else None
-        if device is None or device.type != "cuda":
+        device = self._cuda_device()
+        if device is None:
             return contextlib.nullcontext()
         if self._stream is None:
             self._stream = torch.cuda.Stream(device)
         self._stream.wait_stream(torch.cuda.current_stream(device))  # the weights copied in by the last update
         return torch.cuda.stream(self._stream)
+
+    @contextlib.contextmanager
+    def after_training(self):
+        """A weight load on the sampling thread's stream (a GPU; nothing on the CPU): after the training
+        stream's work queued so far (the optimizer step that made these weights), and before anything it
+        queues next (a step that will change them)."""
+        device = self._cuda_device()
+        if device is None:
+            yield
+            return
+        training, mine = torch.cuda.default_stream(device), torch.cuda.current_stream(device)
+        mine.wait_stream(training)
+        yield
+        training.wait_stream(mine)
 
     def close(self) -> None:
         """Stop the rollout workers, if any, and what the sampler holds outside Python's reach."""
