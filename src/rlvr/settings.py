@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlvr import methods
-from rlvr.config import Config, build_config, load_yaml, parse_overrides, sampling_problems, validate
+from rlvr.config import Config, build_config, free_running_obstacles, load_yaml, parse_overrides, sampling_problems, validate
 from rlvr.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -118,9 +118,7 @@ def check_runnable(cfg: Config, world: World) -> None:
                 f"{cfg.num_generations}"
             )
         if cfg.async_mode == "free":
-            raise ConfigError("async_mode=free runs one producer for the run, and this launch has "
-                              f"{world.world_size} processes: train in one process with vLLM servers, or use async_mode=lockstep "
-                              "(or auto: free in one process, lockstep with several)")
+            raise ConfigError("; ".join(free_running_obstacles(cfg.rollout_settings, world.world_size, cfg.fsdp)))
         if cfg.rollout_workers > 0:
             raise ConfigError(
                 "rollout_workers is not supported with several training processes: the Ray workers already sample "

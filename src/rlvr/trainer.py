@@ -239,13 +239,8 @@ class RunCore(StepRecord):
             self.gathered.hold()
 
     def publish_weights(self) -> None:
-        """Hand the updated weights to every sampler outside this model (vLLM, rollout workers);
-        with a free-running producer (async_mode=free), tell it to load them when it can."""
-        producer = getattr(self, "producer", None)
-        if producer is not None:
-            producer.versions.publish()
-        else:
-            self._load_samplers()
+        """Hand the updated weights to every sampler outside this model (vLLM, rollout workers)."""
+        self._load_samplers()
         self.synced_at = self.step
 
     def _load_samplers(self) -> None:
@@ -429,6 +424,13 @@ class Trainer(RunCore):
                                      else None)
             if not self.rollout.rewards.needs_main_thread:  # scored off the training loop (rollout/home.py)
                 self.scoring = self.rollout.home = ScoringThread()
+
+    def publish_weights(self) -> None:
+        """With a free-running producer, tell it the new weights; it loads them itself when it can."""
+        if self.producer is None:
+            return super().publish_weights()
+        self.producer.versions.publish()
+        self.synced_at = self.step
 
     def _load_from_producer(self) -> None:
         """The producer's weight load (rollout/producer.py), ordered on a GPU with the training stream."""
@@ -642,7 +644,7 @@ class Trainer(RunCore):
         if self.producer is None:
             return super().whole_weights()
         self.producer.drain()
-        self.producer.versions.load_now()
+        self.producer.versions.catch_up()
         return contextlib.nullcontext()
 
     def close(self) -> None:

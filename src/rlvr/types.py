@@ -273,8 +273,8 @@ class Generation:
     epochs_drawn: float = 0.0  # the share of a pass its prompts are
     audit: object = None  # the reward audit of its completions under way (audit.py), a Future
     groups: int = 0  # the groups it holds (trained or left out for equal rewards)
-    # {weight version: completion tokens it sampled} over the groups it holds; None keys: tokens whose
-    # engine did not record it (rollout/producer.py counts them at the generation's first version)
+    # {weight version: completion tokens it sampled} over the groups it holds; None (or None keys): tokens
+    # whose engine did not record it (rollout/producer.py counts them at the generation's first version)
     token_versions: dict | None = None
 
 

@@ -19,7 +19,7 @@ from rlvr.config.model import DataSettings, ModelSettings
 from rlvr.config.parse import ALIASES, build_config, load_yaml, parse_overrides, save_config
 from rlvr.config.reference import defaults_markdown, describe_settings, settings_markdown
 from rlvr.config.rollout import (MultiTurnSettings, RolloutSettings, SamplingSettings, VLLMSettings, WorkerSettings,
-                                 free_running, sampling_problems)
+                                 free_running, free_running_obstacles, sampling_problems)
 from rlvr.config.rules import validate
 from rlvr.config.run import REPORT_TO, AlertSettings, EvalSettings, OutputSettings, RunSettings
 from rlvr.config.schema import FIELDS, Config, hide_secret, is_secret
@@ -31,5 +31,5 @@ __all__ = ["ALIASES", "FIELDS", "REPORT_TO", "AdvantageSettings", "AlertSettings
            "EvalSettings", "FinetuneSettings", "KLSettings", "LossSettings", "ModelSettings", "MultiTurnSettings",
            "OptimizerSettings", "OutputSettings", "RewardSettings", "RolloutSettings", "RunSettings", "SamplingSettings",
            "UpdateSettings", "VLLMSettings", "WorkerSettings", "build_config", "defaults_markdown", "describe_settings",
-           "free_running", "hide_secret", "is_secret", "load_yaml", "parse_overrides", "sampling_problems", "save_config",
+           "free_running", "free_running_obstacles", "hide_secret", "is_secret", "load_yaml", "parse_overrides", "sampling_problems", "save_config",
            "settings_markdown", "validate"]

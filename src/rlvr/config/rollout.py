@@ -172,10 +172,27 @@ class RolloutSettings(MultiTurnSettings, WorkerSettings, VLLMSettings, SamplingS
     """Stage 1 as a whole: what the samplers, the Ray rollout workers and the multi-turn loop read."""
 
 
+def free_running_obstacles(section, processes: int, fsdp: bool) -> list[str]:
+    """What keeps a free-running producer (rollout/producer.py) from running in this layout, a line each
+    (none: it can run): async_mode=free is refused with them (config/rules.py; settings.check_runnable for
+    the processes a launch has), async_mode=auto falls back to lockstep.  The producer loads the policy's
+    whole weights from its own thread, and it is the one producer of the run."""
+    found = []
+    if fsdp:
+        found.append("async_mode=free loads the policy's weights into the sampler from its own thread, but fsdp's "
+                     "whole weights are gathered by a collective of every process: use async_mode=lockstep with fsdp")
+    if section.rollout_workers:
+        found.append("async_mode=free is not supported with rollout_workers yet (the workers sample a whole "
+                     "step at a time): use vLLM servers, or async_mode=lockstep")
+    if processes > 1:
+        found.append(f"async_mode=free runs one producer for the run, and this launch has {processes} processes: train in "
+                     "one process with vLLM servers, or use async_mode=lockstep (or auto: free in one process, lockstep with several)")
+    return found
+
+
 def free_running(section, processes: int, fsdp: bool) -> bool:
     """Whether a run samples with a free-running producer (rollout/producer.py): async_mode=free, or auto
-    where free can run (one training process, no fsdp, no rollout workers), with max_staleness >= 1."""
+    where nothing keeps it from running (free_running_obstacles), with max_staleness >= 1."""
     if not section.max_staleness or section.async_mode == "lockstep":
         return False
-    return section.async_mode == "free" or (processes == 1 and not fsdp and not section.rollout_workers)
-
+    return section.async_mode == "free" or not free_running_obstacles(section, processes, fsdp)

@@ -5,6 +5,7 @@ rollout_func, loss types, alert rules, paths) are the launch check's (settings.c
 from __future__ import annotations
 
 from rlvr import methods
+from rlvr.config.rollout import free_running_obstacles
 from rlvr.errors import ConfigError
 
 
@@ -38,8 +39,10 @@ def cross_section_problems(cfg) -> list[str]:
          f"sync_ref_model (TR-DPO) is not supported for rlvr {cfg.method} yet: its reference stays the starting model"),
         (not (not online and (cfg.fsdp or cfg.rollout_workers or cfg.max_staleness)),
          f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train"),
-    ] + qlora_rules(cfg) + sleep_mode_rules(cfg) + free_running_rules(cfg)
+    ] + qlora_rules(cfg) + sleep_mode_rules(cfg)
     problems = [message for ok, message in rules if not ok] + best_model_problems(cfg)
+    if cfg.async_mode == "free":
+        problems += free_running_obstacles(cfg.rollout_settings, cfg.processes, cfg.fsdp)
     if cfg.num_generations < (method.min_generations if method is not None else 2):
         problems.append(f"num_generations must be at least 2 (a group of one has no relative advantage); got {cfg.num_generations}")
     if cfg.distill_reward_weight > 0 and cfg.num_generations < 2:
@@ -167,19 +170,3 @@ def lora_beyond_vllm(cfg) -> str | None:
                (given.get("bias", "none") != "none" or given.get("lora_bias"), "a trained bias"),
                (given.get("target_parameters", cfg.lora_target_parameters), "target_parameters")]
     return next((name for value, name in options if value), None)
-
-
-def free_running_rules(cfg) -> list[tuple[bool, str]]:
-    """async_mode=free (rollout/producer.py): a sampling thread that loads the policy's weights itself
-    whenever a newer version is published, which needs the whole weights in this process (and one
-    producer for the run: several processes are the launch check's, settings.check_runnable).
-    async_mode=auto falls back to lockstep where these rules would refuse free."""
-    if cfg.async_mode != "free":
-        return []
-    return [
-        (not cfg.fsdp, "async_mode=free loads the policy's weights into the sampler from its own thread, but fsdp's "
-                       "whole weights are gathered by a collective of every process: use async_mode=lockstep with fsdp"),
-        (not cfg.rollout_workers, "async_mode=free is not supported with rollout_workers yet (the workers sample a whole "
-                                  "step at a time): use vLLM servers, or async_mode=lockstep"),
-    ]
-

@@ -126,12 +126,8 @@ class Generations:
         ][: s.num_completions_to_print]
         drawn = len(rounds) * s.prompts_per_step / len(self.prompts.examples)
         audit = self.audit.submit(chosen, position) if self.audit is not None else None  # graded while it trains
-        versions = Counter()  # over the tokens the loss covers (an observation between turns is not one)
-        for r in rollouts:
-            mask = r.mask if r.mask is not None else [True] * len(r.completion_ids)
-            versions.update([v for v, m in zip(r.versions, mask) if m] if r.versions is not None else {None: sum(mask)})
         return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done, epochs_drawn=drawn, audit=audit,
-                          groups=len(chosen), token_versions=dict(versions))
+                          groups=len(chosen), token_versions=_token_versions(rollouts))
 
     def advantages(self, groups: list[SampledGroup], rollouts: list) -> tuple[torch.Tensor, torch.Tensor]:
         """Stage 3: (advantages [N] or, with process rewards, [N, T]; zero_std per group), by the settings'
@@ -258,6 +254,19 @@ class Generations:
     def close(self) -> None:
         if self.ahead is not None:  # stopped while a generation was sampled ahead
             self.cancel_ahead()
+
+
+def _token_versions(rollouts: list) -> dict | None:
+    """{weight version: tokens} over the tokens the loss covers (an observation between turns is not
+    one), None where no engine recorded versions (every run but a free-running producer's in-flight loads);
+    a rollout without them counts under None."""
+    if all(r.versions is None for r in rollouts):
+        return None
+    versions = Counter()
+    for r in rollouts:
+        mask = r.mask if r.mask is not None else [True] * len(r.completion_ids)
+        versions.update([v for v, m in zip(r.versions, mask) if m] if r.versions is not None else {None: sum(mask)})
+    return dict(versions)
 
 
 def _informative(rounds: list[Round]) -> int:

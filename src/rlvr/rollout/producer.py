@@ -80,6 +80,11 @@ class WeightVersions:
             self._load()
             self.held = self.current
 
+    def catch_up(self) -> None:
+        """Load the current weights unless the samplers hold them already (evaluation, after a drain)."""
+        if self.held < self.current:
+            self.load_now()
+
 
 class Producer:
     def __init__(self, generations, versions: WeightVersions, state, max_staleness: int, home, in_flight=None,
@@ -150,7 +155,7 @@ class Producer:
             self.generations.rewind(before)
             raise Cancelled()
         gen.weight_version = version
-        versions = Counter(gen.token_versions or {})
+        versions = Counter(gen.token_versions or {None: 1})  # None: no engine recorded a token's version
         unknown = versions.pop(None, 0)
         if unknown:  # tokens of an engine that does not say: the version the generation started with
             versions[version] += unknown
