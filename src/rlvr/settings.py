@@ -117,7 +117,7 @@ def check_runnable(cfg: Config, world: World) -> None:
                 "samples and trains on whole groups; make per_device_train_batch_size x steps_per_generation a multiple of "
                 f"{cfg.num_generations}"
             )
-        if cfg.async_mode == "free":
+        if cfg.async_mode == "free" or cfg.partial_rollout_tokens:
             raise ConfigError("; ".join(free_running_obstacles(cfg.rollout_settings, world.world_size, cfg.fsdp)))
         if cfg.rollout_workers > 0:
             raise ConfigError(

@@ -422,6 +422,8 @@ class Trainer(RunCore):
                                      self.home, stream=self.rollout.side_stream,
                                      in_flight=sampler if cfg.in_flight_weight_updates and getattr(sampler, "reloads_in_flight", False)
                                      else None)
+            if cfg.partial_rollout_tokens:  # a completion not done within them is carried on (rollout/generation.py)
+                self.batches.carry_partials(cfg.partial_rollout_tokens, self.producer.versions, cfg.max_staleness)
             if not self.rollout.rewards.needs_main_thread:  # scored off the training loop (rollout/home.py)
                 self.scoring = self.rollout.home = ScoringThread()
 
@@ -619,13 +621,16 @@ class Trainer(RunCore):
         queued = [copy.copy(g) for g in (self.producer.ready if self.producer is not None else self.queued)]
         for gen in queued:
             gen.audit = None  # a Future, which does not pickle: a queued generation's audit is not resumed
-        return {"pending": pending, **({"queued": queued} if queued else {})}
+        carry = self.batches.carry  # partial rollouts: the groups carried on to the next generation
+        return {"pending": pending, **({"queued": queued} if queued else {}), **({"carry": carry} if any(carry) else {})}
 
     def _load_own(self, state: dict) -> None:
         if self.producer is not None:
             self.producer.restore(state.get("queued") or [])
         else:  # a free-running run's checkpoint resumed in lockstep: its queue is trained first, not lost
             self.queued = list(state.get("queued") or [])
+        # partial rollouts: the groups carried on (a run resumed without partial_rollout_tokens does not use them)
+        self.batches.carry = state.get("carry") or ((), ())
         self.pending = state["pending"]
         if self.world.enabled:  # one pending batch per rank, or none (then the generation is sampled again)
             fits = isinstance(self.pending, list) and len(self.pending) == self.world.world_size

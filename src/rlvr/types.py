@@ -47,8 +47,9 @@ class Rollout:
     `logprobs[t]` is the log-probability of `completion_ids[t]` under the
     sampling distribution softmax(logits / temperature), before top-k / top-p
     truncation (the same quantity the update computes, so the two can be
-    compared).  `finish_reason` is "stop" (EOS or a stop string) or "length"
-    (hit max_completion_length).  `text` is the decoded completion without the
+    compared).  `finish_reason` is "stop" (EOS or a stop string), "length"
+    (hit max_completion_length) or, for a completion a partial rollout carries on to a later
+    round, "partial".  `text` is the decoded completion without the
     EOS token and cut before a matched stop string.
     """
 
@@ -248,6 +249,26 @@ class SampledGroup:
         return [{max(len(r.completion_ids) - 1, 0): reward} for r, reward in zip(self.rollouts, self.rewards)]
 
 
+@dataclass(frozen=True)
+class PartialGroup:
+    """Partial rollouts: a prompt's G completions while some of them is not done (finish_reason "partial"),
+    carried from one sampling round to the next (rollout/generation.py)."""
+
+    example: Example
+    text: str  # the rendered prompt, as the reward functions are given it
+    rollouts: tuple[Rollout, ...]
+
+    @property
+    def done(self) -> bool:
+        return all(r.finish_reason != "partial" for r in self.rollouts)
+
+
+def oldest_token_version(rollouts) -> int | None:
+    """The oldest weight version among the rollouts' recorded token versions (None: none recorded)."""
+    seen = [min(r.versions) for r in rollouts if r.versions]
+    return min(seen) if seen else None
+
+
 @dataclass
 class Round:
     """One round of sampling: prompts_per_step groups (several rounds with dynamic_sampling)."""
@@ -276,6 +297,11 @@ class Generation:
     # {weight version: completion tokens it sampled} over the groups it holds; None (or None keys): tokens
     # whose engine did not record it (rollout/producer.py counts them at the generation's first version)
     token_versions: dict | None = None
+    # Partial rollouts: the groups it was assembled from and its sampling rounds, so that the groups a
+    # trainer may no longer train on (too many versions old) can be left out when it is taken
+    # (Generations.regroup); the groups dropped as too old while it was sampled.  None / 0 otherwise.
+    parts: tuple | None = None
+    stale_groups: int = 0
 
 
 class ScoreList(list):

@@ -104,6 +104,7 @@ class WorkerSettings(Section):
     weight_sync_steps: int = 1  # optimizer steps between weight syncs to a sampler of its own (vLLM, Ray workers, the copy sampling ahead)
     async_mode: str = "lockstep"  # with max_staleness >= 1: lockstep (one generation ahead, reproducible) | free (a producer thread keeps up to max_staleness generations in flight; stale ones dropped) | auto (free in one process, else lockstep)
     in_flight_weight_updates: bool = True  # async_mode=free, in-process engine: load newer weights between decode steps of a running generation (false: between generations only)
+    partial_rollout_tokens: int = 0  # async_mode=free, in-process engine: the most tokens a completion is given per sampling round; one not done is carried to the next round instead of holding the step (partial rollouts); 0 = off
 
     def _rules(self) -> list[str]:
         problems = []
@@ -116,6 +117,12 @@ class WorkerSettings(Section):
         elif self.async_mode == "free" and self.max_staleness < 1:
             problems.append("async_mode=free keeps up to max_staleness generations in flight: set max_staleness >= 1 "
                             "(0 is on-policy, sampled between the steps)")
+        if self.partial_rollout_tokens < 0:
+            problems.append(f"partial_rollout_tokens must be >= 0 (0: off), got {self.partial_rollout_tokens}")
+        elif self.partial_rollout_tokens and (self.async_mode == "lockstep" or self.max_staleness < 1):
+            problems.append("partial_rollout_tokens carries unfinished completions from one generation to the next, which "
+                            "the free-running producer does: set async_mode=free (or auto) and max_staleness >= 2 (a carried "
+                            "token is at least one version older than its generation)")
         if self.weight_sync_steps < 1:
             problems.append(f"weight_sync_steps must be >= 1 (1: after every optimizer step), got {self.weight_sync_steps}")
         elif self.max_staleness >= 0 and self.staleness_bound > self.max_staleness:

@@ -43,6 +43,7 @@ def cross_section_problems(cfg) -> list[str]:
     problems = [message for ok, message in rules if not ok] + best_model_problems(cfg)
     if cfg.async_mode == "free":
         problems += free_running_obstacles(cfg.rollout_settings, cfg.processes, cfg.fsdp)
+    problems += partial_rollout_problems(cfg)
     if cfg.num_generations < (method.min_generations if method is not None else 2):
         problems.append(f"num_generations must be at least 2 (a group of one has no relative advantage); got {cfg.num_generations}")
     if cfg.distill_reward_weight > 0 and cfg.num_generations < 2:
@@ -170,3 +171,22 @@ def lora_beyond_vllm(cfg) -> str | None:
                (given.get("bias", "none") != "none" or given.get("lora_bias"), "a trained bias"),
                (given.get("target_parameters", cfg.lora_target_parameters), "target_parameters")]
     return next((name for value, name in options if value), None)
+
+
+def partial_rollout_problems(cfg) -> list[str]:
+    """partial_rollout_tokens > 0 where the run could not carry a completion on (a line each): it takes the
+    free-running producer (async_mode=auto falling back to lockstep here too), the in-process engine
+    (HFSampler.resume) and completions of one turn; dynamic sampling's rounds have their own rule."""
+    if not cfg.partial_rollout_tokens:
+        return []
+    found = [f"partial_rollout_tokens needs the free-running producer, which this run cannot have: {line}"
+             for line in free_running_obstacles(cfg.rollout_settings, cfg.processes, cfg.fsdp) if cfg.async_mode == "auto"]
+    if cfg.use_vllm:
+        found.append("partial_rollout_tokens continues unfinished completions with the in-process engine; with vLLM it is "
+                     "not supported yet (set use_vllm=false, or partial_rollout_tokens=0)")
+    if cfg.multi_turn:
+        found.append("partial_rollout_tokens is for completions of one turn: not with tools, environment or rollout_func")
+    if cfg.dynamic_sampling:
+        found.append("partial_rollout_tokens and dynamic_sampling both decide how many rounds a generation samples: "
+                     "use one of them")
+    return found

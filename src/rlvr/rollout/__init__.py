@@ -36,6 +36,9 @@ class SamplingParams:
     min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one; 0 = off
     repetition_penalty: float = 1.0  # CTRL's penalty on tokens already in the prompt or completion; 1 = off
     stop_strings: tuple = ()
+    # Partial rollouts (partial_rollout_tokens): the most tokens a completion gets in this call; one not done
+    # by then ends with finish_reason "partial" and is continued later (HFSampler.resume).  0: to the end.
+    round_tokens: int = 0
 
 
 # generation_kwargs keys, by their transformers / vLLM names -> the rlvr setting each one sets

@@ -9,6 +9,7 @@ put in eval mode (dropout off) for the call and restored afterwards.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 
 import torch
@@ -58,41 +59,67 @@ class HFSampler:
             out += self._generate_chunk(prompt_ids[lo : lo + per_chunk], params, chunk_generator)
         return out
 
+    def resume(self, partials: list[Rollout], params: SamplingParams, generator=None) -> list[Rollout]:
+        """Decode on from partly sampled completions (partial rollouts, rollout/generation.py): each one's
+        prompt and completion so far are prefilled, and it goes on as if it had never stopped (its stop
+        strings, repetition penalty and max_tokens see the whole completion), for at most params.round_tokens
+        more tokens.  Its tokens so far keep their log-probs and versions.  One completion per partial
+        (params.n is not used); `generator`: a torch.Generator, or GroupGenerators with one stream per partial."""
+        params = dataclasses.replace(params, n=1)
+        out = []
+        for lo in range(0, len(partials), self.max_batch_size):
+            chunk = partials[lo : lo + self.max_batch_size]
+            chunk_generator = generator.slice(lo, lo + len(chunk)) if isinstance(generator, GroupGenerators) else generator
+            out += [group[0] for group in self._generate_chunk([p.prompt_ids + p.completion_ids for p in chunk], params,
+                                                               chunk_generator, chunk)]
+        return out
+
     @torch.inference_mode()
-    def _generate_chunk(self, prompts, params: SamplingParams, generator):
+    def _generate_chunk(self, prompts, params: SamplingParams, generator, carried=None):
+        """carried: with resume, the partial Rollout each prompt continues (prompts hold their completions so far)."""
         model, n = self.model, params.n
         was_training = model.training
         model.eval()
         try:
             with self._autocast():
-                rows = self._decode(prompts, params, generator)
+                rows = self._decode(prompts, params, generator, carried)
         finally:
             model.train(was_training)
         tokens, logps, finish, versions = rows
+        unfinished = "partial" if params.round_tokens else "length"  # cut by the round's budget, or by max_tokens
         out = []
         for i, prompt in enumerate(prompts):
             group = []
             for r in range(i * n, (i + 1) * n):
-                group.append(Rollout(list(prompt), tokens[r], logps[r], finish[r] or "length", self._text(tokens[r], params),
+                group.append(Rollout(list(carried[i].prompt_ids if carried else prompt), tokens[r], logps[r],
+                                     finish[r] or unfinished, self._text(tokens[r], params),
                                      versions=versions[r] if versions is not None else None))
             out.append(group)
         return out
 
-    def _decode(self, prompts, params: SamplingParams, generator):
-        """The sampling loop; `_prefill`, `_step` and `_drop` are the model-specific parts."""
-        logits, state = self._prefill(prompts, params.n, params.max_tokens)
+    def _decode(self, prompts, params: SamplingParams, generator, carried=None):
+        """The sampling loop; `_prefill`, `_step` and `_drop` are the model-specific parts.  A row ends
+        at EOS or a stop string ("stop"), at max_tokens ("length"), or unfinished (None) when the call's
+        params.round_tokens run out first.  carried: see _generate_chunk (n is 1 then)."""
         total = len(prompts) * params.n
+        done = [len(c.completion_ids) for c in carried] if carried else [0] * total  # tokens each row has already
+        steps = params.max_tokens - min(done)
+        if params.round_tokens:
+            steps = min(steps, params.round_tokens)
+        logits, state = self._prefill(prompts, params.n, steps)
         rows = torch.arange(total)  # which completion each live cache row belongs to
-        tokens = [[] for _ in range(total)]
-        logps = [[] for _ in range(total)]
+        tokens = [list(c.completion_ids) for c in carried] if carried else [[] for _ in range(total)]
+        logps = [list(c.logprobs) for c in carried] if carried else [[] for _ in range(total)]
         finish: list[str | None] = [None] * total
         clock = self.live if self.reloads_in_flight else None  # the producer's weight versions, if any
-        versions = [[] for _ in range(total)] if clock is not None else None
+        versions = None
+        if clock is not None:
+            versions = [list(c.versions or []) for c in carried] if carried else [[] for _ in range(total)]
         # The repetition penalty's memory: which tokens each live row's prompt and completion hold.
         seen = None
         if params.repetition_penalty != 1.0:
             seen = seen_tokens(prompts, logits.shape[-1], logits.device).repeat_interleave(params.n, dim=0)
-        for step in range(params.max_tokens):
+        for step in range(steps):
             u = generator.rand((rows // params.n).tolist()) if isinstance(generator, GroupGenerators) else None
             tok, lp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator, u,
                                   params.min_p, params.repetition_penalty, seen)
@@ -105,8 +132,10 @@ class HFSampler:
                     versions[r].append(clock.held)
                 if t in self.eos or (params.stop_strings and self._hit_stop(tokens[r], params.stop_strings)):
                     finish[r] = "stop"
+                elif len(tokens[r]) >= params.max_tokens:
+                    finish[r] = "length"
             live = [j for j, r in enumerate(rows.tolist()) if finish[r] is None]
-            if not live or step == params.max_tokens - 1:
+            if not live or step == steps - 1:
                 break
             if len(live) < len(rows):
                 keep = torch.tensor(live)

@@ -32,7 +32,7 @@ from rlvr.config import RolloutSettings, UpdateSettings
 from rlvr.monitor import generation_metrics
 from rlvr.rewards import RewardError, merge_counters
 from rlvr.rollout.steps import token_steps
-from rlvr.types import Batch, Generation, Round, SampledGroup, TrainerState
+from rlvr.types import Batch, Generation, Round, SampledGroup, TrainerState, oldest_token_version
 
 
 @dataclass(frozen=True)
@@ -93,17 +93,34 @@ class Generations:
         self.ahead: Future | None = None  # the next generation, sampled while a step trains
         self._before_ahead: tuple | None = None
         self.ahead_seconds = 0.0  # wall seconds the last generation sampled ahead took
+        self.partial: _Partial | None = None  # partial rollouts (carry_partials)
+        # partial rollouts: (groups not done yet, groups done and not yet trained), replaced, never changed in place
+        self.carry: tuple = ((), ())
 
     def generate(self, state: TrainerState) -> Generation:
         """Sample and score G completions per prompt (1, 2), then compute advantages (3)."""
-        s, size = self.settings, self.settings.num_generations
+        s = self.settings
         position = self.prompts.state_dict()  # the audit's sample is drawn from it
+        if self.partial is not None:
+            return self._generate_partial(state, position)
         rounds = [self.sample_round(state)]
         while s.dynamic_sampling and len(rounds) <= s.max_sampling_rounds and _informative(rounds) < s.prompts_per_step:
             rounds.append(self.sample_round(state))
         self.rollout.rest()  # the update comes next (vllm_enable_sleep_mode)
         groups = [g for r in rounds for g in r.groups]
         chosen = [g for g in groups if g.has_signal][: s.prompts_per_step] if s.dynamic_sampling else groups
+        gen = self.assemble(chosen, groups, rounds, len(rounds) * s.prompts_per_step, position)
+        if s.dynamic_sampling:
+            gen.metrics["sampling/rounds"] = len(rounds) - 1
+            gen.metrics["sampling/dropped_groups"] = sum(not g.has_signal for g in groups)
+        return gen
+
+    def assemble(self, chosen: list[SampledGroup], groups: list[SampledGroup], rounds: list[Round], drawn: int,
+                 position: dict | None) -> Generation:
+        """The generation of the `chosen` groups (the batch, with their advantages), its metrics over every
+        group sampled (`groups`, in `rounds`); `drawn`: prompts taken from the stream for it; `position`:
+        the prompt stream's state before them, from which the reward audit draws its sample (None: no audit)."""
+        s, size = self.settings, self.settings.num_generations
         rollouts = [r for g in chosen for r in g.rollouts]
         advantages, zero_std = self.advantages(chosen, rollouts)
         mine = torch.tensor([g.rank == self.world.rank for g in chosen], dtype=torch.bool).repeat_interleave(size)
@@ -113,9 +130,6 @@ class Generations:
         batch = Batch.from_rollouts(rollouts, advantages, ~without & mine, self.rollout.pad_id, s.mask_truncated_completions,
                                     size, skipped)
         metrics = generation_metrics(groups, rounds, size)
-        if s.dynamic_sampling:
-            metrics["sampling/rounds"] = len(rounds) - 1
-            metrics["sampling/dropped_groups"] = sum(not g.has_signal for g in groups)
         samples = [
             {"prompt": g.example.prompt, "answer": g.example.answer, "completion": r.text, "reward": reward,
              "rewards": {n: v[j] for n, v in g.per_func.items()},  # each function's score, as TRL's completions table
@@ -124,10 +138,57 @@ class Generations:
              **({"turns": r.messages} if r.messages else {}), **{k: v[j] for k, v in g.extra.items()}}
             for i, g in enumerate(chosen) for j, (r, reward) in enumerate(zip(g.rollouts, g.rewards))
         ][: s.num_completions_to_print]
-        drawn = len(rounds) * s.prompts_per_step / len(self.prompts.examples)
-        audit = self.audit.submit(chosen, position) if self.audit is not None else None  # graded while it trains
-        return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done, epochs_drawn=drawn, audit=audit,
+        audit = self.audit.submit(chosen, position) if self.audit is not None and position is not None else None
+        return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done,
+                          epochs_drawn=drawn / len(self.prompts.examples), audit=audit,
                           groups=len(chosen), token_versions=_token_versions(rollouts))
+
+    # --- partial rollouts (partial_rollout_tokens) ---------------------------------------------
+
+    def carry_partials(self, round_tokens: int, versions, max_staleness: int) -> None:
+        """Sample with partial rollouts (the free-running producer's, rollout/producer.py): a round gives
+        each completion at most round_tokens tokens, and one not done by then is carried to the next
+        round, of this generation or the next, instead of holding the step.  `versions`: the producer's
+        WeightVersions (which version the samplers hold, which the policy is at)."""
+        self.partial = _Partial(round_tokens, versions, max_staleness)
+
+    def _generate_partial(self, state: TrainerState, position: dict) -> Generation:
+        """Rounds until prompts_per_step groups are done: each round keeps prompts_per_step groups in flight,
+        the unfinished ones carried from before and new prompts; the groups done beyond prompts_per_step
+        wait for the next generation.  A carried group with a token more than max_staleness versions behind
+        the policy can never be trained: it is dropped (counted in Generation.stale_groups)."""
+        s, p = self.settings, self.partial
+        pending, done = self.carry
+        rounds, drawn, stale = [], 0, 0
+        while len(done) < s.prompts_per_step:
+            floor = p.versions.current - p.max_staleness  # a token older than this can never enter a loss
+            fresh = [g for g in pending if _oldest(g.rollouts) >= floor]
+            ready = [g for g in done if _oldest(g.rollouts) >= floor]
+            stale += len(pending) - len(fresh) + len(done) - len(ready)
+            examples = self.prompts.take(max(0, s.prompts_per_step - len(fresh)))
+            drawn += len(examples)
+            out, pending = self.rollout.sample_partial(examples, fresh, self.generator, state, p.round_tokens,
+                                                       p.versions.held)
+            rounds.append(self._round(out))
+            done = ready + rounds[-1].groups
+        self.carry = (tuple(pending), tuple(done[s.prompts_per_step:]))
+        chosen = done[: s.prompts_per_step]
+        gen = self.assemble(chosen, chosen, rounds, drawn, position)
+        gen.parts, gen.stale_groups = (chosen, rounds, drawn), stale
+        gen.metrics["sampling/rounds"] = len(rounds) - 1
+        gen.metrics["sampling/carried_groups"] = len(self.carry[0]) + len(self.carry[1])
+        return gen
+
+    def regroup(self, gen: Generation, keep: list[bool]) -> Generation:
+        """A partial-rollout generation with only the groups `keep` says (the rest too old to train when it
+        was taken: rollout/producer.py), its advantages, batch and metrics made again from them."""
+        chosen, rounds, drawn = gen.parts
+        kept = [g for g, k in zip(chosen, keep) if k]
+        out = self.assemble(kept, kept, rounds, drawn, None)
+        out.epochs_after, out.audit, out.weight_version = gen.epochs_after, gen.audit, gen.weight_version
+        out.metrics.update({k: v for k, v in gen.metrics.items() if k.startswith("sampling/")})
+        out.parts, out.stale_groups = (kept, rounds, drawn), gen.stale_groups
+        return out
 
     def advantages(self, groups: list[SampledGroup], rollouts: list) -> tuple[torch.Tensor, torch.Tensor]:
         """Stage 3: (advantages [N] or, with process rewards, [N, T]; zero_std per group), by the settings'
@@ -152,11 +213,16 @@ class Generations:
         return ESTIMATORS[s.advantage_estimator](rewards, size, s.scale_rewards, lengths)
 
     def sample_round(self, state: TrainerState) -> Round:
-        """One round: prompts_per_step prompts (the same on every rank), G completions each, scored;
-        with the KL charged to the reward, each reward lowered by beta x the completion's KL."""
-        size = self.settings.num_generations
+        """One round: prompts_per_step prompts (the same on every rank), G completions each, scored."""
         examples = self.prompts.take(self.settings.prompts_per_step)
-        out = self.rollout.sample(examples, self.generator, state)
+        return self._round(self.rollout.sample(examples, self.generator, state))
+
+    def _round(self, out) -> Round:
+        """A round's groups from what the stage sampled and scored (its share, with several processes); with
+        the KL charged to the reward, each reward lowered by beta x the completion's KL."""
+        size = self.settings.num_generations
+        if not out.groups:  # partial rollouts: nothing was done this round
+            return Round([], out.scores.counters, out.rollout_seconds, out.reward_seconds, out.scores.logged)
         rollouts = [r for group in out.groups for r in group]
         totals, kls = self.kl.penalize(list(out.scores.total), rollouts, self.rollout.pad_id, size)
         steps = None if out.scores.steps is None else [  # process rewards: each step on the token it ends at
@@ -186,12 +252,14 @@ class Generations:
     # --- where sampling is, and going back there --------------------------------------------
 
     def position(self) -> tuple:
-        """Where the prompt stream and the sampler's generator are: what a generation moves on."""
-        return self.prompts.state_dict(), self.generator.get_state()
+        """Where the prompt stream and the sampler's generator are, and with partial rollouts the groups
+        carried: what a generation moves on."""
+        return self.prompts.state_dict(), self.generator.get_state(), self.carry
 
     def rewind(self, position: tuple) -> None:
         self.prompts.load_state_dict(position[0])
         self.generator.set_state(position[1])
+        self.carry = position[2]
 
     def generate_or_rewind(self, state: TrainerState) -> Generation:
         """generate(), or on any error (Ctrl-C included) leave data and sampler where they were."""
@@ -267,6 +335,18 @@ def _token_versions(rollouts: list) -> dict | None:
         mask = r.mask if r.mask is not None else [True] * len(r.completion_ids)
         versions.update([v for v, m in zip(r.versions, mask) if m] if r.versions is not None else {None: sum(mask)})
     return dict(versions)
+
+
+@dataclass(frozen=True)
+class _Partial:
+    round_tokens: int
+    versions: object  # rollout.producer.WeightVersions
+    max_staleness: int
+
+
+def _oldest(rollouts) -> float:
+    oldest = oldest_token_version(rollouts)
+    return math.inf if oldest is None else oldest
 
 
 def _informative(rounds: list[Round]) -> int:

@@ -35,7 +35,7 @@ import time
 from collections import Counter, deque
 from concurrent.futures import Future
 
-from rlvr.types import Generation
+from rlvr.types import Generation, oldest_token_version
 
 
 class Cancelled(Exception):
@@ -189,6 +189,12 @@ class Producer:
                     continue
                 self.home.serve_until(signal)
                 continue
+            self.dropped_groups += gen.stale_groups  # partial rollouts: carried groups dropped while it was sampled
+            if gen.parts is not None:  # partial rollouts: each group by its own oldest token
+                keep = [step - oldest_token_version(g.rollouts) <= self.max_staleness for g in gen.parts[0]]
+                if any(keep) and not all(keep):
+                    self.dropped_groups += keep.count(False)
+                    gen = self.generations.regroup(gen, keep)
             if step - oldest_version(gen) > self.max_staleness:
                 self.dropped_generations += 1
                 self.dropped_groups += gen.groups

@@ -11,6 +11,7 @@ every process gets all of them back (distributed.py), so what follows is the sam
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from rlvr.rollout import SamplingParams
 from rlvr.rollout.home import HomeThread
 from rlvr.rollout.path import RolloutPath
 from rlvr.rollout.sampling import GroupGenerators
-from rlvr.types import Example, Rollout, TrainerState
+from rlvr.types import Example, PartialGroup, Rollout, TrainerState
 
 
 @dataclass
@@ -86,6 +87,31 @@ class RolloutStage:
         score = (examples, groups, texts, state)
         scores, reward_seconds = self.home.call(self._score, *score) if self.home else self._score(*score)
         return Sampled(examples, groups, scores, rollout_seconds, reward_seconds)
+
+    def sample_partial(self, examples: list[Example], carried: list[PartialGroup], generator: torch.Generator,
+                       state: TrainerState, round_tokens: int, version: int) -> tuple[Sampled, list[PartialGroup]]:
+        """Partial rollouts (one process, the in-process engine, one turn): G completions for each of the new
+        `examples` and the unfinished completions of the `carried` groups go on for at most round_tokens
+        tokens each (HFSampler.resume).  Returns (the groups now done, scored: carried ones first; the groups
+        still unfinished).  Tokens the engine did not record a version for were sampled by `version`,
+        the weights the samplers held when the round began (they change only between generations then)."""
+        t0 = time.perf_counter()
+        params = dataclasses.replace(self.params, round_tokens=round_tokens)
+        texts, groups = self.path.generate(examples, params, self._streams(len(examples), generator)) if examples else ([], [])
+        partial = [r for group in carried for r in group.rollouts if r.finish_reason == "partial"]
+        resumed = iter(self.sampler.resume(partial, params, self._streams(len(partial), generator)) if partial else [])
+        every = [dataclasses.replace(g, rollouts=tuple(_stamped(next(resumed), r, version) if r.finish_reason == "partial" else r
+                                                       for r in g.rollouts)) for g in carried]
+        every += [PartialGroup(ex, text, tuple(_stamped(r, None, version) for r in group))
+                  for ex, text, group in zip(examples, texts, groups)]
+        done = [g for g in every if g.done]
+        rollout_seconds = time.perf_counter() - t0
+        score = ([g.example for g in done], [list(g.rollouts) for g in done], [g.text for g in done], state)
+        if not done:  # every completion goes on in the next round
+            scores, reward_seconds = Scores([], {}), 0.0
+        else:
+            scores, reward_seconds = self.home.call(self._score, *score) if self.home else self._score(*score)
+        return Sampled(score[0], score[1], scores, rollout_seconds, reward_seconds), [g for g in every if not g.done]
 
     def _score(self, *args) -> tuple[Scores, float]:
         """(scores, seconds spent scoring): timed where it runs, not counting a wait for the home thread."""
@@ -160,3 +186,12 @@ class RolloutStage:
             self.workers.close()
             self.subscribers.remove(self.workers)
             self.workers = None
+
+
+def _stamped(rollout: Rollout, before: Rollout | None, version: int) -> Rollout:
+    """The rollout with a version for each token: its own where the engine recorded them, else those
+    `before` (the partial it continues) had and `version` for the tokens sampled since."""
+    if rollout.versions is not None:
+        return rollout
+    had = list(before.versions or []) if before is not None else []
+    return dataclasses.replace(rollout, versions=had + [version] * (len(rollout.completion_ids) - len(had)))
