@@ -4,7 +4,9 @@ A round samples G completions for each of `prompts_per_step` prompts and scores 
 (rollout/stage.py); with dynamic sampling (DAPO) further rounds run until `prompts_per_step`
 groups carry signal or `max_sampling_rounds` extra rounds have run.  Rewards are normalised
 within each group (advantages.py); groups whose rewards are all equal carry no signal and are
-left out of the batch, and counted.  Where a reward function scores steps (process rewards), the
+left out of the batch, and counted.  With partial rollouts (the free-running producer's) a round gives
+each completion a token budget, and groups not done are carried to the next round instead of holding
+the generation (`carry_partials`).  Where a reward function scores steps (process rewards), the
 step scores are placed on their tokens (rollout/steps.py) and the advantages are per token.
 
 With `max_staleness` >= 1 the next generation is sampled in a thread while the current step trains

@@ -18,6 +18,12 @@ the version that sampled it (Rollout.versions, where the engine can say; else th
 generation started with, its oldest), and the update's importance correction uses the sampler's own
 log-prob of each token.
 
+Partial rollouts (partial_rollout_tokens, Generations.carry_partials): completions not done within a
+round's tokens are carried to the next round, so a generation may hold tokens older than the version it
+started with; `take` then checks each group by its own oldest token and leaves out those past
+max_staleness (Generations.regroup), counted with the groups the producer dropped before continuing
+them (Generation.stale_groups).
+
 Stopping.  `drain` stops the producer at a generation boundary: a generation being sampled is
 cancelled (the in-process engine stops at its next token; a server's request is let finish and
 thrown away) and the prompt stream and generator are rewound to before it, so they stand right
