@@ -82,7 +82,8 @@ def test_a_generation_older_than_max_staleness_is_dropped_and_counted():
     producer.restore([Generation(None, {"n": n}, groups=3, token_versions={v: 5, v + 1: 5}) for n, v in ((1, 0), (2, 1), (3, 3))])
     assert producer.take(3).metrics["n"] == 2  # 1 is 3 versions behind step 3 (its oldest token); 2 is 2 behind
     assert producer.since_take() == {"sampling/queue_depth": 1, "sampling/stale_dropped_groups": 3,
-                                     "sampling/stale_dropped_generations": 1, "timing/sampler_idle": 0.0}
+                                     "sampling/stale_dropped_generations": 1, "timing/sampler_idle": 0.0,
+                                     "sampling/in_flight_loads": 0}
     assert producer.since_take()["sampling/stale_dropped_groups"] == 0  # counted once
     gen = Generation(None, {}, token_versions={4: 30, 6: 10})
     assert oldest_version(gen) == 4 and token_staleness(gen, 6) == (1.5, 2)  # (2 * 30 + 0 * 10) / 40

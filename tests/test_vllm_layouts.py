@@ -216,3 +216,50 @@ def test_a_free_running_producer_samples_on_vllms_own_server_while_the_trainer_t
     versions = [m["sampling/weight_version"] for m in lines]
     assert versions == sorted(versions) and versions[-1] >= 1  # later generations sampled from newer weights
     assert all(m["sampling/stale_dropped_groups"] == 0 for m in lines)
+
+
+def test_vllms_own_server_takes_weights_while_a_request_decodes_and_the_request_goes_on_unharmed(servers):
+    """An in-flight load on vLLM's own server (async_mode=free): /pause?mode=keep, the weights, /resume while a
+    256-token request decodes.  Loaded with the weights it already had, the greedy completion is token for
+    token the one sampled without a load (the request kept its cache and went on), and the server then holds
+    the new version; the prefix cache, which vLLM cannot reset while the request holds blocks, is reset
+    before the next generation."""
+    import re
+    import threading
+
+    from rlvr.models import eos_token_ids, load_model
+    from rlvr.rollout import SamplingParams
+    from rlvr.rollout.vllm_client import Server, VLLMServers
+
+    url = servers["stock"]
+    model, tokenizer, _ = load_model("default")
+    sampler = VLLMServers([url], tokenizer, eos_token_ids(model, tokenizer), timeout=120)
+    assert sampler.reloads_in_flight
+    sampler.update_weights(model)  # between requests: the server holds the model's weights (a run before may have trained them)
+    server = Server(url, 120)
+    body = {"model": sampler.servers[0].stock["model"], "prompt": tokenizer.encode("Count from one to a hundred:"),
+            "max_tokens": 256, "ignore_eos": True, "temperature": 0.0, "logprobs": 0, "return_token_ids": True}
+    reference = server.call("POST", "/v1/completions", body)["choices"][0]["token_ids"]
+    replies = []
+    thread = threading.Thread(target=lambda: replies.append(server.call("POST", "/v1/completions", body)))
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not re.search(r"^vllm:num_requests_running\{[^}]*\} [1-9]", server_metrics(url), re.M):
+        assert time.monotonic() < deadline and thread.is_alive(), "the request ended before the load"
+        time.sleep(0.01)
+    sampler._decoding = True  # as VLLMServers.generate sets it while its own requests are out
+    sampler.update_weights(model)
+    sampler._decoding = False
+    thread.join(timeout=120)
+    assert replies and replies[0]["choices"][0]["token_ids"] == reference and len(reference) == 256
+    assert server.call("GET", "/weight_info")["weight_version"] == "rlvr-2"
+    stale = sampler.servers[0].prefix_stale
+    sampler.generate([tokenizer.encode("1 + 1 =")], SamplingParams(n=2, max_tokens=4), None)
+    assert not sampler.servers[0].prefix_stale, f"prefix cache still stale (it was {stale} after the load)"
+
+
+def server_metrics(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
+        return reply.read().decode()

@@ -40,6 +40,10 @@ class FakeVLLM(ThreadingHTTPServer):
         self.version, self.weights, self.calls, self.completions = "default", {}, [], []
         self.open_update, self.fail_chunk = None, None  # fail_chunk: answer 500 to that /update_weights (0-based)
         self.barrier = threading.Barrier(wait_for, timeout=60)
+        self.running = 0  # requests being decoded (holding cache blocks)
+        self.unpaused = threading.Event()  # cleared by /pause?mode=keep: requests in flight wait for /resume
+        self.unpaused.set()
+        self.hold = None  # an Event: requests to /v1/completions wait for it (to load weights while they are out)
         self.lock = threading.Lock()
         threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
 
@@ -75,6 +79,13 @@ class Handler(BaseHTTPRequestHandler):
             with s.lock:
                 s.completions.append(req)
             s.barrier.wait()
+            with s.lock:
+                s.running += 1
+            if s.hold is not None:
+                assert s.hold.wait(timeout=60)
+            assert s.unpaused.wait(timeout=60)  # a paused server decodes nothing
+            with s.lock:
+                s.running -= 1
             seed, n = req["seed"], req["n"]
             choices = [{"index": k, "text": f"c{seed % 100}", "token_ids": [seed % 1000, k], "finish_reason": "stop" if k else "length",
                         "logprobs": {"token_logprobs": [-0.25, -0.5], "tokens": ["a", "b"]}} for k in reversed(range(n))]
@@ -112,8 +123,14 @@ class Handler(BaseHTTPRequestHandler):
             if req.get("weight_version") is not None:
                 s.version = req["weight_version"]
             return self._json({"message": "Weight update finished"})
-        if self.path == "/reset_prefix_cache":
-            return self._send(200, b"")
+        if self.path == "/pause?mode=keep":
+            s.unpaused.clear()
+            return self._json({"status": "paused"})
+        if self.path == "/resume":
+            s.unpaused.set()
+            return self._json({"status": "resumed"})
+        if self.path == "/reset_prefix_cache":  # vLLM resets it only when no request holds blocks
+            return self._json({"success": s.running == 0})
         self._json({"detail": "Not Found"}, 404)
 
     def _json(self, payload, code=200):
@@ -215,6 +232,41 @@ def test_a_push_that_fails_midway_is_marked_incomplete_and_the_server_dropped(fa
     assert good.version == "rlvr-1"
     assert [s.url for s in servers.alive] == [good.url]
     assert "dropped" in capsys.readouterr().err
+
+
+def test_weights_published_while_requests_are_out_are_loaded_with_the_server_paused_and_kept(fakes):
+    """async_mode=free: the producer's clock is asked while the generation waits; a new version is loaded
+    at once, between /pause?mode=keep and /resume (the requests keep their cache), and the prefix cache,
+    which vLLM cannot reset while they hold blocks, is reset before the next generation."""
+    fake = fakes()
+    fake.hold = threading.Event()
+    servers = VLLMServers([fake.url], TOKENIZER, eos_token_ids=[7], timeout=30)
+    assert servers.reloads_in_flight  # vLLM's own server
+    policy = Policy()
+
+    class Clock:  # rollout.producer.WeightVersions as the sampler sees it: version 1 published once a request is out
+        loads = 0
+
+        def refresh(self):
+            if self.loads or not fake.running:
+                return False
+            servers.update_weights(policy)
+            self.loads += 1
+            fake.hold.set()
+            return True
+
+    servers.live = Clock()
+    groups = servers.generate([[1, 2], [3, 4]], SamplingParams(n=2, max_tokens=4), GroupGenerators([1, 2]))
+    assert servers.live.loads == 1 and len(groups) == 2 and fake.version == "rlvr-1"
+    calls = [c for c in fake.calls if c != "/v1/completions"]
+    assert calls[calls.index("/pause?mode=keep"):] == ["/pause?mode=keep", "/init_weight_transfer_engine", "/start_weight_update",
+                                                       "/update_weights", "/finish_weight_update", "/resume", "/reset_prefix_cache"]
+    assert servers.servers[0].prefix_stale  # the requests held their blocks
+    servers.live, fake.hold, fake.calls = None, None, []
+    servers.generate([[1, 2]], SamplingParams(n=2, max_tokens=4), GroupGenerators([1]))
+    assert fake.calls == ["/reset_prefix_cache", "/v1/completions"] and not servers.servers[0].prefix_stale
+    servers.update_weights(policy)  # between generations: no pause
+    assert "/pause?mode=keep" not in fake.calls and fake.version == "rlvr-2"
 
 
 def test_a_server_that_cannot_take_weights_is_one_clear_error(fakes):

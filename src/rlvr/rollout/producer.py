@@ -12,7 +12,8 @@ Weights.  `WeightVersions` counts the optimizer steps in the policy's weights (`
 samplers to have (`published`, every weight_sync_steps).  The producer loads newer weights itself,
 under the lock (no optimizer step writes them meanwhile): before each generation, and with the
 in-process engine also between two decode steps of a running one (an in-flight update: the tokens
-after it come from the new weights, the cache before it stays, as vLLM's pause with mode=keep).
+after it come from the new weights, the cache before it stays), with vLLM's own server while its
+requests are out (paused with mode=keep around the load: rollout/vllm_openai.push).
 The trainer never waits for a generation to finish before it steps.  Each completion token records
 the version that sampled it (Rollout.versions, where the engine can say; else the version the
 generation started with, its oldest), and the update's importance correction uses the sampler's own
@@ -56,6 +57,8 @@ class WeightVersions:
         self.published = version  # the version the samplers should hold at least
         self.held = version  # the version the samplers hold
         self.cancelled = False  # set by Producer.drain: a sampler asking `refresh` stops
+        self.generating = False  # the producer is sampling a generation: a load now is an in-flight one
+        self.in_flight_loads = 0  # loads made while a generation was being sampled
         self._load = load
 
     def step_begin(self) -> None:
@@ -79,6 +82,7 @@ class WeightVersions:
         if self.held >= self.published:
             return False
         self.load_now()
+        self.in_flight_loads += self.generating
         return True
 
     def load_now(self) -> None:
@@ -153,8 +157,10 @@ class Producer:
                 version = self.versions.held
                 if self.versions.cancelled:  # told to stop during the load
                     raise Cancelled()
+                self.versions.generating = True
                 gen = self.generations.generate_or_rewind(self.state())  # a Cancelled from the engine rewinds too
         finally:
+            self.versions.generating = False
             if self.in_flight is not None:
                 self.in_flight.live = None
         if self.versions.cancelled:  # finished after all (a server's request): thrown away all the same
@@ -211,8 +217,10 @@ class Producer:
         """What happened since the last call, for the step's metrics; the counters start again."""
         with self.cond:
             out = {"sampling/queue_depth": len(self.ready), "sampling/stale_dropped_groups": self.dropped_groups,
-                   "sampling/stale_dropped_generations": self.dropped_generations, "timing/sampler_idle": self.idle_seconds}
+                   "sampling/stale_dropped_generations": self.dropped_generations, "timing/sampler_idle": self.idle_seconds,
+                   "sampling/in_flight_loads": self.versions.in_flight_loads}
             self.idle_seconds, self.dropped_groups, self.dropped_generations = 0.0, 0, 0
+            self.versions.in_flight_loads = 0
         return out
 
     def drain(self) -> list[Generation]:

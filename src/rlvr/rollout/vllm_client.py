@@ -15,6 +15,8 @@ dropped server that answers again (a preempted node back at its address) is sent
 rejoins.  Each update has a version; a server holding another version (restarted since) answers
 409 to a generation, is sent the current weights, and asked again.  With several training
 processes the other ranks only count the update, and all wait at a barrier until it has arrived.
+With async_mode=free the producer's weight versions (`live`) are asked while a generation waits, and
+a newer version is loaded into vLLM's own servers at once, paused with mode=keep (vllm_openai.push).
 With LoRA, when the servers take adapters (`rlvr vllm-serve use_peft=true`), only the adapter goes.
 With vllm_weight_transfer=collective the copy is a torch.distributed broadcast to every server
 instead (rollout/collective.py: NCCL between GPUs), and HTTP again for the rest of the run if it fails.
@@ -27,7 +29,7 @@ import json
 import sys
 import time
 import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import torch
 
@@ -124,6 +126,17 @@ class VLLMServers:
     """One or several `rlvr vllm-serve` as one sampler, and a weight subscriber of the trainer."""
 
     seeds_per_group = True  # takes the per-group streams (RolloutStage._streams)
+    # async_mode=free: the producer's rollout.producer.WeightVersions, asked while a generation's requests are
+    # out whether newer weights were published; they are then loaded into vLLM's own servers at once (an
+    # in-flight update: reloads_in_flight).  None: the weights do not change during a call.
+    live = None
+    POLL_SECONDS = 0.05  # how often a generation's wait asks `live`
+
+    @property
+    def reloads_in_flight(self) -> bool:
+        """Whether newer weights may be loaded while requests are decoded: vLLM's own servers pause with
+        mode=keep for it; rlvr's own server answers one call at a time, so its loads wait for the generation."""
+        return bool(self.alive) and all(s.stock is not None for s in self.alive)
 
     def __init__(self, urls: list[str], tokenizer, eos_token_ids: list[int], timeout: float = 240.0,
                  world: distributed.World = distributed.SINGLE, transfer: str = "http"):
@@ -136,6 +149,7 @@ class VLLMServers:
         self.failures = 0  # servers dropped since the start
         self.last_sync: tuple[int, float] = (0, 0.0)  # bytes and seconds of the last weight update sent
         self._update = None  # the last weight update, to send to a server that restarted since
+        self._decoding = False  # a generation's requests are out (a load now is an in-flight one)
         infos = self._wait_ready()
         self.dtype = wire_dtype(infos[0].get("dtype", "float32"))
         self.adapters = all(i.get("adapters") for i in infos)
@@ -205,8 +219,16 @@ class VLLMServers:
             for i, group in zip(share, part):
                 groups[i] = [Rollout(**r) for r in group]
 
+        clock = self.live if self.reloads_in_flight else None
         with ThreadPoolExecutor(len(shares)) as pool:
-            for future in [pool.submit(run, share, alive[k]) for k, share in enumerate(shares)]:
+            futures = [pool.submit(run, share, alive[k]) for k, share in enumerate(shares)]
+            self._decoding = True
+            try:
+                while clock is not None and wait(futures, timeout=self.POLL_SECONDS, return_when=FIRST_EXCEPTION).not_done:
+                    clock.refresh()  # newer weights published: loaded now, the requests paused meanwhile (in_flight)
+            finally:
+                self._decoding = False
+            for future in futures:
                 future.result()
         return groups
 
@@ -300,7 +322,7 @@ class VLLMServers:
         size, sent, todo = encode(update, self.dtype)[0], 0, [s for s in targets if s.stock is None]
         for server in [s for s in targets if s.stock is not None]:  # vLLM's own servers: each its own copy, in chunks
             try:
-                sent += vllm_openai.push(server, update, self.dtype)
+                sent += vllm_openai.push(server, update, self.dtype, in_flight=self._decoding)
             except VLLMError as e:
                 self._drop(server, str(e), share=0)
             else:

@@ -12,7 +12,9 @@ Weights.  vLLM's own weight-update routes (dev mode): /init_weight_transfer_engi
 engine of rollout/vllm_transfer.py), /finish_weight_update with the trainer's version, then
 /reset_prefix_cache, whose entries the old weights computed.  With LoRA, when the server has a LoRA slot,
 only the adapter goes: the engine writes it where vLLM's filesystem resolver finds it by name
-(adapter_name), and the requests name it.  /weight_info says which version a
+(adapter_name), and the requests name it.  With async_mode=free a load may come while a generation's
+requests decode: the server is then paused with /pause?mode=keep around it and /resume'd (vLLM's own way
+to load weights in flight: the requests keep their cache and go on with the new weights).  /weight_info says which version a
 server holds: one restarted since ("default", its starting weights) is sent the current weights
 before it samples.
 """
@@ -74,6 +76,8 @@ def generate(server, model: str, prompt_ids: list[list[int]], seeds: list[int], 
     """One request per prompt, all at once, to `model` (the served model, or an adapter's name); per prompt its
     n rollouts as dicts (Rollout's fields).  StaleWeights when the server holds another version than `version`."""
     held = held_version(server)
+    if getattr(server, "prefix_stale", False):  # a load while requests ran left it; none run now
+        server.prefix_stale = server.call("POST", "/reset_prefix_cache").get("success") is False
     if held != version_name(version):
         raise StaleWeights(f"vLLM server {server.url} holds weights {held!r}, not {version_name(version)!r}")
     base = {"model": model, "n": params["n"], "max_tokens": params["max_tokens"], "temperature": params["temperature"],
@@ -120,12 +124,33 @@ def _part(update: WeightUpdate, names: list[str], aliases: dict) -> WeightUpdate
                         {**update.meta, "aliases": held}, gather=update.gather)
 
 
-def push(server, update: WeightUpdate, dtype) -> int:
+def push(server, update: WeightUpdate, dtype, in_flight: bool = False) -> int:
     """Load `update` into the server through vLLM's weight-update routes; the bytes sent.  An adapter is
-    written on the server under adapter_name(version), the one before it unloaded."""
+    written on the server under adapter_name(version), the one before it unloaded.  `in_flight`: requests
+    of a generation are being decoded (async_mode=free): the server is paused with mode=keep first, so no
+    decode step runs on half-written weights, and resumed after; the requests keep their cache and go on
+    with the new weights."""
     if update.adapter is not None:
         update = WeightUpdate(update.tensors, update.adapter, update.version, gather=update.gather,
                               meta={**update.meta, "adapter_name": adapter_name(update.version), "base_model": server.stock["model"]})
+    if in_flight:
+        server.call("POST", "/pause?mode=keep")
+    try:
+        sent = _load(server, update, dtype)
+    finally:
+        if in_flight:
+            server.call("POST", "/resume")
+    # The prefix cache holds what the old weights computed; vLLM resets it only when no request holds
+    # blocks, so after an in-flight load it is reset before the next generation (generate).
+    reset = server.call("POST", "/reset_prefix_cache")
+    server.prefix_stale = reset.get("success") is False
+    if update.adapter is not None:  # the previous adapter, if a request loaded it (vLLM keeps its name otherwise)
+        with contextlib.suppress(VLLMError, ValueError):  # (vLLM answers in plain text)
+            server.call("POST", "/v1/unload_lora_adapter", {"lora_name": adapter_name(update.version - 1)})
+    return sent
+
+
+def _load(server, update: WeightUpdate, dtype) -> int:
     server.call("POST", "/init_weight_transfer_engine", {"init_info": {}})  # again: the server may have restarted since
     server.call("POST", "/start_weight_update")
     sent = 0
@@ -140,8 +165,4 @@ def push(server, update: WeightUpdate, dtype) -> int:
             server.call("POST", "/finish_weight_update", {"weight_version": "rlvr-incomplete"})
         raise
     server.call("POST", "/finish_weight_update", {"weight_version": version_name(update.version)})
-    server.call("POST", "/reset_prefix_cache")
-    if update.adapter is not None:  # the previous adapter, if a request loaded it (vLLM keeps its name otherwise)
-        with contextlib.suppress(VLLMError, ValueError):  # (vLLM answers in plain text)
-            server.call("POST", "/v1/unload_lora_adapter", {"lora_name": adapter_name(update.version - 1)})
     return sent
