@@ -105,6 +105,16 @@ class GroupGenerators:
         part.seeds, part.generators = self.seeds[lo:hi], self.generators[lo:hi]
         return part
 
+    @classmethod
+    def per_row(cls, parts: list[tuple["GroupGenerators", int]]) -> "GroupGenerators":
+        """One entry per row: each part's streams, each repeated for its rows (the repeats are the same
+        stream, so the rows of a group draw from it in turn, as the n completions of a prompt do)."""
+        out = cls([])
+        for streams, rows in parts:
+            out.seeds += [s for s in streams.seeds for _ in range(rows)]
+            out.generators += [g for g in streams.generators for _ in range(rows)]
+        return out
+
     def rand(self, groups: list[int]) -> torch.Tensor:
         """[len(groups), 1]: the next uniform of each listed group's stream, in order."""
         return torch.stack([torch.rand(1, generator=self.generators[g]) for g in groups])

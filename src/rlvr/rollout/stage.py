@@ -97,13 +97,22 @@ class RolloutStage:
         the weights the samplers held when the round began (they change only between generations then)."""
         t0 = time.perf_counter()
         params = dataclasses.replace(self.params, round_tokens=round_tokens)
-        texts, groups = self.path.generate(examples, params, self._streams(len(examples), generator)) if examples else ([], [])
+        size = params.n
+        texts = self.path.render([ex.prompt for ex in examples]) if examples else []
+        starts = [Rollout(ids, [], [], "partial", "", versions=[]) for ids in self.path.tokenize(texts) for _ in range(size)]
         partial = [r for group in carried for r in group.rollouts if r.finish_reason == "partial"]
-        resumed = iter(self.sampler.resume(partial, params, self._streams(len(partial), generator)) if partial else [])
-        every = [dataclasses.replace(g, rollouts=tuple(_stamped(next(resumed), r, version) if r.finish_reason == "partial" else r
+        # One decode loop for the round: the carried completions go on beside the new prompts' (each new
+        # completion starts as an empty partial; the G of a prompt draw from its group's stream in turn).
+        streams = self._streams(len(partial), generator), self._streams(len(examples), generator)
+        if isinstance(streams[0], GroupGenerators):
+            streams = GroupGenerators.per_row([(streams[0], 1), (streams[1], size)])
+        else:
+            streams = generator
+        out = iter(self.sampler.resume(partial + starts, params, streams) if partial or starts else [])
+        every = [dataclasses.replace(g, rollouts=tuple(_stamped(next(out), r, version) if r.finish_reason == "partial" else r
                                                        for r in g.rollouts)) for g in carried]
-        every += [PartialGroup(ex, text, tuple(_stamped(r, None, version) for r in group))
-                  for ex, text, group in zip(examples, texts, groups)]
+        every += [PartialGroup(ex, text, tuple(_stamped(next(out), None, version) for _ in range(size)))
+                  for ex, text in zip(examples, texts)]
         done = [g for g in every if g.done]
         rollout_seconds = time.perf_counter() - t0
         score = ([g.example for g in done], [list(g.rollouts) for g in done], [g.text for g in done], state)
