@@ -57,15 +57,15 @@ def test_a_completion_resumed_round_by_round_is_the_one_sampled_in_one_go(tiny, 
 def test_new_prompts_started_as_empty_partials_draw_what_their_groups_draw_in_one_call(tiny, fast):
     """A partial-rollout round decodes the new prompts' completions in the same call as the carried ones,
     each started as an empty partial with its group's stream repeated for its G rows
-    (GroupGenerators.per_row): sampled at temperature 1, they are exactly the completions generate()
-    draws for the prompts' groups."""
+    (GroupGenerators.per_row) and its prompt prefilled once for them: sampled at temperature 1, with a
+    repetition penalty, they are exactly the completions generate() draws for the prompts' groups."""
     from rlvr.rollout.engine import FastSampler, HFSampler
     from rlvr.rollout.sampling import GroupGenerators
 
     model, tokenizer = tiny
     sampler = (FastSampler if fast else HFSampler)(copy.deepcopy(model).eval(), tokenizer, [10**6])
     prompts = [tokenizer.encode("what is 2 + 3?"), tokenizer.encode("7 - 1 =")]
-    params = SamplingParams(n=3, max_tokens=6, temperature=1.0, top_p=0.9)
+    params = SamplingParams(n=3, max_tokens=6, temperature=1.0, top_p=0.9, repetition_penalty=1.2)
     groups = [r for g in sampler.generate(prompts, params, GroupGenerators([5, 6])) for r in g]
     blank = [Rollout(p, [], [], "partial", "") for p in prompts for _ in range(3)]
     rows = sampler.resume(blank, params, GroupGenerators.per_row([(GroupGenerators([5, 6]), 3)]))

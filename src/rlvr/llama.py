@@ -214,14 +214,16 @@ class LlamaRunner:
     # --- rollout: prefill and decode with a static cache -----------------------------------
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: list[list[int]], n: int, max_new: int, dtype: torch.dtype):
-        """Run every prompt once and lay its cache out for its n completions.
+    def prefill(self, prompt_ids: list[list[int]], n, max_new: int, dtype: torch.dtype):
+        """Run every prompt once and lay its cache out for its n completions (n: one number for every
+        prompt, or a list with one per prompt).
 
         `dtype` is the sampling precision (weights, matmuls and cache; norms and
         the residual stream stay fp32).  Returns (logits of the next token
         [P * n, vocab], DecodeState)."""
         device = self.inner.embed_tokens.weight.device
-        rows = len(prompt_ids) * n
+        rows = len(prompt_ids) * n if isinstance(n, int) else sum(n)
+        n = n if isinstance(n, int) else torch.tensor(n, device=device)  # rows per prompt: one number, or one each
         weights = self._inference_weights(dtype, rows)
         lengths = [len(p) for p in prompt_ids]
         width = max(lengths)

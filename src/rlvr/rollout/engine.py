@@ -70,43 +70,54 @@ class HFSampler:
         for lo in range(0, len(partials), self.max_batch_size):
             chunk = partials[lo : lo + self.max_batch_size]
             chunk_generator = generator.slice(lo, lo + len(chunk)) if isinstance(generator, GroupGenerators) else generator
-            out += [group[0] for group in self._generate_chunk([p.prompt_ids + p.completion_ids for p in chunk], params,
-                                                               chunk_generator, chunk)]
+            # Rows in a row that hold the same ids (a new prompt's completions, started empty) are prefilled once.
+            unique, repeats = [], []
+            for p in chunk:
+                ids = p.prompt_ids + p.completion_ids
+                if unique and ids == unique[-1]:
+                    repeats[-1] += 1
+                else:
+                    unique.append(ids)
+                    repeats.append(1)
+            out += [group[0] for group in self._generate_chunk(unique, params, chunk_generator, chunk, repeats)]
         return out
 
     @torch.inference_mode()
-    def _generate_chunk(self, prompts, params: SamplingParams, generator, carried=None):
-        """carried: with resume, the partial Rollout each prompt continues (prompts hold their completions so far)."""
+    def _generate_chunk(self, prompts, params: SamplingParams, generator, carried=None, repeats=None):
+        """carried: with resume, the partial Rollout of each row, its prompt and completion so far prefilled
+        from prompts[i] for repeats[i] rows in a row; the rows come back one per group."""
         model, n = self.model, params.n
         was_training = model.training
         model.eval()
         try:
             with self._autocast():
-                rows = self._decode(prompts, params, generator, carried)
+                rows = self._decode(prompts, params, generator, carried, repeats)
         finally:
             model.train(was_training)
         tokens, logps, finish, versions = rows
         unfinished = "partial" if params.round_tokens else "length"  # cut by the round's budget, or by max_tokens
-        out = []
-        for i, prompt in enumerate(prompts):
-            group = []
-            for r in range(i * n, (i + 1) * n):
-                group.append(Rollout(list(carried[i].prompt_ids if carried else prompt), tokens[r], logps[r],
-                                     finish[r] or unfinished, self._text(tokens[r], params),
-                                     versions=versions[r] if versions is not None else None))
-            out.append(group)
-        return out
 
-    def _decode(self, prompts, params: SamplingParams, generator, carried=None):
+        def rollout(prompt, r):
+            return Rollout(list(prompt), tokens[r], logps[r], finish[r] or unfinished, self._text(tokens[r], params),
+                           versions=versions[r] if versions is not None else None)
+
+        if carried:
+            return [[rollout(c.prompt_ids, r)] for r, c in enumerate(carried)]
+        return [[rollout(prompt, r) for r in range(i * n, (i + 1) * n)] for i, prompt in enumerate(prompts)]
+
+    def _decode(self, prompts, params: SamplingParams, generator, carried=None, repeats=None):
         """The sampling loop; `_prefill`, `_step` and `_drop` are the model-specific parts.  A row ends
         at EOS or a stop string ("stop"), at max_tokens ("length"), or unfinished (None) when the call's
-        params.round_tokens run out first.  carried: see _generate_chunk (n is 1 then)."""
-        total = len(prompts) * params.n
+        params.round_tokens run out first.  carried, repeats: see _generate_chunk (each row has its own
+        random stream then; else the n rows of a prompt share its group's)."""
+        n = repeats if repeats is not None else params.n  # rows per prompt: one number, or one per prompt
+        total = sum(repeats) if repeats is not None else len(prompts) * params.n
         done = [len(c.completion_ids) for c in carried] if carried else [0] * total  # tokens each row has already
         steps = params.max_tokens - min(done)
         if params.round_tokens:
             steps = min(steps, params.round_tokens)
-        logits, state = self._prefill(prompts, params.n, steps)
+        logits, state = self._prefill(prompts, n, steps)
+        stream = torch.arange(total) if repeats is not None else torch.arange(total) // params.n  # each row's random stream
         rows = torch.arange(total)  # which completion each live cache row belongs to
         tokens = [list(c.completion_ids) for c in carried] if carried else [[] for _ in range(total)]
         logps = [list(c.logprobs) for c in carried] if carried else [[] for _ in range(total)]
@@ -118,9 +129,9 @@ class HFSampler:
         # The repetition penalty's memory: which tokens each live row's prompt and completion hold.
         seen = None
         if params.repetition_penalty != 1.0:
-            seen = seen_tokens(prompts, logits.shape[-1], logits.device).repeat_interleave(params.n, dim=0)
+            seen = seen_tokens(prompts, logits.shape[-1], logits.device).repeat_interleave(_repeats(n, logits.device), dim=0)
         for step in range(steps):
-            u = generator.rand((rows // params.n).tolist()) if isinstance(generator, GroupGenerators) else None
+            u = generator.rand(stream[rows].tolist()) if isinstance(generator, GroupGenerators) else None
             tok, lp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator, u,
                                   params.min_p, params.repetition_penalty, seen)
             if seen is not None:
@@ -165,7 +176,11 @@ class HFSampler:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=model.config)
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
-        cache.batch_repeat_interleave(n)
+        if isinstance(n, int):
+            cache.batch_repeat_interleave(n)
+        else:  # a number of rows per prompt
+            cache.batch_select_indices(torch.arange(len(prompts), device=device).repeat_interleave(_repeats(n, device)))
+        n = _repeats(n, device)
         state = {"cache": cache, "mask": mask.repeat_interleave(n, dim=0), "next": positions[:, -1:].repeat_interleave(n, dim=0) + 1}
         return out.logits[:, -1].float().repeat_interleave(n, dim=0), state
 
@@ -269,3 +284,8 @@ def make_sampler(model, tokenizer, eos_token_ids: list[int], max_batch_size: int
     else:
         cls = FastSampler
     return cls(model, tokenizer, eos_token_ids, max_batch_size=max_batch_size, bf16=bf16)
+
+
+def _repeats(n, device):
+    """repeat_interleave's repeats: a number for every prompt, or one per prompt (a tensor on `device`)."""
+    return n if isinstance(n, int) else torch.tensor(n, device=device)
