@@ -15,8 +15,11 @@ An environment is any object with two methods; one is made for each completion o
         to train on it.
 
 The rollout also ends at `max_turns` model turns or when `max_completion_length` tokens (the
-model's and the observations' together) are used.  An environment that raises ends that rollout
-(its reward None), counted in env/errors; the run goes on.
+model's and the observations' together) are used.  A step that raises, or runs past `env_timeout`
+seconds, ends that rollout (its reward None), counted in env/errors; the run goes on.  A constructor
+or reset that raises or runs past env_timeout, and a reset or step that returns what no rollout can
+use (a reset's int, a step's None or tuple, a reward that is not a number), end the run with one line
+naming the environment and what it returned (rollout/multiturn.py).
 
 Tools (`tools=[...]`) are the built-in environment ToolEnvironment: each <tool_call> in the model's
 turn is run (tools.py) and the results come back as one `tool` message; a turn without a call ends
@@ -28,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from rlvr.errors import RolloutError
 from rlvr.plugins import load_named, register
 from rlvr.tools import ToolBox, parse_tool_calls
 from rlvr.types import Example, Prompt
@@ -103,12 +107,12 @@ def protocol_problem(env) -> str | None:
 
 
 def checked(factory):
-    """`factory`, with each environment it makes checked against the protocol (a ValueError, which ends the run)."""
+    """`factory`, with each environment it makes checked against the protocol (a RolloutError, which ends the run)."""
     def make():
         env = factory()
         problem = protocol_problem(env)
         if problem:
-            raise ValueError(problem)
+            raise RolloutError(problem)
         return env
 
     return make

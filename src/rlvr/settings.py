@@ -257,9 +257,10 @@ def _multiturn_problems(cfg: Config) -> list[str]:
                 problems.append(str(e))
     if cfg.environment:
         from rlvr.environments import load_environment
+        from rlvr.rollout.multiturn import check_environment
 
         try:
-            load_environment(cfg.environment)
+            problems += check_environment(load_environment(cfg.environment), cfg.env_timeout or None)
         except ValueError as e:
             problems.append(str(e))
     if cfg.rollout_func:

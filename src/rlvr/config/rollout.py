@@ -154,6 +154,7 @@ class MultiTurnSettings(Section):
     tool_timeout: float = 10.0  # seconds a tool call may run; past it the model reads an error
     max_tool_output_chars: int = 2000  # a tool's output is cut to this many characters, with a note saying so
     rollout_func: str | None = None  # package.module:function that samples the completions itself (TRL's rollout_func)
+    env_timeout: float = 60.0  # seconds an environment's constructor, reset or step, or a rollout_func's own work (its sampling not counted), may take; 0 = no bound
 
     def _rules(self) -> list[str]:
         problems = []
@@ -164,6 +165,8 @@ class MultiTurnSettings(Section):
             problems.append("rollout_func samples the completions itself: it cannot be combined with tools or environment")
         if self.max_turns < 1:
             problems.append(f"max_turns must be at least 1; got {self.max_turns}")
+        if self.env_timeout < 0:
+            problems.append(f"env_timeout must be >= 0 seconds (0: no bound), got {self.env_timeout}")
         if self.tool_timeout <= 0 or self.max_tool_output_chars < 1:
             problems.append("tool_timeout must be > 0 and max_tool_output_chars at least 1")
         return problems

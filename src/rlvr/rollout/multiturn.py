@@ -24,6 +24,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import numbers
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -45,7 +48,73 @@ TOOLS_PROMPT = (
 
 
 class EnvironmentFailed(RolloutError):
-    """An environment's reset failed: the prompt cannot be started."""
+    """An environment could not be made or started, or broke its protocol (reset or step returned what no
+    rollout can use): the run ends with one line naming it and what it did."""
+
+
+class TimedOut(Exception):
+    """A call given to `bounded` did not return in time."""
+
+
+def bounded(seconds: float, fn, *args):
+    """fn(*args) in a thread of its own, waited for at most `seconds` (None: without a bound).  Its error
+    is raised here; TimedOut when it runs past the bound, the thread then left to end by itself (Python
+    cannot stop a thread: a daemon, it never holds the process; what it does later is not used)."""
+    if seconds is None:
+        return fn(*args)
+    box: dict = {}
+    done = threading.Event()
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="rlvr-env-call", daemon=True).start()
+    if not done.wait(seconds):
+        raise TimedOut()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def bounded_all(seconds: float | None, calls: list[tuple]) -> list:
+    """Each fn(arg) of `calls`, all at once, each in a thread of its own, waited for until one deadline
+    `seconds` from now (None: one after another in this thread, without a bound).  Per call its result,
+    the exception it raised, or TimedOut (its thread left to end by itself, as in `bounded`)."""
+    if seconds is None:
+        out = []
+        for fn, arg in calls:
+            try:
+                out.append(fn(arg))
+            except Exception as e:  # noqa: BLE001 - the caller decides what an error means
+                out.append(e)
+        return out
+    boxes = [{} for _ in calls]
+    dones = [threading.Event() for _ in calls]
+
+    def run(fn, arg, box, done):
+        try:
+            box["value"] = fn(arg)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["value"] = e if isinstance(e, Exception) else RuntimeError(f"{type(e).__name__}: {e}")
+        finally:
+            done.set()
+
+    for (fn, arg), box, done in zip(calls, boxes, dones):
+        threading.Thread(target=run, args=(fn, arg, box, done), name="rlvr-env-step", daemon=True).start()
+    deadline = time.monotonic() + seconds
+    for done in dones:
+        done.wait(max(0.0, deadline - time.monotonic()))
+    return [box["value"] if done.is_set() else TimedOut() for box, done in zip(boxes, dones)]
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return f"{text[:80]}..." if len(text) > 80 else text
 
 
 @dataclass
@@ -77,9 +146,12 @@ class MultiTurn:
     `tool_schemas` are shown to the model (by the chat template where it knows tools, else in a
     system message that describes the tag format)."""
 
-    def __init__(self, rollout: RolloutSettings, data: DataSettings, tokenizer, make_env, tool_schemas: list[dict] | None = None):
-        self.data, self.tokenizer, self.make_env = data, tokenizer, make_env
+    def __init__(self, rollout: RolloutSettings, data: DataSettings, tokenizer, make_env, tool_schemas: list[dict] | None = None,
+                 name: str = "environment"):
+        """`name`: the environment's, as errors name it (its class)."""
+        self.data, self.tokenizer, self.factory, self.name = data, tokenizer, make_env, name
         self.max_turns, self.budget = rollout.max_turns, rollout.max_completion_length
+        self.timeout = rollout.env_timeout or None  # seconds an environment's constructor, reset or step may take
         self.raw = data.text_prompts == "raw" or not getattr(tokenizer, "chat_template", None)
         self.template_kwargs = dict(data.chat_template_kwargs or {})
         self.tools_text = None
@@ -88,9 +160,20 @@ class MultiTurn:
                 self.template_kwargs["tools"] = tool_schemas
             else:
                 self.tools_text = TOOLS_PROMPT.format(schemas="\n".join(json.dumps(s) for s in tool_schemas))
-        self.stop_strings = tuple(getattr(make_env(), "stop_strings", ()))
+        self.stop_strings = stop_strings_of(self.make_env(), self.name)
         self._base = None if self.raw else self._apply(_probe(), False)  # a user turn and a model turn, rendered once
         self._end = None if self.raw else self._base.split(_HOLE)[-1]  # what the template writes after a model turn
+
+    def make_env(self):
+        """One environment, made within env_timeout; a constructor that raises or hangs ends the run."""
+        try:
+            return bounded(self.timeout, self.factory)
+        except TimedOut:
+            raise EnvironmentFailed(f"{self.name}() did not return within env_timeout={self.timeout:g} s") from None
+        except RolloutError:  # what it made is not an environment (environments.checked)
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's constructor
+            raise EnvironmentFailed(f"{self.name}() raised {type(e).__name__}: {e}") from None
 
     # --- prompts -------------------------------------------------------------------------
 
@@ -143,9 +226,8 @@ class MultiTurn:
         params = dataclasses.replace(params, stop_strings=tuple(params.stop_strings) + self.stop_strings)
         eos = set(getattr(sampler, "eos", ()))
         trajectories = [[_Trajectory(ids, env) for env in group] for ids, group in zip(prompt_ids, envs)]
-        for group, rollouts in zip(trajectories, sampler.generate(prompt_ids, params, generator)):
-            for t, r in zip(group, rollouts):
-                self._take(t, r, eos)
+        self._take([(t, r) for group, rollouts in zip(trajectories, sampler.generate(prompt_ids, params, generator))
+                    for t, r in zip(group, rollouts)], eos)
         seeds = generator.seeds if isinstance(generator, GroupGenerators) else None
         for turn in range(1, self.max_turns):
             live = [(g, m, t) for g, group in enumerate(trajectories) for m, t in enumerate(group) if not t.done]
@@ -155,8 +237,7 @@ class MultiTurn:
             streams = generator if seeds is None else GroupGenerators([mix_seed(seeds[g], m, turn) for g, m, _ in live])
             outs = sampler.generate([t.prompt_ids + t.ids for _, _, t in live],
                                     dataclasses.replace(params, n=1, max_tokens=room), streams)
-            for (_, _, t), (r,) in zip(live, outs):
-                self._take(t, self._fit(r, self.budget - len(t.ids), params), eos)
+            self._take([(t, self._fit(r, self.budget - len(t.ids), params)) for (_, _, t), (r,) in zip(live, outs)], eos)
         return texts, [[t.rollout() for t in group] for group in trajectories]
 
     def _start(self, example, prompt, group):
@@ -164,9 +245,14 @@ class MultiTurn:
         firsts = []
         for env in group:
             try:
-                first = env.reset(example)
+                first = bounded(self.timeout, env.reset, example)
+            except TimedOut:
+                raise EnvironmentFailed(f"{self.name}.reset did not return within env_timeout={self.timeout:g} s") from None
             except Exception as e:  # noqa: BLE001
-                raise EnvironmentFailed(f"the environment's reset raised {type(e).__name__}: {e}") from e
+                raise EnvironmentFailed(f"{self.name}.reset raised {type(e).__name__}: {e}") from None
+            if first is not None and not _is_prompt(first):
+                raise EnvironmentFailed(f"{self.name}.reset returned {_short(first)} ({type(first).__name__}): return None "
+                                        "(the row's own prompt), text, or a non-empty list of {'role': ..., 'content': ...} messages")
             firsts.append(prompt if first is None else first)
         if any(f != firsts[0] for f in firsts[1:]):
             raise EnvironmentFailed("an environment's reset gave the completions of one prompt different first messages; "
@@ -181,8 +267,18 @@ class MultiTurn:
         return Rollout(r.prompt_ids, ids, r.logprobs[:room], "length", self.tokenizer.decode(ids, skip_special_tokens=True),
                        versions=r.versions[:room] if r.versions is not None else None)
 
-    def _take(self, t: _Trajectory, r: Rollout, eos: set) -> None:
-        """Add one model turn to `t` and let its environment answer."""
+    def _take(self, turns: list[tuple[_Trajectory, Rollout]], eos: set) -> None:
+        """Add one model turn to each trajectory and let the environments answer: their steps run at the same
+        time, each environment in a thread of its own, all waited for until one deadline (env_timeout), so
+        environments that hang cost the turn env_timeout once, not once each."""
+        asked = [(t, r, self._append(t, r)) for t, r in turns]
+        asked = [(t, r, written) for t, r, written in asked if written is not None]
+        answers = bounded_all(self.timeout, [(t.env.step, written) for t, _, written in asked])
+        for (t, r, _), answer in zip(asked, answers):
+            self._answer(t, r, answer, eos)
+
+    def _append(self, t: _Trajectory, r: Rollout) -> str | None:
+        """Add a model turn to `t`; the text its environment is to answer, or None where the rollout ends here."""
         n = len(r.completion_ids)
         t.ids += r.completion_ids
         t.mask += [True] * n
@@ -194,13 +290,23 @@ class MultiTurn:
         t.messages.append({"role": "assistant", "content": written})
         if r.finish_reason == "length":
             t.finish, t.done = "length", True
-            return
-        try:
-            step = t.env.step(written)
-        except Exception as e:  # noqa: BLE001 - an environment's bug ends this rollout, not the run
-            log.warning("the environment's step raised %s: %s; the rollout ends there (env/errors)", type(e).__name__, e)
+            return None
+        return written
+
+    def _answer(self, t: _Trajectory, r: Rollout, step, eos: set) -> None:
+        """The environment's answer to `t`'s last turn: a Step, the exception its step raised, or TimedOut."""
+        if isinstance(step, TimedOut):  # this rollout ends; the call is left to end by itself
+            log.warning("%s.step did not return within env_timeout=%g s; the rollout ends there (env/errors)", self.name,
+                        self.timeout)
             t.env_error, t.done = True, True
             return
+        if isinstance(step, Exception):  # an environment's bug ends this rollout, not the run
+            log.warning("%s.step raised %s: %s; the rollout ends there (env/errors)", self.name, type(step).__name__, step)
+            t.env_error, t.done = True, True
+            return
+        problem = step_problem(step)
+        if problem:
+            raise EnvironmentFailed(f"{self.name}.step returned {problem}")
         if step.reward is not None:
             t.env_reward = (t.env_reward or 0.0) + float(step.reward)
         if step.done or t.turns >= self.max_turns:
@@ -218,6 +324,38 @@ class MultiTurn:
         if t.versions is not None:  # not sampled (masked out of the loss): the version of the turn before
             t.versions += (t.versions[-1:] or [0]) * len(between_ids)
         t.messages.append({"role": step.role, "content": str(step.observation or "")})
+
+
+def _is_prompt(value) -> bool:
+    """Text, or a non-empty list of chat messages ({'role': str, 'content': ...})."""
+    if isinstance(value, str):
+        return bool(value)
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value)
+
+
+def step_problem(step) -> str | None:
+    """What is wrong with what an environment's step returned (a short phrase), or None for a usable Step."""
+    from rlvr.environments import Step
+
+    if not isinstance(step, Step):
+        return f"{_short(step)} ({type(step).__name__}), not a Step(observation, done, reward)"
+    reward = step.reward
+    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, numbers.Real) or reward != reward):
+        return f"a Step whose reward is {_short(reward)} ({type(reward).__name__}): a number, or None"
+    if step.done not in (True, False):  # a bool, or numpy's
+        return f"a Step whose done is {_short(step.done)} ({type(step.done).__name__}): True or False"
+    if not isinstance(step.role, str) or not step.role:
+        return f"a Step whose role is {_short(step.role)}: a chat role such as 'user' or 'tool'"
+    return None
+
+
+def stop_strings_of(env, name: str) -> tuple:
+    """The environment's stop_strings (where a model turn ends for it to answer): a list of non-empty strings."""
+    stops = getattr(env, "stop_strings", ())
+    if isinstance(stops, str) or not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) and x for x in stops):
+        raise EnvironmentFailed(f"{name}.stop_strings is {_short(stops)}: a list of non-empty strings, e.g. ['</tool_call>']")
+    return tuple(stops)
 
 
 def _probe() -> list[dict]:
@@ -250,6 +388,28 @@ def make_multiturn(rollout: RolloutSettings, data: DataSettings, tokenizer):
 
     if rollout.environment:
         factory = load_environment(rollout.environment)
-        return MultiTurn(rollout, data, tokenizer, checked(factory))
+        return MultiTurn(rollout, data, tokenizer, checked(factory), name=environment_name(factory))
     toolbox = ToolBox(rollout.tools, rollout.tool_timeout, rollout.max_tool_output_chars)
-    return MultiTurn(rollout, data, tokenizer, lambda: ToolEnvironment(toolbox), toolbox.schemas)
+    return MultiTurn(rollout, data, tokenizer, lambda: ToolEnvironment(toolbox), toolbox.schemas, name="ToolEnvironment")
+
+
+def check_environment(factory, timeout: float | None) -> list[str]:
+    """The launch check's (before the model loads): one environment made as a run makes them, its protocol
+    and stop_strings checked; what is wrong, a line each."""
+    from rlvr.environments import checked
+
+    name = environment_name(factory)
+    try:
+        env = bounded(timeout, checked(factory))
+        stop_strings_of(env, name)
+    except TimedOut:
+        return [f"environment {name}() did not return within env_timeout={timeout:g} s"]
+    except RolloutError as e:
+        return [f"environment {e}" if str(e).startswith(name) else str(e)]
+    except Exception as e:  # noqa: BLE001 - the user's constructor
+        return [f"environment {name}() raised {type(e).__name__}: {e}"]
+    return []
+
+
+def environment_name(factory) -> str:
+    return getattr(factory, "__qualname__", None) or getattr(factory, "__name__", None) or type(factory).__name__
