@@ -251,3 +251,22 @@ def tiny(tiny_model_dir):
 
     model, tokenizer, _ = load_model(str(tiny_model_dir))
     return model, tokenizer
+
+
+def stop_in_update(monkeypatch, step: int, before=None):
+    """Make Trainer.update raise KeyboardInterrupt in the update that follows step `step` (as Ctrl-C there
+    would), after before(trainer) where given (a check, or a wait); returns a function that puts the
+    update back, for the resumed run."""
+    from rlvr.trainer import Trainer
+
+    original = Trainer.update
+
+    def update(self, batch, *rest):
+        if self.step == step:
+            if before is not None:
+                before(self)
+            raise KeyboardInterrupt
+        return original(self, batch, *rest)
+
+    monkeypatch.setattr(Trainer, "update", update)
+    return lambda: monkeypatch.setattr(Trainer, "update", original)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 import torch
-from conftest import launch_ranks
+from conftest import launch_ranks, stop_in_update
 from safetensors.torch import load_file
 
 from rlvr.run import train
@@ -115,19 +115,15 @@ def test_off_policy_run_stopped_mid_update_resumes_exactly(tiny_run_config, tmp_
     train(_cfg(tiny_run_config, straight, max_staleness=1, max_steps=6))
 
     resumed = tmp_path / "resumed"
-    original_update = Trainer.update
 
-    def stop_in_step_4(self, batch, *rest):
-        if self.step == 3:
-            assert self.batches.ahead is not None  # the 3rd batch is being sampled
-            raise KeyboardInterrupt
-        return original_update(self, batch, *rest)
+    def sampling_ahead(trainer):
+        assert trainer.batches.ahead is not None  # the 3rd batch is being sampled
 
-    monkeypatch.setattr(Trainer, "update", stop_in_step_4)
+    restore = stop_in_update(monkeypatch, 3, sampling_ahead)
     with pytest.raises(KeyboardInterrupt):
         train(_cfg(tiny_run_config, resumed, max_staleness=1, max_steps=6))
     assert (resumed / "checkpoint-3").is_dir()
-    monkeypatch.setattr(Trainer, "update", original_update)
+    restore()
     train(_cfg(tiny_run_config, resumed, max_staleness=1, max_steps=6, resume=True))
 
     a, b = _weights(straight), _weights(resumed)
@@ -151,18 +147,11 @@ def test_weights_synced_every_two_steps_resume_exactly(tiny_run_config, tmp_path
     train(_cfg(tiny_run_config, straight, **settings))
 
     resumed = tmp_path / "resumed"
-    original_update = Trainer.update
-
-    def stop_in_step_4(self, batch, *rest):
-        if self.step == 3:
-            raise KeyboardInterrupt
-        return original_update(self, batch, *rest)
-
-    monkeypatch.setattr(Trainer, "update", stop_in_step_4)
+    restore = stop_in_update(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         train(_cfg(tiny_run_config, resumed, **settings))
     assert (resumed / "checkpoint-3").is_dir()
-    monkeypatch.setattr(Trainer, "update", original_update)
+    restore()
     train(_cfg(tiny_run_config, resumed, **settings, resume=True))
 
     a, b = _weights(straight), _weights(resumed)

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from conftest import stop_in_update
 
 from rlvr.config import ConfigError, build_config
 from rlvr.rewards import Scores
@@ -19,7 +20,6 @@ from rlvr.rollout.producer import Producer, WeightVersions
 from rlvr.rollout.stage import Sampled
 from rlvr.run import train
 from rlvr.tasks import PromptStream
-from rlvr.trainer import Trainer
 from rlvr.types import Example, PartialGroup, Rollout
 
 # --- the engine: a completion continued where it stopped ------------------------------------------
@@ -243,14 +243,7 @@ def test_a_stopped_run_with_partial_rollouts_resumes_with_its_carried_groups(tin
                 "max_completion_length": 12, "stop_strings": ["1"], "max_staleness": 2, "async_mode": "free",
                 "partial_rollout_tokens": 3, "task_args": {"digits": 2, "num_train": 200, "num_test": 8}}
     out = tmp_path / "run"
-    original_update = Trainer.update
-
-    def stop_in_step_4(self, batch, *rest):
-        if self.step == 3:
-            raise KeyboardInterrupt
-        return original_update(self, batch, *rest)
-
-    monkeypatch.setattr(Trainer, "update", stop_in_step_4)
+    restore = stop_in_update(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         train(tiny_run_config(out, **settings))
     def key(prompt):
@@ -263,7 +256,7 @@ def test_a_stopped_run_with_partial_rollouts_resumes_with_its_carried_groups(tin
 
     carried = carried_at(3)
     assert carried
-    monkeypatch.setattr(Trainer, "update", original_update)
+    restore()
     train(tiny_run_config(out, resume=True, **settings))
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]

@@ -10,13 +10,13 @@ import time
 
 import pytest
 import torch
+from conftest import stop_in_update
 
 from rlvr.config import ConfigError, build_config
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.home import HomeThread
 from rlvr.rollout.producer import Cancelled, Producer, WeightVersions, oldest_version, token_staleness
 from rlvr.run import train
-from rlvr.trainer import Trainer
 from rlvr.types import Generation
 
 
@@ -243,21 +243,16 @@ def test_a_stopped_free_running_run_resumes_with_its_queue_and_nothing_lost_or_s
     train(tiny_run_config(on_policy, **settings))
 
     out = tmp_path / "free"
-    original_update = Trainer.update
+    def queued(trainer):  # something is queued (its rewards served)
+        _wait(lambda: trainer.home.serve() or len(trainer.producer.ready) >= 1)
 
-    def stop_in_step_4(self, batch, *rest):
-        if self.step == 3:
-            _wait(lambda: self.home.serve() or len(self.producer.ready) >= 1)  # something is queued (its rewards served)
-            raise KeyboardInterrupt
-        return original_update(self, batch, *rest)
-
-    monkeypatch.setattr(Trainer, "update", stop_in_step_4)
+    restore = stop_in_update(monkeypatch, 3, queued)
     with pytest.raises(KeyboardInterrupt):
         train(tiny_run_config(out, max_staleness=2, async_mode="free", **settings))
     state = torch.load(out / "checkpoint-3" / "trainer_state.pt", weights_only=False)
     assert state["pending"].iterations_done == 0 and len(state["queued"]) >= 1
     queued_reward = state["queued"][0].metrics["reward"]
-    monkeypatch.setattr(Trainer, "update", original_update)
+    restore()
     resumed = {"max_staleness": 2, "async_mode": "free"} if resumed_as == "free" else {"resume_override": True}
     train(tiny_run_config(out, resume=True, **resumed, **settings))
     rows = _rows(out)
