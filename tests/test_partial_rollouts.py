@@ -157,6 +157,7 @@ def test_long_completions_are_carried_to_the_next_generation_and_new_prompts_fil
     # round 3: B (4 of its 5 and 6 tokens) is done, D starts; round 4: D goes on and E starts, both done: E waits
     assert gens.rollout.calls[2:] == [(["B"], ["D"]), (["D"], ["E"])]
     assert _prompts(second) == ["B", "D"] and gens.carry[0] == () and [g.example.prompt for g in gens.carry[1]] == ["E"]
+    assert second.metrics["sampling/rounds"] == 1 and second.metrics["sampling/carried_groups"] == 1
     b = second.parts[0][0].rollouts[1]  # B's 6 tokens: 2 a round, the first two rounds at version 0
     assert b.versions == [0, 0, 0, 0, 1, 1] and b.completion_ids == [7] * 6
     assert second.token_versions == {0: 4 + 4, 1: 3 + 7}  # B: 4 + 4 at version 0; B's last 3, D's 7 at 1
