@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import time
 
 import torch
 
 from rlvr.plugins import load_named, register
 from rlvr.rollout import RolloutError
-from rlvr.rollout.multiturn import mix_seed
+from rlvr.rollout.multiturn import InThread, mix_seed, short
 from rlvr.rollout.sampling import GroupGenerators
 from rlvr.types import Rollout
 
@@ -81,42 +80,34 @@ class RolloutContext:
 
 
 def _call(fn, name: str, prompts: list, context: RolloutContext, seconds: float | None):
-    """fn(prompts, context), its errors as one line; with `seconds`, in a thread of its own, given up (and
-    refused any further sampling) once its own time passes them."""
+    """fn(prompts, context), its errors as one line; with `seconds`, in a thread of its own (InThread),
+    given up (and refused any further sampling) once its own time passes them."""
     stream = torch.cuda.current_stream() if torch.cuda.is_available() else None  # CUDA's stream is per thread
 
     def run():
-        try:
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                box["value"] = fn(prompts, context)
-        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
-            box["error"] = e
-        finally:
-            done.set()
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return fn(prompts, context)
 
-    box: dict = {}
-    done = threading.Event()
-    if seconds is None:
-        run()
-    else:
-        threading.Thread(target=run, name="rlvr-rollout-func", daemon=True).start()
-        while not done.wait(0.05):
+    try:
+        if seconds is None:
+            return run()
+        call = InThread(run, name="rlvr-rollout-func")
+        while not call.done.wait(0.05):
             if context.own_seconds() > seconds:
                 context.closed = True
                 raise RolloutError(f"rollout_func {name} ran {seconds:g} s without returning, not counting its sampling "
                                    "(env_timeout): it was given up")
-    if "error" in box:
-        e = box["error"]
-        if isinstance(e, (RolloutError, KeyboardInterrupt, SystemExit)):
-            raise e
+        return call.result()
+    except (RolloutError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - the user's function: one line
         raise RolloutError(f"rollout_func {name} raised {type(e).__name__}: {e}") from e
-    return box["value"]
 
 
 def _ids(values, what: str, name: str, i: int, vocab: int | None) -> list[int]:
     """A row of token ids as ints, or a one-line error saying what is wrong with it."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise RolloutError(f"rollout_func {name}: {what} {i} is {_short(values)} ({type(values).__name__}), not a list of token ids")
+        raise RolloutError(f"rollout_func {name}: {what} {i} is {short(values)} ({type(values).__name__}), not a list of token ids")
     out = []
     for v in values:
         try:
@@ -124,18 +115,13 @@ def _ids(values, what: str, name: str, i: int, vocab: int | None) -> list[int]:
         except (TypeError, ValueError, OverflowError):
             whole = False
         if not whole:
-            raise RolloutError(f"rollout_func {name}: {what} {i} holds {_short(v)} ({type(v).__name__}), not a token id")
+            raise RolloutError(f"rollout_func {name}: {what} {i} holds {short(v)} ({type(v).__name__}), not a token id")
         v = int(v)
         if v < 0 or (vocab is not None and v >= vocab):
             raise RolloutError(f"rollout_func {name}: {what} {i} holds the token id {v}, outside the vocabulary "
                                f"(0 to {vocab - 1 if vocab else 'its size'})")
         out.append(v)
     return out
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return f"{text[:60]}..." if len(text) > 60 else text
 
 
 def custom_rollouts(fn, args, tokenizer, sampler, examples, params, generator) -> list[list[Rollout]]:
@@ -167,7 +153,7 @@ def custom_rollouts(fn, args, tokenizer, sampler, examples, params, generator) -
         try:
             logprobs = [float(x) for x in out["logprobs"][i]]
         except (TypeError, ValueError):
-            raise RolloutError(f"rollout_func {name}: logprobs {i} is {_short(out['logprobs'][i])}, not a list of numbers") from None
+            raise RolloutError(f"rollout_func {name}: logprobs {i} is {short(out['logprobs'][i])}, not a list of numbers") from None
         if len(logprobs) != len(completion):
             raise RolloutError(f"rollout_func {name}: completion {i} has {len(completion)} tokens but {len(logprobs)} logprobs")
         mask = None

@@ -56,29 +56,40 @@ class TimedOut(Exception):
     """A call given to `bounded` did not return in time."""
 
 
+class InThread:
+    """fn(*args) running in a daemon thread of its own: Python cannot stop a thread, so one that runs on
+    past its caller's bound is left to end by itself (it never holds the process; what it returns later
+    is not used).  `done` is set once it has returned or raised."""
+
+    def __init__(self, fn, *args, name: str):
+        self.done = threading.Event()
+        self.value, self.error = None, None
+        threading.Thread(target=self._run, args=(fn, args), name=name, daemon=True).start()
+
+    def _run(self, fn, args) -> None:
+        try:
+            self.value = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self.error = e
+        finally:
+            self.done.set()
+
+    def result(self):
+        """Once done: its value, or its error raised here."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 def bounded(seconds: float, fn, *args):
-    """fn(*args) in a thread of its own, waited for at most `seconds` (None: without a bound).  Its error
-    is raised here; TimedOut when it runs past the bound, the thread then left to end by itself (Python
-    cannot stop a thread: a daemon, it never holds the process; what it does later is not used)."""
+    """fn(*args) in a thread of its own (InThread), waited for at most `seconds` (None: here, without a
+    bound).  Its error is raised here; TimedOut when it runs past the bound."""
     if seconds is None:
         return fn(*args)
-    box: dict = {}
-    done = threading.Event()
-
-    def run():
-        try:
-            box["value"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
-            box["error"] = e
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="rlvr-env-call", daemon=True).start()
-    if not done.wait(seconds):
+    call = InThread(fn, *args, name="rlvr-env-call")
+    if not call.done.wait(seconds):
         raise TimedOut()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return call.result()
 
 
 def bounded_all(seconds: float | None, calls: list[tuple]) -> list:
@@ -93,26 +104,22 @@ def bounded_all(seconds: float | None, calls: list[tuple]) -> list:
             except Exception as e:  # noqa: BLE001 - the caller decides what an error means
                 out.append(e)
         return out
-    boxes = [{} for _ in calls]
-    dones = [threading.Event() for _ in calls]
-
-    def run(fn, arg, box, done):
-        try:
-            box["value"] = fn(arg)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["value"] = e if isinstance(e, Exception) else RuntimeError(f"{type(e).__name__}: {e}")
-        finally:
-            done.set()
-
-    for (fn, arg), box, done in zip(calls, boxes, dones):
-        threading.Thread(target=run, args=(fn, arg, box, done), name="rlvr-env-step", daemon=True).start()
+    started = [InThread(fn, arg, name="rlvr-env-step") for fn, arg in calls]
     deadline = time.monotonic() + seconds
-    for done in dones:
-        done.wait(max(0.0, deadline - time.monotonic()))
-    return [box["value"] if done.is_set() else TimedOut() for box, done in zip(boxes, dones)]
+    for call in started:
+        call.done.wait(max(0.0, deadline - time.monotonic()))
+    return [_outcome(call) if call.done.is_set() else TimedOut() for call in started]
 
 
-def _short(value) -> str:
+def _outcome(call: InThread):
+    """A finished call's value or the exception it raised (an exit or Ctrl-C in it as a RuntimeError)."""
+    if call.error is None:
+        return call.value
+    return call.error if isinstance(call.error, Exception) else RuntimeError(f"{type(call.error).__name__}: {call.error}")
+
+
+def short(value) -> str:
+    """repr(value), cut to 80 characters for an error message."""
     text = repr(value)
     return f"{text[:80]}..." if len(text) > 80 else text
 
@@ -251,7 +258,7 @@ class MultiTurn:
             except Exception as e:  # noqa: BLE001
                 raise EnvironmentFailed(f"{self.name}.reset raised {type(e).__name__}: {e}") from None
             if first is not None and not _is_prompt(first):
-                raise EnvironmentFailed(f"{self.name}.reset returned {_short(first)} ({type(first).__name__}): return None "
+                raise EnvironmentFailed(f"{self.name}.reset returned {short(first)} ({type(first).__name__}): return None "
                                         "(the row's own prompt), text, or a non-empty list of {'role': ..., 'content': ...} messages")
             firsts.append(prompt if first is None else first)
         if any(f != firsts[0] for f in firsts[1:]):
@@ -339,14 +346,14 @@ def step_problem(step) -> str | None:
     from rlvr.environments import Step
 
     if not isinstance(step, Step):
-        return f"{_short(step)} ({type(step).__name__}), not a Step(observation, done, reward)"
+        return f"{short(step)} ({type(step).__name__}), not a Step(observation, done, reward)"
     reward = step.reward
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, numbers.Real) or reward != reward):
-        return f"a Step whose reward is {_short(reward)} ({type(reward).__name__}): a number, or None"
+        return f"a Step whose reward is {short(reward)} ({type(reward).__name__}): a number, or None"
     if step.done not in (True, False):  # a bool, or numpy's
-        return f"a Step whose done is {_short(step.done)} ({type(step.done).__name__}): True or False"
+        return f"a Step whose done is {short(step.done)} ({type(step.done).__name__}): True or False"
     if not isinstance(step.role, str) or not step.role:
-        return f"a Step whose role is {_short(step.role)}: a chat role such as 'user' or 'tool'"
+        return f"a Step whose role is {short(step.role)}: a chat role such as 'user' or 'tool'"
     return None
 
 
@@ -354,7 +361,7 @@ def stop_strings_of(env, name: str) -> tuple:
     """The environment's stop_strings (where a model turn ends for it to answer): a list of non-empty strings."""
     stops = getattr(env, "stop_strings", ())
     if isinstance(stops, str) or not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) and x for x in stops):
-        raise EnvironmentFailed(f"{name}.stop_strings is {_short(stops)}: a list of non-empty strings, e.g. ['</tool_call>']")
+        raise EnvironmentFailed(f"{name}.stop_strings is {short(stops)}: a list of non-empty strings, e.g. ['</tool_call>']")
     return tuple(stops)
 
 
