@@ -270,3 +270,28 @@ def stop_in_update(monkeypatch, step: int, before=None):
 
     monkeypatch.setattr(Trainer, "update", update)
     return lambda: monkeypatch.setattr(Trainer, "update", original)
+
+
+def metrics_rows(out) -> list[dict]:
+    """A run directory's metrics.jsonl, a dict per row."""
+    import json
+
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def free_running_run(model_dir, tmp_path, **settings) -> list[dict]:
+    """A free-running run (async_mode=free, max_staleness=2) of the tiny model at `model_dir`, learning to
+    start its completions with a 7 (about 1 in 20 at first); `settings` over these; its metrics rows."""
+    from rlvr.config import build_config
+    from rlvr.run import train
+
+    plugin = tmp_path / "seven.py"
+    plugin.write_text("def starts_with_seven(completions, **kw):\n    return [float(c.startswith('7')) for c in completions]\n")
+    out = tmp_path / "run"
+    train(build_config({
+        "model": str(model_dir), "task_args": {"digits": 2, "num_train": 200, "num_test": 10},
+        "reward_funcs": [f"{plugin}:starts_with_seven"], "per_device_train_batch_size": 64, "learning_rate": 1e-2,
+        "logging_steps": 1, "save_steps": 1000, "eval_on_start": False, "eval_on_end": False, "max_staleness": 2,
+        "async_mode": "free", **settings, "output_dir": str(out),
+    }))
+    return metrics_rows(out)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import stop_in_update
+from conftest import free_running_run, metrics_rows, stop_in_update
 
 from rlvr.config import ConfigError, build_config
 from rlvr.rewards import Scores
@@ -208,26 +208,13 @@ def test_settings_partial_rollouts_cannot_run_with_are_refused():
 # --- runs of the tiny model ------------------------------------------------------------------------
 
 
-def _rows(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.trains
 def test_a_run_with_partial_rollouts_learns_and_no_token_is_older_than_max_staleness(tiny_model_dir, tmp_path):
     """Groups of 4 completions of up to 12 tokens, 3 tokens a round, ended early by a stop string: the
     tiny model learns the reward all the same (about 0.8 by step 25 in the runs tried), and the bound
     holds per token."""
-    plugin = tmp_path / "seven.py"
-    plugin.write_text("def starts_with_seven(completions, **kw):\n    return [float(c.startswith('7')) for c in completions]\n")
-    out = tmp_path / "run"
-    train(build_config({
-        "model": str(tiny_model_dir), "task_args": {"digits": 2, "num_train": 200, "num_test": 10},
-        "reward_funcs": [f"{plugin}:starts_with_seven"], "num_generations": 4, "per_device_train_batch_size": 64,
-        "max_completion_length": 12, "stop_strings": ["1"], "learning_rate": 1e-2, "max_steps": 60, "logging_steps": 1,
-        "save_steps": 1000, "eval_on_start": False, "eval_on_end": False, "max_staleness": 2, "async_mode": "free",
-        "partial_rollout_tokens": 3, "output_dir": str(out),
-    }))
-    rows = _rows(out)
+    rows = free_running_run(tiny_model_dir, tmp_path, num_generations=4, max_completion_length=12, stop_strings=["1"],
+                            max_steps=60, partial_rollout_tokens=3)
     rewards = [r["reward"] for r in rows]
     assert sum(rewards[:3]) / 3 < 0.2 and sum(rewards[-3:]) / 3 > 0.8, rewards
     assert all(0 <= r["sampling/staleness_mean"] <= r["sampling/staleness_max"] <= 2 for r in rows)
@@ -259,7 +246,7 @@ def test_a_stopped_run_with_partial_rollouts_resumes_with_its_carried_groups(tin
     assert carried
     restore()
     train(tiny_run_config(out, resume=True, **settings))
-    rows = _rows(out)
+    rows = metrics_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     trained = {}
     for line in (out / "completions.jsonl").read_text().splitlines():

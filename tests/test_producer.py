@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import stop_in_update
+from conftest import free_running_run, metrics_rows, stop_in_update
 
 from rlvr.config import ConfigError, build_config
 from rlvr.rollout import SamplingParams
@@ -194,25 +194,12 @@ def test_in_flight_weights_sample_the_tokens_after_the_load_and_say_so(tiny, fas
 # --- runs of the tiny model --------------------------------------------------------------------------
 
 
-def _rows(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.trains
 def test_a_free_running_run_learns_and_no_token_is_older_than_max_staleness(tiny_model_dir, tmp_path):
     """The tiny model learns a reward from samples up to two versions old (it was the lockstep test's
     run, max_staleness=1, before the free-running producer; lockstep's lag is tests/test_off_policy.py's)."""
-    plugin = tmp_path / "seven.py"
-    plugin.write_text("def starts_with_seven(completions, **kw):\n    return [float(c.startswith('7')) for c in completions]\n")
-    out = tmp_path / "run"
-    train(build_config({
-        "model": str(tiny_model_dir), "task_args": {"digits": 2, "num_train": 200, "num_test": 10},
-        "reward_funcs": [f"{plugin}:starts_with_seven"], "num_generations": 8, "per_device_train_batch_size": 64,
-        "max_completion_length": 4, "learning_rate": 1e-2, "max_steps": 40, "logging_steps": 1, "save_steps": 1000,
-        "eval_on_start": False, "eval_on_end": False, "eval_strategy": "steps", "eval_steps": 20,
-        "max_staleness": 2, "async_mode": "free", "output_dir": str(out),
-    }))
-    rows = _rows(out)
+    rows = free_running_run(tiny_model_dir, tmp_path, num_generations=8, max_completion_length=4, max_steps=40,
+                            eval_strategy="steps", eval_steps=20)
     # held-out evaluation stops the producer and samples with the policy's weights (steps 20 and 40)
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [20, 40]
     rewards = [r["reward"] for r in rows]
@@ -255,7 +242,7 @@ def test_a_stopped_free_running_run_resumes_with_its_queue_and_nothing_lost_or_s
     restore()
     resumed = {"max_staleness": 2, "async_mode": "free"} if resumed_as == "free" else {"resume_override": True}
     train(tiny_run_config(out, resume=True, **resumed, **settings))
-    rows = _rows(out)
+    rows = metrics_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and rows[4]["reward"] == queued_reward
 
     def prompts(run):
@@ -273,7 +260,7 @@ def test_without_in_flight_updates_each_generation_comes_from_one_version(tiny_r
     out = tmp_path / "run"
     train(tiny_run_config(out, max_staleness=2, async_mode="free", in_flight_weight_updates=False, max_steps=6,
                           temperature=1.0, max_completion_length=16))
-    rows = _rows(out)
+    rows = metrics_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert all(r["sampling/staleness_mean"] == r["sampling/staleness_max"] == r["sampling/staleness"] <= 2 for r in rows)
 
