@@ -382,8 +382,12 @@ def test_rlvr_extras_reach_only_the_functions_that_take_them():
 
     assert accepted_extras(named, given=True) == {"prompt_texts"}
     assert accepted_extras(anything, given=True) == set()  # given to GRPOTrainer: TRL's arguments only
-    assert accepted_extras(anything, given=False) == EXTRAS  # named in the settings: rlvr's too
+    def state(completions, environments, **kwargs): ...
+
+    assert accepted_extras(anything, given=False) == EXTRAS - {"environments"}  # named in the settings: rlvr's too
     assert accepted_extras(strict, given=False) == set()
+    assert accepted_extras(state, given=True) == accepted_extras(state, given=False) - (EXTRAS - {"environments"}) \
+        == {"environments"}  # TRL's environment objects: only where named (they are pickled to the worker)
 
 
 @pytest.mark.trains
@@ -407,32 +411,3 @@ def test_an_async_tool_is_awaited(tiny_model_dir, tmp_path):
         box.close()
 
 
-class TRLStyleEnvironment:
-    """TRL's environment protocol: reset(**kwargs), methods the model calls as tools, get_reward()."""
-
-    def reset(self, **kwargs):
-        self.moves = 0
-
-    def move(self, direction: str) -> str:
-        """Move.
-
-        Args:
-            direction: Where to.
-        """
-        self.moves += 1
-        return "moved"
-
-    def get_reward(self) -> float:
-        return float(self.moves)
-
-
-def test_a_trl_protocol_environment_is_refused_with_one_line(tiny_model_dir, tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4, max_steps=1)
-    rows = [{"prompt": "go"}] * 4
-    with pytest.raises(ConfigError, match="environment TRLStyleEnvironment has reset\\(\\) but no step\\(text\\): it looks like "
-                                          "TRL's environment protocol"):
-        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[_async_reward], args=args, train_dataset=rows,
-                    environment_factory=TRLStyleEnvironment)
-    with pytest.raises(ConfigError, match="environment_factory as a dict of several environments"):
-        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[_async_reward], args=args, train_dataset=rows,
-                    environment_factory={"maze": TRLStyleEnvironment})

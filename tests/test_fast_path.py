@@ -189,6 +189,23 @@ def test_token_stats_are_the_argmax_hit_and_the_mean_logit_on_both_paths(tiny):
     assert torch.equal(fast[2], slow[2] & mask) and torch.allclose(fast[3], torch.where(mask, slow[3], 0.0), atol=1e-5)
 
 
+def test_a_group_whose_completions_start_from_different_prompts_is_not_packed_as_one(tiny):
+    """TRL's environments may give each completion of a group its own task (its reset samples one): the fast
+    path then prefills each prompt once for the rows that share it, not the group's first for all."""
+    model, _ = tiny
+    rollouts = [Rollout(PROMPTS[g], c, [0.0] * len(c), "stop", "") for g, c in zip(GROUP, COMPLETIONS)]
+    batch = Batch.from_rollouts(rollouts, torch.zeros(6), torch.ones(6, dtype=torch.bool), 0, False, group_size=len(rollouts))
+    assert batch.group_ids.tolist() == GROUP  # one id per distinct prompt of the group
+    from rlvr.logprobs import padded_logprobs
+
+    with torch.no_grad():
+        fast, _ = batch_logprobs(LlamaRunner(model), batch, 1.0)
+        slow, _ = padded_logprobs(model, batch, 1.0)
+    mask = batch.completion_mask
+    assert torch.allclose(fast, torch.where(mask, slow, 0.0), atol=1e-5)
+    assert torch.allclose(fast[mask], reference_logprobs(model), atol=1e-5)
+
+
 def test_bf16_logprobs_stay_close(tiny):
     model, _ = tiny
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):

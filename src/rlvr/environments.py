@@ -24,16 +24,26 @@ naming the environment and what it returned (rollout/multiturn.py).
 Tools (`tools=[...]`) are the built-in environment ToolEnvironment: each <tool_call> in the model's
 turn is run (tools.py) and the results come back as one `tool` message; a turn without a call ends
 the rollout.
+
+TRL's protocol (GRPOTrainer's `environment_factory`) runs unchanged, through MethodEnvironment: a
+class with reset(**row) and no step(text).  Its public methods (all but reset and get_reward) are
+the model's tools, described by their type hints and docstrings; reset gets the dataset row as
+keyword arguments and may return text, appended to the prompt's last user message (the whole prompt
+where the row has none); the optional get_reward() scores the finished rollout (once, within
+env_timeout).  `tools=[...]` may be given beside it: the model sees both.  A dict of factories mixes
+environments: each row's `environment` column picks one, and only its methods are shown.
 """
 
 from __future__ import annotations
 
+import inspect
+import types
 from dataclasses import dataclass
 from typing import Protocol
 
 from rlvr.errors import RolloutError
-from rlvr.plugins import load_named, register
-from rlvr.tools import ToolBox, parse_tool_calls
+from rlvr.plugins import load_named, register, settle
+from rlvr.tools import ToolBox, ToolCall, ToolError, _argument_problem, _to_text, parse_tool_calls
 from rlvr.types import Example, Prompt
 
 
@@ -69,11 +79,93 @@ class ToolEnvironment:
             return Step(done=True)
         outputs = []
         for call in calls:
-            output, ok = self.toolbox.run(call)
+            output, ok = self.run(call)
             self.calls += 1
             self.errors += not ok
             outputs.append(output)
         return Step(observation="\n".join(outputs), role="tool")
+
+    def run(self, call: ToolCall) -> tuple[str, bool]:
+        """(what the model reads back, whether the call worked)."""
+        return self.toolbox.run(call)
+
+
+RESERVED = ("reset", "get_reward")  # TRL's protocol: the methods of an environment that are not tools
+
+
+def tool_methods(env) -> dict:
+    """The public methods of a TRL-protocol environment that the model may call, by name."""
+    return {name: getattr(env, name) for name in dir(type(env)) if not name.startswith("_") and name not in RESERVED
+            and isinstance(inspect.getattr_static(type(env), name), (types.FunctionType, classmethod))}
+
+
+def method_schemas(env, name: str) -> list[dict]:
+    """The JSON schemas of an environment's tool methods (from their type hints and docstrings, as TRL)."""
+    from transformers.utils import get_json_schema
+
+    schemas = []
+    for method_name, method in tool_methods(env).items():
+        try:
+            schemas.append(get_json_schema(method))
+        except Exception as e:  # noqa: BLE001 - transformers says what the docstring lacks
+            raise ToolError(f"environment {name}: its method {method_name}() is offered to the model as a tool, and {e} "
+                            "(a tool method needs type hints and a docstring with an Args: section describing each "
+                            "argument; make helpers private with a leading underscore)") from None
+    return schemas
+
+
+class MethodEnvironment(ToolEnvironment):
+    """TRL's environment protocol over rlvr's: `env`'s public methods are tools the model calls (beside
+    the run's own `toolbox`), reset(**row) may add text to the prompt, get_reward() scores the rollout."""
+
+    def __init__(self, env, toolbox: ToolBox):
+        super().__init__(toolbox)
+        self.env, self.methods = env, tool_methods(env)
+        if callable(getattr(env, "get_reward", None)):
+            self.final_reward = lambda: settle(env.get_reward())  # an async get_reward, awaited
+
+    def reset(self, example: Example):
+        """The example's prompt with what env.reset(**row) returned added to its last user message (TRL's
+        rule); None where it returned None.  The row's `environment` column, which chose it, is not passed."""
+        row = {"prompt": example.prompt, **{k: v for k, v in example.columns.items() if k != "environment"}}
+        text = settle(self.env.reset(**row))
+        if text is None or not isinstance(text, str):
+            return text  # None: the row's own prompt; anything else is reported by the caller
+        return appended(example.prompt, text)
+
+    def run(self, call: ToolCall) -> tuple[str, bool]:
+        method = self.methods.get(call.name)
+        if call.error or method is None:
+            if method is None and not call.error and call.name not in self.toolbox.tools:
+                known = ", ".join([*self.methods, *self.toolbox.tools])
+                return f"Error: unknown tool {call.name!r}; the tools are {known}", False
+            return self.toolbox.run(call)
+        problem = _argument_problem(method, call.arguments)
+        if problem:
+            return f"Error: {problem}", False
+        try:  # in the step's own thread, bounded by env_timeout with the rest of the step
+            value = settle(method(**call.arguments))
+        except Exception as e:  # noqa: BLE001 - the model reads every failure back, as TRL's {"error": ...}
+            return f"Error: {f'{type(e).__name__}: {e}'[:500]}", False
+        return self.toolbox._cut(value if isinstance(value, str) else _to_text(value)), True
+
+
+def appended(prompt, text: str):
+    """`prompt` with `text` added to its last user message (TRL: content + text), or to its end (plain text);
+    an empty prompt (a row without one) becomes `text` as the user's message."""
+    if isinstance(prompt, str):
+        return prompt + text
+    messages = [dict(m) for m in prompt] or [{"role": "user", "content": ""}]
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+    if last is None:
+        return [*messages, {"role": "user", "content": text}]
+    messages[last]["content"] = f"{messages[last]['content']}{text}"
+    return messages
+
+
+def is_trl_protocol(env) -> bool:
+    """TRL's environment protocol (reset, methods as tools) rather than rlvr's (reset and step(text))."""
+    return callable(getattr(env, "reset", None)) and not callable(getattr(env, "step", None))
 
 
 GIVEN: dict = {}  # environment factories given to GRPOTrainer as objects, by the name the Config holds
@@ -84,9 +176,9 @@ def register_environment(factory) -> str:
 
 
 def load_environment(spec):
-    """A factory of environments from a class, a function or "package.module:Name".  A class
-    without rlvr's protocol (TRL's, say) is refused here, before any model loads; what a function
-    makes is checked when it is made (`checked`)."""
+    """A factory of environments from a class, a function or "package.module:Name".  A class without
+    a reset method is refused here, before any model loads; what a function makes is checked when it
+    is made (`checked`)."""
     factory = load_named(spec, "environment", GIVEN, "package.module:ClassName")
     problem = protocol_problem(factory) if isinstance(factory, type) else None
     if problem:
@@ -95,15 +187,20 @@ def load_environment(spec):
 
 
 def protocol_problem(env) -> str | None:
-    """Why `env` (an environment or its class) is not an rlvr environment, or None."""
-    if callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
+    """Why `env` (an environment or its class) follows neither rlvr's protocol nor TRL's, or None."""
+    if callable(getattr(env, "reset", None)):
         return None
     name = getattr(env, "__name__", type(env).__name__)
-    if callable(getattr(env, "reset", None)):
-        return (f"environment {name} has reset() but no step(text): it looks like TRL's environment protocol (its methods "
-                "offered to the model as tools, get_reward()), which rlvr does not support yet; an rlvr environment has "
-                "reset(example) and step(text) -> Step (docs/multiturn.md), and plain tools go in tools=[...]")
-    return f"environment {name} must have reset(example) and step(text) -> Step methods (docs/multiturn.md)"
+    return (f"environment {name} has no reset method: an environment has reset(example) and step(text) -> Step "
+            "(rlvr's protocol), or reset(**row) and methods the model calls as tools (TRL's); docs/multiturn.md")
+
+
+def environment_specs(environment) -> dict:
+    """The run's `environment` setting as {name: spec}: one environment under None, or TRL's dict of
+    several, each picked by the rows whose `environment` column names it."""
+    if isinstance(environment, dict):
+        return dict(environment)
+    return {None: environment} if environment else {}
 
 
 def checked(factory):
@@ -116,3 +213,30 @@ def checked(factory):
         return env
 
     return make
+
+
+class EnvironmentReward:
+    """TRL's reward source for an environment class with get_reward(): what get_reward() returned for the
+    rollouts of exactly that class (None for another's), at weight 1, logged under the class's name.  It
+    runs in the trainer's process, where the rollouts' environments are."""
+
+    in_trainer = True  # rewards/__init__.py: not sent to the reward functions' worker process
+
+    def __init__(self, cls: type):
+        self.cls, self.__name__ = cls, cls.__name__
+
+    def __call__(self, completions, environments=None, env_rewards=None, **kwargs) -> list:
+        envs = environments or [None] * len(completions)
+        scores = env_rewards or [None] * len(completions)
+        return [score if type(env) is self.cls else None for env, score in zip(envs, scores)]
+
+
+def reward_sources(factories) -> list[type]:
+    """The classes of the environments `factories` make which own their reward (get_reward, TRL's protocol),
+    in order, each once; a factory that is not a class is called once to see what it makes."""
+    found = []
+    for factory in factories:
+        cls = factory if isinstance(factory, type) else type(factory())
+        if is_trl_protocol(cls) and callable(getattr(cls, "get_reward", None)) and cls not in found:
+            found.append(cls)
+    return found

@@ -256,13 +256,9 @@ def _multiturn_problems(cfg: Config) -> list[str]:
             except ToolError as e:
                 problems.append(str(e))
     if cfg.environment:
-        from rlvr.environments import load_environment
-        from rlvr.rollout.multiturn import check_environment
+        from rlvr.rollout.multiturn import check_environments
 
-        try:
-            problems += check_environment(load_environment(cfg.environment), cfg.env_timeout or None)
-        except ValueError as e:
-            problems.append(str(e))
+        problems += check_environments(cfg.environment, cfg.tools, cfg.env_timeout or None)
     if cfg.rollout_func:
         from rlvr.rollout.custom import load_rollout_func
 

@@ -73,6 +73,13 @@ class Rollout:
         return self.finish_reason == "length"
 
 
+def _prompt_groups(rollouts: list, group_size: int) -> list[int]:
+    """Per rollout, an id shared by the rollouts of its group that start from the same prompt ids: a whole
+    group, unless its completions started apart (TRL's environments may give each its own task)."""
+    ids: dict = {}
+    return [ids.setdefault((i // group_size, tuple(r.prompt_ids)), len(ids)) for i, r in enumerate(rollouts)]
+
+
 @dataclass
 class Batch:
     """Completions ready for the update: prompts left-padded, completions right-padded.
@@ -139,7 +146,7 @@ class Batch:
                 policy_mask[i, :c] = torch.tensor(r.mask[:c], dtype=torch.bool)
             reported = r.logprobs[:c]
             sampler_logprobs[i, : len(reported)] = torch.tensor(reported, dtype=torch.float)
-        groups = None if group_size is None else (torch.arange(len(rollouts)) // group_size)[keep]
+        groups = None if group_size is None else torch.tensor(_prompt_groups(rollouts, group_size), dtype=torch.long)[keep]
         skipped_tokens = sum(0 if mask_truncated and r.truncated else sum(r.mask) if r.mask is not None else len(r.completion_ids)
                              for r in left_out)
         advantages = advantages[keep].float()

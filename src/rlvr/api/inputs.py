@@ -74,13 +74,48 @@ def multiturn_settings(tools, rollout_func, environment_factory) -> dict:
         out["tools"] = [t if isinstance(t, str) else register_tool(t) for t in tools]
     if rollout_func is not None:
         out["rollout_func"] = rollout_func if isinstance(rollout_func, str) else register_rollout_func(rollout_func)
-    if isinstance(environment_factory, dict):
-        raise ConfigError("environment_factory as a dict of several environments (TRL's form) is not supported yet: "
-                          "give one environment factory")
-    if environment_factory is not None:
-        out["environment"] = (environment_factory if isinstance(environment_factory, str)
-                              else register_environment(environment_factory))
+    def name(factory):
+        return factory if isinstance(factory, str) else register_environment(factory)
+
+    if isinstance(environment_factory, dict):  # TRL's several: each row's `environment` column picks one
+        if not environment_factory or not all(isinstance(k, str) and k for k in environment_factory):
+            raise ConfigError("environment_factory as a dict maps names (the values of the rows' `environment` column) "
+                              f"to factories; got {list(environment_factory)!r}")
+        out["environment"] = {key: name(factory) for key, factory in environment_factory.items()}
+    elif environment_factory is not None:
+        out["environment"] = name(environment_factory)
     return out
+
+
+def environment_rewards(environment_factory) -> list:
+    """TRL's reward source per environment class with get_reward() (environments.EnvironmentReward), in order."""
+    from rlvr.environments import EnvironmentReward, reward_sources
+
+    if environment_factory is None or isinstance(environment_factory, str):
+        return []
+    factories = environment_factory.values() if isinstance(environment_factory, dict) else [environment_factory]
+    try:
+        return [EnvironmentReward(cls) for cls in reward_sources([f for f in factories if not isinstance(f, str)])]
+    except Exception as e:  # noqa: BLE001 - a factory called to see what it makes
+        raise ConfigError(f"environment_factory: making one environment to read its methods raised {type(e).__name__}: {e}") from None
+
+
+PLACEHOLDER = [{"role": "user", "content": ""}]  # TRL's prompt of a row that has none: the environment's reset writes it
+
+
+def environment_rows(environment_factory, cfg: Config) -> list[dict]:
+    """TRL's train_dataset when only the environment has the tasks (its reset writes each prompt): rows of an
+    empty prompt, one step's worth, cycled for max_steps steps."""
+    if environment_factory is None:
+        raise ConfigError("GRPOTrainer needs a train_dataset (a datasets.Dataset, an IterableDataset or a list of rows), "
+                          "unless an environment_factory writes the prompts (its reset returning each task)")
+    if isinstance(environment_factory, dict):
+        raise ConfigError("environment_factory as a dict of several environments needs a train_dataset with an "
+                          "`environment` column naming each row's (as TRL); give a dataset, or one environment factory")
+    if cfg.max_steps <= 0:
+        raise ConfigError("without a train_dataset (the environment's reset writes each prompt) set max_steps to a positive "
+                          "number of steps (as TRL requires): it is the run's length")
+    return [{"prompt": PLACEHOLDER} for _ in range(cfg.prompts_per_step)]
 
 
 def given_objects(cfg: Config) -> list[tuple[dict, str, Any]]:
@@ -92,7 +127,7 @@ def given_objects(cfg: Config) -> list[tuple[dict, str, Any]]:
     from rlvr.rollout import custom
 
     named = [(rewards.GIVEN, cfg.reward_funcs or ()), (tools.GIVEN, cfg.tools or ()),
-             (environments.GIVEN, (cfg.environment,)), (custom.GIVEN, (cfg.rollout_func,))]
+             (environments.GIVEN, environments.environment_specs(cfg.environment).values()), (custom.GIVEN, (cfg.rollout_func,))]
     return [(registry, name, registry[name]) for registry, names in named for name in names if name in registry]
 
 
@@ -119,7 +154,22 @@ def examples(dataset, cfg: Config, what: str) -> list:
         raise DatasetError(f"{what} must be a datasets.Dataset, an IterableDataset or a list of rows, got {type(dataset).__name__}")
     if not rows:
         raise DatasetError(f"{what} has no rows")
+    if cfg.environment and not cfg.prompt_column and all(isinstance(r, dict) and "prompt" not in r for r in rows):
+        rows = [{"prompt": PLACEHOLDER, **r} for r in rows]  # TRL: the environment's reset writes the prompt
+    if isinstance(cfg.environment, dict):
+        _check_routes(rows, cfg.environment, what)
     return examples_from_rows(rows, cfg.prompt_column, cfg.answer_column, what)
+
+
+def _check_routes(rows: list, environments: dict, what: str) -> None:
+    """Each row names one of the environments given, in its `environment` column."""
+    from rlvr.tasks.dataset import DatasetError
+
+    for i, row in enumerate(rows):
+        key = row.get("environment") if isinstance(row, dict) else None
+        if key not in environments:
+            raise DatasetError(f"{what} row {i}: its environment column is {key!r}; with environment_factory as a dict, "
+                               f"each row names one of its environments ({', '.join(environments)})")
 
 
 def rows(dataset, what: str) -> list:

@@ -37,10 +37,11 @@ class GRPOTrainer(ScriptMethods):
         if any(o is not None for o in optimizers):
             raise ConfigError("GRPOTrainer(optimizers=...) is not supported: rlvr builds AdamW from the optim, learning_rate "
                               "and adam_* settings of GRPOConfig (and restores it exactly on resume)")
-        if train_dataset is None:
-            raise ConfigError("GRPOTrainer needs a train_dataset (a datasets.Dataset, an IterableDataset or a list of rows)")
         settings = self._model_settings(model, args, peft_config, quantization_config)
-        funcs = self._reward_settings(settings, reward_funcs, reward_processing_classes)
+        if train_dataset is None:  # only where the environment writes the prompts (TRL)
+            train_dataset = inputs.environment_rows(environment_factory, (args or self.config_class())._config)
+        owned = inputs.environment_rewards(environment_factory)  # TRL: get_reward() is a reward source, at weight 1
+        funcs = self._reward_settings(settings, reward_funcs, reward_processing_classes, owned)
         settings.update(inputs.multiturn_settings(tools, rollout_func, environment_factory))
         self._data_settings(settings, eval_dataset)
         if self.model is not None and settings.get("rollout_workers"):
@@ -111,18 +112,19 @@ class GRPOTrainer(ScriptMethods):
     # --- what GRPO takes besides ---------------------------------------------------------------
 
     @staticmethod
-    def _reward_settings(settings: dict, reward_funcs, processing_classes=None) -> list:
+    def _reward_settings(settings: dict, reward_funcs, processing_classes=None, owned: list = ()) -> list:
         """reward_funcs (functions, callable objects, built-in names, module:function paths, reward
         models by id, path or object) as the names the Config holds; the functions as given.
         processing_classes: TRL's reward_processing_classes, the tokenizer of each reward model (None
-        for the others, and where a model's own is used)."""
+        for the others, and where a model's own is used).  `owned`: the environments' own rewards
+        (get_reward), added after them at weight 1 (reward_weights weigh reward_funcs only, as TRL's)."""
         from rlvr.rewards import register_reward
         from rlvr.rewards.model import RewardModel, is_model_reference
 
-        if reward_funcs is None:
+        if reward_funcs is None and not owned:
             raise ConfigError("GRPOTrainer needs reward_funcs: functions, callable objects, built-in names, module:function "
-                              "paths or reward models")
-        funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+                              "paths or reward models (or an environment_factory whose environment has get_reward)")
+        funcs = [] if reward_funcs is None else reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         classes = processing_classes if isinstance(processing_classes, (list, tuple)) else [processing_classes] * len(funcs)
         if len(classes) != len(funcs):
             raise ConfigError(f"reward_processing_classes has {len(classes)} entries but reward_funcs has {len(funcs)}; "
@@ -138,8 +140,11 @@ class GRPOTrainer(ScriptMethods):
                 except ValueError as e:
                     raise ConfigError(str(e)) from None
             names.append(f if isinstance(f, str) else register_reward(f, taken=set(names)))
+        names += [register_reward(f, taken=set(names)) for f in owned]
+        if owned and settings.get("reward_weights") is not None:
+            settings["reward_weights"] = [*settings["reward_weights"], *[1.0] * len(owned)]
         settings["reward_funcs"] = names
-        return funcs
+        return [*funcs, *owned]
 
     def _objects_given(self) -> list:
         return inputs.given_objects(self.cfg)

@@ -172,7 +172,8 @@ def _check_types(values: dict[str, Any]) -> None:
             if "None" not in FIELDS[name].type:
                 raise ConfigError(f"{name} cannot be null")
             continue
-        want = _TYPES[FIELDS[name].type.split("|")[0].strip()]  # annotations are strings: "float | None"
+        kinds = [_TYPES[t.strip()] for t in FIELDS[name].type.split("|") if t.strip() != "None"]  # annotations are strings
+        want = next((k for k in kinds if isinstance(value, k)), kinds[0])  # "str | dict | None": either
         if want is float and isinstance(value, str):
             value = values[name] = _yaml_float(value)  # YAML 1.1 reads 3e-6 (no dot) as a string
         if want is float and isinstance(value, int) and not isinstance(value, bool):

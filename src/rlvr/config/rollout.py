@@ -149,7 +149,7 @@ class WorkerSettings(Section):
 class MultiTurnSettings(Section):
     # --- multi-turn -----------------------------------------------------------------
     tools: tuple = ()  # functions the model may call: python, calculator (built in) or package.module:function
-    environment: str | None = None  # package.module:Class the model talks to turn by turn (environments.py)
+    environment: str | dict | None = None  # package.module:Class the model talks to turn by turn (environments.py); TRL's several: {name: package.module:Class}, picked by each row's `environment` column
     max_turns: int = 4  # model turns per rollout with tools or an environment (TRL: max_tool_calling_iterations + 1)
     tool_timeout: float = 10.0  # seconds a tool call may run; past it the model reads an error
     max_tool_output_chars: int = 2000  # a tool's output is cut to this many characters, with a note saying so
@@ -158,9 +158,10 @@ class MultiTurnSettings(Section):
 
     def _rules(self) -> list[str]:
         problems = []
-        if self.tools and self.environment:
-            problems.append("tools and environment cannot both be set: tools are an environment of their own "
-                            "(give your environment the tools it runs)")
+        if isinstance(self.environment, dict) and (not self.environment or not all(
+                isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.environment.items())):
+            problems.append(f"environment as a mapping names each environment: {{name: package.module:Class}}, got "
+                            f"{self.environment!r}")
         if self.rollout_func and (self.tools or self.environment):
             problems.append("rollout_func samples the completions itself: it cannot be combined with tools or environment")
         if self.max_turns < 1:

@@ -285,7 +285,7 @@ class RewardSet:
         rows = [(i, ex, r) for i, (ex, group) in enumerate(zip(examples, groups)) for r in group]
         keys = dict.fromkeys(k for ex in examples for k in ex.columns)
         columns = {k: [ex.columns.get(k) for _, ex, _ in rows] for k in keys}
-        extras = {"prompt_texts", "max_completion_length", "env_rewards"} | ({"answer"} - set(columns))  # not TRL's
+        extras = {"prompt_texts", "max_completion_length", "env_rewards", "environments"} | ({"answer"} - set(columns))  # not TRL's
         answers = [ex.answer for _, ex, _ in rows]  # the answer column's values, whatever its name
         columns.setdefault("answer", answers)
         completions = [  # a multi-turn rollout's whole conversation (TRL's shape); its last turn is the answer
@@ -294,12 +294,15 @@ class RewardSet:
         infos = [r.info or {} for _, _, r in rows]
         if any(infos):  # multi-turn: what the environment said; rollout_func: the fields it returned
             columns["env_rewards"] = [i.get("env_reward") for i in infos]
+            if any("environment" in i for i in infos):  # TRL's: each completion's environment, to read its state
+                columns["environments"] = [i.get("environment") for i in infos]
             for key in dict.fromkeys(k for i in infos for k in i.get("fields", {})):
                 columns[key] = [i.get("fields", {}).get(key) for i in infos]
-        context = {
-            "prompts": [ex.prompt for _, ex, _ in rows],
+        context = {  # a rollout that started from its own messages (TRL's reset text) is scored with them
+            "prompts": [info.get("prompt", ex.prompt) for (_, ex, _), info in zip(rows, infos)],
             "completion_ids": [r.completion_ids for _, _, r in rows],
-            "prompt_texts": [prompt_texts[i] for i, _, _ in rows] if prompt_texts else None,
+            "prompt_texts": [info.get("prompt_text") or prompt_texts[i] for (i, _, _), info in zip(rows, infos)]
+            if prompt_texts else None,
             "trainer_state": trainer_state or TrainerState(),
             "max_completion_length": max_completion_length,
         }

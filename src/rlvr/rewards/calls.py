@@ -7,8 +7,10 @@ dataset (and every extra field a rollout_func returned), `trainer_state`, and tw
     log_metric(name, value)     a scalar, averaged over the step's calls into the metrics row
 
 rlvr has more to give, its EXTRAS: `prompt_texts` (the text the model saw), `max_completion_length`,
-`env_rewards` (what an environment returned) and `answer` (the answer column under that name,
-where the dataset calls it otherwise).  A function given to GRPOTrainer as an object gets them only
+`env_rewards` (what an environment returned), `answer` (the answer column under that name,
+where the dataset calls it otherwise) and `environments` (each completion's environment object, as
+TRL's environment_factory gives it; only to a function whose signature names it, since it must be
+pickled to reach the worker process).  A function given to GRPOTrainer as an object gets them only
 where its signature names them, so a signature that is valid in TRL stays valid here; a function
 named in the settings (`package.module:function`) also gets them through `**kwargs`.  The built-in
 rewards get everything.
@@ -32,7 +34,8 @@ from dataclasses import dataclass, field
 
 from rlvr.plugins import settle
 
-EXTRAS = frozenset({"prompt_texts", "max_completion_length", "env_rewards", "answer"})
+EXTRAS = frozenset({"prompt_texts", "max_completion_length", "env_rewards", "answer", "environments"})
+NAMED_ONLY = frozenset({"environments"})  # objects, which may not cross to a worker process: only where the signature names them
 
 
 @dataclass
@@ -53,7 +56,7 @@ def accepted_extras(fn, given: bool) -> frozenset:
         return frozenset()
     named = {p.name for p in params if p.kind is not p.VAR_KEYWORD} & EXTRAS
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
-    return EXTRAS if takes_any and not given else frozenset(named)
+    return (EXTRAS - NAMED_ONLY) | named if takes_any and not given else frozenset(named)
 
 
 def _recorder() -> tuple[Logged, dict]:

@@ -128,6 +128,9 @@ def short(value) -> str:
 class _Trajectory:
     prompt_ids: list[int]
     env: object
+    name: str = "environment"  # what errors call its environment
+    start: object = None  # the first messages, where they are this rollout's own (TRL's reset may sample a task per rollout)
+    start_text: str | None = None
     ids: list[int] = field(default_factory=list)
     mask: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -140,62 +143,106 @@ class _Trajectory:
     env_error: bool = False
     done: bool = False
 
-    def rollout(self) -> Rollout:
+    def rollout(self, expose: bool) -> Rollout:
+        """`expose`: give the reward functions the environment (TRL's `environments`), until they have scored."""
         env = self.env
         info = {"turns": self.turns, "env_reward": self.env_reward, "env_error": self.env_error,
                 "tool_calls": getattr(env, "calls", 0), "tool_errors": getattr(env, "errors", 0)}
+        if expose:
+            info["environment"] = getattr(env, "env", env)  # TRL's environment itself, not its adapter
+        if self.start is not None:
+            info.update(prompt=self.start, prompt_text=self.start_text)
         return Rollout(self.prompt_ids, self.ids, self.logprobs, self.finish, self.text, mask=self.mask,
                        messages=self.messages, info=info, versions=self.versions)
+
+
+@dataclass
+class Kind:
+    """One environment of a run (TRL's dict of factories gives several): how one is made, what its errors
+    call it, and its tools as the prompt shows them (in the template's `tools`, or described in a system message)."""
+
+    name: str
+    factory: object
+    template_kwargs: dict
+    tools_text: str | None = None
+    trl: bool = False  # TRL's protocol: a group's completions may start apart (its reset may sample a task each)
 
 
 class MultiTurn:
     """Samples multi-turn rollouts for a run: `make_env()` gives one environment per rollout;
     `tool_schemas` are shown to the model (by the chat template where it knows tools, else in a
-    system message that describes the tag format)."""
+    system message that describes the tag format).  Several environments (TRL's dict of factories):
+    `make_env` is {its name: (factory, tool_schemas, what errors call it)}, and each example's
+    `environment` column picks one."""
 
     def __init__(self, rollout: RolloutSettings, data: DataSettings, tokenizer, make_env, tool_schemas: list[dict] | None = None,
-                 name: str = "environment"):
-        """`name`: the environment's, as errors name it (its class)."""
-        self.data, self.tokenizer, self.factory, self.name = data, tokenizer, make_env, name
+                 name: str = "environment", expose: bool = False):
+        """`name`: the environment's, as errors name it (its class).  `expose`: the reward functions get the
+        environments (TRL's `environments`); off for plain tools."""
+        self.data, self.tokenizer, self.expose = data, tokenizer, expose
         self.max_turns, self.budget = rollout.max_turns, rollout.max_completion_length
         self.timeout = rollout.env_timeout or None  # seconds an environment's constructor, reset or step may take
         self.raw = data.text_prompts == "raw" or not getattr(tokenizer, "chat_template", None)
-        self.template_kwargs = dict(data.chat_template_kwargs or {})
-        self.tools_text = None
-        if tool_schemas:
-            if not self.raw and _template_shows_tools(tokenizer, tool_schemas, self.template_kwargs):
-                self.template_kwargs["tools"] = tool_schemas
-            else:
-                self.tools_text = TOOLS_PROMPT.format(schemas="\n".join(json.dumps(s) for s in tool_schemas))
-        self.stop_strings = stop_strings_of(self.make_env(), self.name)
+        from rlvr.environments import MethodEnvironment
+
+        several = make_env if isinstance(make_env, dict) else {None: (make_env, tool_schemas, name)}
+        self.kinds = {key: self._kind(*spec) for key, spec in several.items()}
+        self.template_kwargs = next(iter(self.kinds.values())).template_kwargs  # the probes' (the end of a turn)
+        stops = {}
+        for kind in self.kinds.values():
+            probe = self.make_env(kind)
+            kind.trl = isinstance(probe, MethodEnvironment)
+            stops.update(dict.fromkeys(stop_strings_of(probe, kind.name)))
+        self.stop_strings = tuple(stops)  # every environment's: one call samples the turns of all
         self._base = None if self.raw else self._apply(_probe(), False)  # a user turn and a model turn, rendered once
         self._end = None if self.raw else self._base.split(_HOLE)[-1]  # what the template writes after a model turn
 
-    def make_env(self):
+    def _kind(self, factory, tool_schemas, name) -> Kind:
+        kwargs, text = dict(self.data.chat_template_kwargs or {}), None
+        if tool_schemas:
+            if not self.raw and _template_shows_tools(self.tokenizer, tool_schemas, kwargs):
+                kwargs["tools"] = tool_schemas
+            else:
+                text = TOOLS_PROMPT.format(schemas="\n".join(json.dumps(s) for s in tool_schemas))
+        return Kind(name, factory, kwargs, text)
+
+    def kind_of(self, example) -> Kind:
+        """The environment `example` is for: the run's one, or the one its `environment` column names."""
+        if None in self.kinds:
+            return self.kinds[None]
+        key = example.columns.get("environment")
+        if key not in self.kinds:
+            raise EnvironmentFailed(f"a row's environment column is {short(key)}, which is not among the environments "
+                                    f"given ({', '.join(map(str, self.kinds))})")
+        return self.kinds[key]
+
+    def make_env(self, kind: Kind | None = None):
         """One environment, made within env_timeout; a constructor that raises or hangs ends the run."""
+        kind = kind or next(iter(self.kinds.values()))
         try:
-            return bounded(self.timeout, self.factory)
+            return bounded(self.timeout, kind.factory)
         except TimedOut:
-            raise EnvironmentFailed(f"{self.name}() did not return within env_timeout={self.timeout:g} s") from None
+            raise EnvironmentFailed(f"{kind.name}() did not return within env_timeout={self.timeout:g} s") from None
         except RolloutError:  # what it made is not an environment (environments.checked)
             raise
         except Exception as e:  # noqa: BLE001 - the user's constructor
-            raise EnvironmentFailed(f"{self.name}() raised {type(e).__name__}: {e}") from None
+            raise EnvironmentFailed(f"{kind.name}() raised {type(e).__name__}: {e}") from None
 
     # --- prompts -------------------------------------------------------------------------
 
-    def render(self, prompt) -> str:
+    def render(self, prompt, kind: Kind | None = None) -> str:
         """The first prompt's text, with the tools described where the template does not show them."""
+        kind = kind or next(iter(self.kinds.values()))
         if self.raw:
             text = prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in to_messages(prompt)) + "\n\n"
-            return f"{self.tools_text}\n\n{text}" if self.tools_text else text
+            return f"{kind.tools_text}\n\n{text}" if kind.tools_text else text
         messages = to_messages(prompt, self.data.system_prompt)
-        if self.tools_text:
+        if kind.tools_text:
             if messages and messages[0].get("role") == "system":
-                messages = [{**messages[0], "content": f"{messages[0]['content']}\n\n{self.tools_text}"}, *messages[1:]]
+                messages = [{**messages[0], "content": f"{messages[0]['content']}\n\n{kind.tools_text}"}, *messages[1:]]
             else:
-                messages = [{"role": "system", "content": self.tools_text}, *messages]
-        return render_prompt(self.tokenizer, messages, None, self.template_kwargs)
+                messages = [{"role": "system", "content": kind.tools_text}, *messages]
+        return render_prompt(self.tokenizer, messages, None, kind.template_kwargs)
 
     def _apply(self, messages, add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
@@ -226,16 +273,21 @@ class MultiTurn:
 
     def generate(self, sampler, examples, prompts, params, generator) -> tuple[list[str], list[list[Rollout]]]:
         """(the first prompts' texts, per example params.n multi-turn Rollouts)."""
-        envs = [[self.make_env() for _ in range(params.n)] for _ in examples]
-        starts = [self._start(ex, prompt, group) for ex, prompt, group in zip(examples, prompts, envs)]
-        texts = [self.render(p) for p in starts]
-        prompt_ids = tokenize_prompts(self.tokenizer, texts, self.data.max_prompt_length)
+        kinds = [self.kind_of(ex) for ex in examples]
+        envs = [[self.make_env(kind) for _ in range(params.n)] for kind in kinds]
+        starts = [self._start(ex, prompt, group, kind) for ex, prompt, group, kind in zip(examples, prompts, envs, kinds)]
+        rendered = [[self.render(first, kind) for first in firsts] for firsts, kind in zip(starts, kinds)]
+        flat = tokenize_prompts(self.tokenizer, [text for texts in rendered for text in texts], self.data.max_prompt_length)
+        trajectories, at = [], 0
+        for g, (group, firsts, texts) in enumerate(zip(envs, starts, rendered)):
+            own = len(firsts) > 1  # each completion starts from its own messages
+            trajectories.append([_Trajectory(flat[at + m * own], env, kinds[g].name, *((firsts[m], texts[m]) if own else ()))
+                                 for m, env in enumerate(group)])
+            at += len(texts)
         params = dataclasses.replace(params, stop_strings=tuple(params.stop_strings) + self.stop_strings)
         eos = set(getattr(sampler, "eos", ()))
-        trajectories = [[_Trajectory(ids, env) for env in group] for ids, group in zip(prompt_ids, envs)]
-        self._take([(t, r) for group, rollouts in zip(trajectories, sampler.generate(prompt_ids, params, generator))
-                    for t, r in zip(group, rollouts)], eos)
         seeds = generator.seeds if isinstance(generator, GroupGenerators) else None
+        self._take(self._first_turns(sampler, trajectories, params, generator, seeds), eos)
         for turn in range(1, self.max_turns):
             live = [(g, m, t) for g, group in enumerate(trajectories) for m, t in enumerate(group) if not t.done]
             if not live:
@@ -245,26 +297,63 @@ class MultiTurn:
             outs = sampler.generate([t.prompt_ids + t.ids for _, _, t in live],
                                     dataclasses.replace(params, n=1, max_tokens=room), streams)
             self._take([(t, self._fit(r, self.budget - len(t.ids), params)) for (_, _, t), (r,) in zip(live, outs)], eos)
-        return texts, [[t.rollout() for t in group] for group in trajectories]
+        self._score([t for group in trajectories for t in group])
+        return [texts[0] for texts in rendered], [[t.rollout(self.expose) for t in group] for group in trajectories]
 
-    def _start(self, example, prompt, group):
-        """The group's first messages: the environments' reset, or the example's prompt."""
+    def _first_turns(self, sampler, trajectories, params, generator, seeds) -> list[tuple[_Trajectory, Rollout]]:
+        """Each rollout's first turn: params.n completions of each group's one prompt (one prefill), and where a
+        group's completions start apart (TRL's reset sampling a task each), one of each, from its own stream."""
+        shared = [g for g, group in enumerate(trajectories) if group[0].start is None]
+        apart = [(g, m) for g, group in enumerate(trajectories) if group[0].start is not None for m in range(len(group))]
+        turns = []
+        if shared:
+            streams = generator if seeds is None or len(shared) == len(trajectories) else generator.pick(shared)
+            outs = sampler.generate([trajectories[g][0].prompt_ids for g in shared], params, streams)
+            turns += [(t, r) for g, rollouts in zip(shared, outs) for t, r in zip(trajectories[g], rollouts)]
+        if apart:
+            streams = generator if seeds is None else GroupGenerators([mix_seed(seeds[g], m, 0) for g, m in apart])
+            outs = sampler.generate([trajectories[g][m].prompt_ids for g, m in apart], dataclasses.replace(params, n=1), streams)
+            turns += [(trajectories[g][m], r) for (g, m), (r,) in zip(apart, outs)]
+        return turns
+
+    def _start(self, example, prompt, group, kind: Kind) -> list:
+        """The first messages of each completion of a group: its environment's reset, or the example's prompt.
+        One list of one where they are all the same; TRL's environments alone may start them apart."""
         firsts = []
         for env in group:
             try:
                 first = bounded(self.timeout, env.reset, example)
             except TimedOut:
-                raise EnvironmentFailed(f"{self.name}.reset did not return within env_timeout={self.timeout:g} s") from None
+                raise EnvironmentFailed(f"{kind.name}.reset did not return within env_timeout={self.timeout:g} s") from None
             except Exception as e:  # noqa: BLE001
-                raise EnvironmentFailed(f"{self.name}.reset raised {type(e).__name__}: {e}") from None
+                raise EnvironmentFailed(f"{kind.name}.reset raised {type(e).__name__}: {e}") from None
             if first is not None and not _is_prompt(first):
-                raise EnvironmentFailed(f"{self.name}.reset returned {short(first)} ({type(first).__name__}): return None "
-                                        "(the row's own prompt), text, or a non-empty list of {'role': ..., 'content': ...} messages")
+                returns = ("None or text (added to the prompt's last user message)" if kind.trl else
+                           "None (the row's own prompt), text, or a non-empty list of {'role': ..., 'content': ...} messages")
+                raise EnvironmentFailed(f"{kind.name}.reset returned {short(first)} ({type(first).__name__}): return {returns}")
             firsts.append(prompt if first is None else first)
-        if any(f != firsts[0] for f in firsts[1:]):
+        if all(f == firsts[0] for f in firsts[1:]):
+            return firsts[:1]
+        if not kind.trl:
             raise EnvironmentFailed("an environment's reset gave the completions of one prompt different first messages; "
                                     "GRPO compares completions of the same start")
-        return firsts[0]
+        return firsts
+
+    def _score(self, trajectories: list[_Trajectory]) -> None:
+        """get_reward() of each finished rollout's environment that has one (TRL's protocol), all at once within
+        env_timeout: added to what its steps gave.  One that raises or runs past the bound scores None (env/errors)."""
+        asked = [t for t in trajectories if callable(getattr(t.env, "final_reward", None)) and not t.env_error]
+        for t, value in zip(asked, bounded_all(self.timeout, [(lambda env: env.final_reward(), t.env) for t in asked])):
+            if isinstance(value, Exception):
+                what = "did not return within env_timeout" if isinstance(value, TimedOut) else f"raised {type(value).__name__}: {value}"
+                log.warning("%s.get_reward %s; the rollout scores None (env/errors)", t.name, what)
+                t.env_error, t.env_reward = True, None
+                continue
+            if value is None:
+                continue
+            if not isinstance(value, numbers.Real) or value != value:
+                raise EnvironmentFailed(f"{t.name}.get_reward returned {short(value)} ({type(value).__name__}): a number, or None")
+            t.env_reward = (t.env_reward or 0.0) + float(value)
 
     def _fit(self, r: Rollout, room: int, params) -> Rollout:
         """A turn cut to its own rollout's remaining budget (the call sampled up to the largest)."""
@@ -303,17 +392,17 @@ class MultiTurn:
     def _answer(self, t: _Trajectory, r: Rollout, step, eos: set) -> None:
         """The environment's answer to `t`'s last turn: a Step, the exception its step raised, or TimedOut."""
         if isinstance(step, TimedOut):  # this rollout ends; the call is left to end by itself
-            log.warning("%s.step did not return within env_timeout=%g s; the rollout ends there (env/errors)", self.name,
+            log.warning("%s.step did not return within env_timeout=%g s; the rollout ends there (env/errors)", t.name,
                         self.timeout)
             t.env_error, t.done = True, True
             return
         if isinstance(step, Exception):  # an environment's bug ends this rollout, not the run
-            log.warning("%s.step raised %s: %s; the rollout ends there (env/errors)", self.name, type(step).__name__, step)
+            log.warning("%s.step raised %s: %s; the rollout ends there (env/errors)", t.name, type(step).__name__, step)
             t.env_error, t.done = True, True
             return
         problem = step_problem(step)
         if problem:
-            raise EnvironmentFailed(f"{self.name}.step returned {problem}")
+            raise EnvironmentFailed(f"{t.name}.step returned {problem}")
         if step.reward is not None:
             t.env_reward = (t.env_reward or 0.0) + float(step.reward)
         if step.done or t.turns >= self.max_turns:
@@ -388,34 +477,72 @@ def mix_seed(seed: int, member: int, turn: int) -> int:
 
 def make_multiturn(rollout: RolloutSettings, data: DataSettings, tokenizer):
     """The run's MultiTurn, or None for single-turn rollouts."""
-    if not rollout.tools and not rollout.environment:
-        return None
-    from rlvr.environments import ToolEnvironment, checked, load_environment
+    from rlvr.environments import ToolEnvironment, environment_specs
     from rlvr.tools import ToolBox
 
-    if rollout.environment:
-        factory = load_environment(rollout.environment)
-        return MultiTurn(rollout, data, tokenizer, checked(factory), name=environment_name(factory))
+    if not rollout.tools and not rollout.environment:
+        return None
     toolbox = ToolBox(rollout.tools, rollout.tool_timeout, rollout.max_tool_output_chars)
+    if rollout.environment:
+        kinds = {key: environment_kind(spec, toolbox, rollout.env_timeout or None)
+                 for key, spec in environment_specs(rollout.environment).items()}
+        if None not in kinds:  # TRL's dict: each row's `environment` column picks one
+            return MultiTurn(rollout, data, tokenizer, kinds, expose=True)
+        factory, schemas, name = kinds[None]
+        return MultiTurn(rollout, data, tokenizer, factory, schemas, name=name, expose=True)
     return MultiTurn(rollout, data, tokenizer, lambda: ToolEnvironment(toolbox), toolbox.schemas, name="ToolEnvironment")
 
 
-def check_environment(factory, timeout: float | None) -> list[str]:
-    """The launch check's (before the model loads): one environment made as a run makes them, its protocol
-    and stop_strings checked; what is wrong, a line each."""
-    from rlvr.environments import checked
+def environment_kind(spec, toolbox, timeout: float | None) -> tuple:
+    """(factory, tool schemas, name) of the environment `spec` names: rlvr's protocol as it is, TRL's through
+    MethodEnvironment, its methods offered as tools beside the run's own (`toolbox`).  One is made to see which."""
+    from rlvr.environments import MethodEnvironment, checked, is_trl_protocol, load_environment, method_schemas
 
+    factory = load_environment(spec)
     name = environment_name(factory)
+    made = checked(factory)
     try:
-        env = bounded(timeout, checked(factory))
-        stop_strings_of(env, name)
+        probe = bounded(timeout, made)
     except TimedOut:
-        return [f"environment {name}() did not return within env_timeout={timeout:g} s"]
-    except RolloutError as e:
-        return [f"environment {e}" if str(e).startswith(name) else str(e)]
+        raise EnvironmentFailed(f"{name}() did not return within env_timeout={timeout:g} s") from None
+    except RolloutError:
+        raise
     except Exception as e:  # noqa: BLE001 - the user's constructor
-        return [f"environment {name}() raised {type(e).__name__}: {e}"]
-    return []
+        raise EnvironmentFailed(f"{name}() raised {type(e).__name__}: {e}") from None
+    if not is_trl_protocol(probe):
+        if toolbox.tools:
+            raise EnvironmentFailed(f"environment {name} has step(text) (rlvr's protocol), which runs what the model writes "
+                                    "itself: tools=[...] go with TRL's protocol only (methods as tools); give your environment "
+                                    "the tools it runs")
+        return made, None, name
+    return (lambda: MethodEnvironment(made(), toolbox)), toolbox.schemas + method_schemas(probe, name), name
+
+
+def check_environments(environment, tools, timeout: float | None) -> list[str]:
+    """The launch check's (before the model loads): each environment of the `environment` setting made as a
+    run makes them, its protocol, tool methods and stop_strings checked; what is wrong, a line each."""
+    from rlvr.environments import environment_specs, load_environment
+    from rlvr.tools import ToolBox, ToolError
+
+    try:
+        toolbox = ToolBox(tools)
+    except ToolError:  # the tools' own check says why
+        toolbox = ToolBox(())
+    problems = []
+    for spec in environment_specs(environment).values():
+        try:
+            name = environment_name(load_environment(spec))
+            factory, _, name = environment_kind(spec, toolbox, timeout)
+            stop_strings_of(bounded(timeout, factory), name)
+        except ValueError as e:  # it cannot be found, or has no reset
+            problems.append(str(e))
+        except TimedOut:
+            problems.append(f"environment {name}() did not return within env_timeout={timeout:g} s")
+        except RolloutError as e:
+            problems.append(f"environment {e}" if str(e).startswith(name) else str(e))
+        except Exception as e:  # noqa: BLE001 - the user's constructor
+            problems.append(f"environment {name}() raised {type(e).__name__}: {e}")
+    return problems
 
 
 def environment_name(factory) -> str:

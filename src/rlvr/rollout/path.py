@@ -89,8 +89,12 @@ class RolloutPath:
 
     def score(self, examples: list[Example], groups: list[list[Rollout]], texts: list[str],
               state: TrainerState | None = None) -> Scores:
-        """The reward functions' scores of every rollout (group i belongs to examples[i])."""
-        return self.rewards.score_groups(examples, groups, texts, state, self.settings.max_completion_length)
+        """The reward functions' scores of every rollout (group i belongs to examples[i]).  Each rollout's
+        environment (TRL's `environments`) is let go once scored: the rollouts travel on without it."""
+        scores = self.rewards.score_groups(examples, groups, texts, state, self.settings.max_completion_length)
+        for r in (r for group in groups for r in group if r.info):
+            r.info.pop("environment", None)
+        return scores
 
     def run(self, examples: list[Example], params: SamplingParams, generator, prompts: list | None = None,
             state: TrainerState | None = None) -> Scored:

@@ -101,8 +101,12 @@ class GroupGenerators:
         return len(self.generators)
 
     def slice(self, lo: int, hi: int) -> "GroupGenerators":
+        return self.pick(range(len(self.seeds))[lo:hi])
+
+    def pick(self, groups) -> "GroupGenerators":
+        """The streams of `groups` (indices), in that order: the same streams, not copies."""
         part = GroupGenerators([])
-        part.seeds, part.generators = self.seeds[lo:hi], self.generators[lo:hi]
+        part.seeds, part.generators = [self.seeds[g] for g in groups], [self.generators[g] for g in groups]
         return part
 
     @classmethod
