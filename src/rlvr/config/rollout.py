@@ -153,6 +153,7 @@ class MultiTurnSettings(Section):
     max_turns: int = 4  # model turns per rollout with tools or an environment (TRL: max_tool_calling_iterations + 1)
     tool_timeout: float = 10.0  # seconds a tool call may run; past it the model reads an error
     max_tool_output_chars: int = 2000  # a tool's output is cut to this many characters, with a note saying so
+    tool_call_format: str = "auto"  # how the model writes tool calls: auto (its chat template's family), tags, llama or mistral
     rollout_func: str | None = None  # package.module:function that samples the completions itself (TRL's rollout_func)
     env_timeout: float = 60.0  # seconds an environment's constructor, reset or step, or a rollout_func's own work (its sampling not counted), may take; 0 = no bound
 
@@ -169,6 +170,9 @@ class MultiTurnSettings(Section):
             problems.append(f"env_timeout must be >= 0 seconds (0: no bound), got {self.env_timeout}")
         if self.tool_timeout <= 0 or self.max_tool_output_chars < 1:
             problems.append("tool_timeout must be > 0 and max_tool_output_chars at least 1")
+        from rlvr.tool_formats import FORMATS
+
+        problems += choices(self, tool_call_format=("auto", *FORMATS))
         return problems
 
     @property
