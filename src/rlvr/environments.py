@@ -21,9 +21,10 @@ or reset that raises or runs past env_timeout, and a reset or step that returns 
 use (a reset's int, a step's None or tuple, a reward that is not a number), end the run with one line
 naming the environment and what it returned (rollout/multiturn.py).
 
-Tools (`tools=[...]`) are the built-in environment ToolEnvironment: each <tool_call> in the model's
-turn is run (tools.py) and the results come back as one `tool` message; a turn without a call ends
-the rollout.
+Tools (`tools=[...]`) are the built-in environment ToolEnvironment: each call in the model's turn,
+written in its chat template family's format (tool_formats.py: <tool_call> tags, Llama's JSON,
+Mistral's [TOOL_CALLS]), is run (tools.py) and the results come back as one `tool` message; a turn
+without a call ends the rollout.
 
 TRL's protocol (GRPOTrainer's `environment_factory`) runs unchanged, through MethodEnvironment: a
 class with reset(**row) and no step(text).  Its public methods (all but reset and get_reward) are
@@ -43,7 +44,8 @@ from typing import Protocol
 
 from rlvr.errors import RolloutError
 from rlvr.plugins import load_named, register, settle
-from rlvr.tools import ToolBox, ToolCall, ToolError, _argument_problem, _to_text, parse_tool_calls
+from rlvr.tool_formats import FORMATS, ToolFormat
+from rlvr.tools import ToolBox, ToolCall, ToolError, _argument_problem, _to_text
 from rlvr.types import Example, Prompt
 
 
@@ -62,19 +64,19 @@ class Environment(Protocol):
 
 
 class ToolEnvironment:
-    """Runs the tool calls of each turn; counts calls and errors."""
+    """Runs the tool calls of each turn, read in `tool_format` (the tag format unless given); counts calls and errors."""
 
-    stop_strings = ("</tool_call>",)  # a turn ends where its call does: the model waits for the result
-
-    def __init__(self, toolbox: ToolBox):
+    def __init__(self, toolbox: ToolBox, tool_format: ToolFormat | None = None):
         self.toolbox = toolbox
+        self.tool_format = tool_format or FORMATS["tags"]
+        self.stop_strings = self.tool_format.stop_strings  # a turn ends where its call does: the model waits for the result
         self.calls = self.errors = 0
 
     def reset(self, example: Example) -> None:
         return None
 
     def step(self, text: str) -> Step:
-        calls = parse_tool_calls(text)
+        calls = self.tool_format.parse(text)
         if not calls:
             return Step(done=True)
         outputs = []
@@ -118,8 +120,8 @@ class MethodEnvironment(ToolEnvironment):
     """TRL's environment protocol over rlvr's: `env`'s public methods are tools the model calls (beside
     the run's own `toolbox`), reset(**row) may add text to the prompt, get_reward() scores the rollout."""
 
-    def __init__(self, env, toolbox: ToolBox):
-        super().__init__(toolbox)
+    def __init__(self, env, toolbox: ToolBox, tool_format: ToolFormat | None = None):
+        super().__init__(toolbox, tool_format)
         self.env, self.methods = env, tool_methods(env)
         if callable(getattr(env, "get_reward", None)):
             self.final_reward = lambda: settle(env.get_reward())  # an async get_reward, awaited

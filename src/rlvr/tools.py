@@ -8,8 +8,10 @@ templates with tool support (Qwen's, for one) show the model.  Two tools are bui
                  `code_tests`, and returns what it printed
     calculator   evaluates an arithmetic expression (+ - * / // % ** and parentheses)
 
-A call is written in the tag format that Qwen's and Hermes' templates use, which is also the
-documented format for models whose template has no tool calling:
+A call is written in the format of the model's chat template family (tool_formats.py): the tag
+format that Qwen's and Hermes' templates use, which is also the documented format for models whose
+template has no tool calling, Llama 3.1+'s JSON or Mistral's [TOOL_CALLS].  This module reads the
+tag format and the JSON object of a call that all three share:
 
     <tool_call>
     {"name": "calculator", "arguments": {"expression": "12 * 34"}}
@@ -58,31 +60,34 @@ class ToolCall:
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """Every <tool_call> block of `text`, in order; an unclosed block at the end counts (generation
     stops at the closing tag, which the sampler then cuts from the text)."""
-    calls = []
-    for body in _CALL.findall(text):
-        body = body.strip()
+    return [call_from_json(body.strip()) for body in _CALL.findall(text)]
+
+
+def call_from_json(body: str) -> ToolCall:
+    """The call a JSON text holds, or a ToolCall whose error says why it holds none."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ToolCall(None, {}, f"the tool call is not valid JSON: {body[:80]!r}")
+    except RecursionError:
+        return ToolCall(None, {}, "the tool call is nested too deeply to read")
+    return call_from_data(data)
+
+
+def call_from_data(data) -> ToolCall:
+    """The call a decoded JSON value holds: {"name": ..., "arguments": {...}} (or "parameters", Llama's
+    key; the arguments may be a JSON string, OpenAI's shape), or a ToolCall whose error says what is wrong."""
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return ToolCall(None, {}, 'a tool call must be a JSON object {"name": ..., "arguments": {...}}')
+    args = data.get("arguments", data.get("parameters", {}))
+    if isinstance(args, str):  # OpenAI's shape: the arguments as a JSON string
         try:
-            data = json.loads(body)
-        except ValueError:
-            calls.append(ToolCall(None, {}, f"the tool call is not valid JSON: {body[:80]!r}"))
-            continue
-        except RecursionError:
-            calls.append(ToolCall(None, {}, "the tool call is nested too deeply to read"))
-            continue
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            calls.append(ToolCall(None, {}, 'a tool call must be a JSON object {"name": ..., "arguments": {...}}'))
-            continue
-        args = data.get("arguments", data.get("parameters", {}))
-        if isinstance(args, str):  # OpenAI's shape: the arguments as a JSON string
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except (ValueError, RecursionError):
-                args = None
-        if not isinstance(args, dict):
-            calls.append(ToolCall(data["name"], {}, f"the arguments of {data['name']!r} must be a JSON object"))
-            continue
-        calls.append(ToolCall(data["name"], args))
-    return calls
+            args = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            args = None
+    if not isinstance(args, dict):
+        return ToolCall(data["name"], {}, f"the arguments of {data['name']!r} must be a JSON object")
+    return ToolCall(data["name"], args)
 
 
 def format_tool_call(name: str, arguments: dict) -> str:

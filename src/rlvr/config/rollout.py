@@ -145,6 +145,9 @@ class WorkerSettings(Section):
         return self.weight_sync_steps - 1 + (1 if self.max_staleness >= 1 else 0)
 
 
+TOOL_CALL_FORMATS = ("auto", "tags", "llama", "mistral")  # auto and tool_formats.FORMATS (a test keeps them equal)
+
+
 @dataclass(frozen=True)
 class MultiTurnSettings(Section):
     # --- multi-turn -----------------------------------------------------------------
@@ -153,6 +156,7 @@ class MultiTurnSettings(Section):
     max_turns: int = 4  # model turns per rollout with tools or an environment (TRL: max_tool_calling_iterations + 1)
     tool_timeout: float = 10.0  # seconds a tool call may run; past it the model reads an error
     max_tool_output_chars: int = 2000  # a tool's output is cut to this many characters, with a note saying so
+    tool_call_format: str = "auto"  # how the model writes tool calls: auto (its chat template's family), tags, llama or mistral
     rollout_func: str | None = None  # package.module:function that samples the completions itself (TRL's rollout_func)
     env_timeout: float = 60.0  # seconds an environment's constructor, reset or step, or a rollout_func's own work (its sampling not counted), may take; 0 = no bound
 
@@ -170,6 +174,7 @@ class MultiTurnSettings(Section):
             problems.append(f"env_timeout must be >= 0 seconds (0: no bound), got {self.env_timeout}")
         if self.tool_timeout <= 0 or self.max_tool_output_chars < 1:
             problems.append("tool_timeout must be > 0 and max_tool_output_chars at least 1")
+        problems += choices(self, tool_call_format=TOOL_CALL_FORMATS)
         return problems
 
     @property

@@ -16,7 +16,10 @@ shares draw what one process draws.
 An observation is rendered by the chat template: the text the template puts between the model's
 turn and the next assistant turn when the observation is a message (role "tool" for tool results,
 falling back to a user message in <tool_response> tags where the template refuses that role).
-With raw text prompts, or a tokenizer without a chat template, it is that tag block.
+Where the tool format needs it (Llama's, Mistral's: tool_formats.py), the model's turn is given to
+the template as an assistant message with a tool call and the result as a tool message with a
+`tool_call_id`, as those templates require.  With raw text prompts, or a tokenizer without a chat
+template, it is that tag block.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _HOLE = "\u2063rlvr-turn\u2063"  # stands for the model's text while the template is probed
+_CALL_ID = "rlvrcall0"  # the probe's tool call id: 9 alphanumerics, as Mistral's templates require
 TOOLS_PROMPT = (
     "You can call these tools (JSON schemas):\n{schemas}\n"
     "To call one, write\n<tool_call>\n{{\"name\": \"<tool name>\", \"arguments\": {{<its arguments>}}}}\n</tool_call>\n"
@@ -188,11 +192,16 @@ class MultiTurn:
         several = make_env if isinstance(make_env, dict) else {None: (make_env, tool_schemas, name)}
         self.kinds = {key: self._kind(*spec) for key, spec in several.items()}
         self.template_kwargs = next(iter(self.kinds.values())).template_kwargs  # the probes' (the end of a turn)
-        stops = {}
+        stops, self.tool_format = {}, None
         for kind in self.kinds.values():
             probe = self.make_env(kind)
             kind.trl = isinstance(probe, MethodEnvironment)
             stops.update(dict.fromkeys(stop_strings_of(probe, kind.name)))
+            self.tool_format = self.tool_format or getattr(probe, "tool_format", None)  # how calls are written (tool_formats.py)
+            if getattr(probe, "tool_format", None) is not None and kind.tools_text and probe.tool_format.name != "tags":
+                raise EnvironmentFailed(f"tool_call_format={probe.tool_format.name}: the chat template does not show the tools "
+                                        "(or the prompts are raw text), and the system message rlvr writes instead describes "
+                                        "the tag format; use tool_call_format=auto or tags")
         self.stop_strings = tuple(stops)  # every environment's: one call samples the turns of all
         self._base = None if self.raw else self._apply(_probe(), False)  # a user turn and a model turn, rendered once
         self._end = None if self.raw else self._base.split(_HOLE)[-1]  # what the template writes after a model turn
@@ -254,20 +263,35 @@ class MultiTurn:
         if self.raw:
             return f"\n<tool_response>\n{content}\n</tool_response>\n" if role == "tool" else f"\n{content}\n"
         end = self._end
-        if after_eos and end.startswith(after_eos):
-            end = end[len(after_eos) :]
+        ends = self.tool_format.end_tokens if self.tool_format and after_eos in self.tool_format.end_tokens else ()
+        for mark in (after_eos, *ends):  # a call turn may end at any of its family's end tokens (Llama: eom or eot)
+            if mark and end.startswith(mark):
+                end = end[len(mark) :]
+                break
         return end + self._message(role, content)
 
     def _message(self, role: str, content: str) -> str:
-        base = self._base
-        for r, c in ((role, content), ("user", f"<tool_response>\n{content}\n</tool_response>")):
+        """The message as the template renders it after the model's turn: from the end of that turn
+        (`_end`, left out) to the next assistant header."""
+        for turn, message in self._probes(role, content):
             try:
-                full = self._apply([*_probe(), {"role": r, "content": c}], True)
-            except Exception:  # noqa: BLE001 - a template that refuses the role
+                before = self._apply([_probe()[0], turn], False).split(_HOLE)
+                after = self._apply([_probe()[0], turn, message], True).split(_HOLE)[-1]
+            except Exception:  # noqa: BLE001 - a template that refuses the role or the probe
                 continue
-            if full.startswith(base):
-                return full[len(base) :]
+            if len(before) > 1 and after.startswith(before[-1]) and before[-1].endswith(self._end):
+                return after[len(before[-1]) :]
         raise EnvironmentFailed(f"the chat template cannot render a {role!r} message after the model's turn")
+
+    def _probes(self, role: str, content: str):
+        """(the model's turn, the observation) as messages, in the order tried: with a tool call and its
+        tool_call_id where the tool format needs them, then as plain messages, then as a user message."""
+        plain, tool_call_id = _probe()[1], {"tool_call_id": _CALL_ID} if role == "tool" else {}
+        if role == "tool" and self.tool_format is not None and self.tool_format.call_probe:
+            call = {"id": _CALL_ID, "type": "function", "function": {"name": "tool", "arguments": {"input": _HOLE}}}
+            yield {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": content, **tool_call_id}
+        yield plain, {"role": role, "content": content, **tool_call_id}
+        yield plain, {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
 
     # --- sampling --------------------------------------------------------------------------
 
@@ -286,6 +310,7 @@ class MultiTurn:
             at += len(texts)
         params = dataclasses.replace(params, stop_strings=tuple(params.stop_strings) + self.stop_strings)
         eos = set(getattr(sampler, "eos", ()))
+        self._check_ends(eos)
         seeds = generator.seeds if isinstance(generator, GroupGenerators) else None
         self._take(self._first_turns(sampler, trajectories, params, generator, seeds), eos)
         for turn in range(1, self.max_turns):
@@ -299,6 +324,15 @@ class MultiTurn:
             self._take([(t, self._fit(r, self.budget - len(t.ids), params)) for (_, _, t), (r,) in zip(live, outs)], eos)
         self._score([t for group in trajectories for t in group])
         return [texts[0] for texts in rendered], [[t.rollout(self.expose) for t in group] for group in trajectories]
+
+    def _check_ends(self, eos: set) -> None:
+        """Refuse a sampler that does not stop at the tool format's end tokens: its call turns would run on."""
+        fmt = self.tool_format
+        missing = [t for t in (fmt.end_tokens if fmt and eos else ()) if set(fmt.token_ids(self.tokenizer, [t])) - eos]
+        if missing:
+            raise RolloutError(f"the chat template writes {fmt.name} tool calls, which end at {', '.join(missing)}, but the "
+                               f"sampler does not stop there: add {fmt.token_ids(self.tokenizer, missing)} to eos_token_id "
+                               "in the model's generation_config.json")
 
     def _first_turns(self, sampler, trajectories, params, generator, seeds) -> list[tuple[_Trajectory, Rollout]]:
         """Each rollout's first turn: params.n completions of each group's one prompt (one prefill), and where a
@@ -382,7 +416,8 @@ class MultiTurn:
         t.versions = t.versions + list(r.versions[:n]) if t.versions is not None and r.versions is not None else None
         t.turns += 1
         t.text = r.text
-        written = self.tokenizer.decode(r.completion_ids, skip_special_tokens=True)  # with the stop string, if any
+        written = (self.tool_format.decode(self.tokenizer, r.completion_ids) if self.tool_format else  # its call markers kept
+                   self.tokenizer.decode(r.completion_ids, skip_special_tokens=True))  # with the stop string, if any
         t.messages.append({"role": "assistant", "content": written})
         if r.finish_reason == "length":
             t.finish, t.done = "length", True
@@ -478,24 +513,27 @@ def mix_seed(seed: int, member: int, turn: int) -> int:
 def make_multiturn(rollout: RolloutSettings, data: DataSettings, tokenizer):
     """The run's MultiTurn, or None for single-turn rollouts."""
     from rlvr.environments import ToolEnvironment, environment_specs
+    from rlvr.tool_formats import tool_format
     from rlvr.tools import ToolBox
 
     if not rollout.tools and not rollout.environment:
         return None
     toolbox = ToolBox(rollout.tools, rollout.tool_timeout, rollout.max_tool_output_chars)
+    fmt = tool_format(rollout.tool_call_format, tokenizer)  # the chat template's family, unless the setting names one
     if rollout.environment:
-        kinds = {key: environment_kind(spec, toolbox, rollout.env_timeout or None)
+        kinds = {key: environment_kind(spec, toolbox, rollout.env_timeout or None, fmt)
                  for key, spec in environment_specs(rollout.environment).items()}
         if None not in kinds:  # TRL's dict: each row's `environment` column picks one
             return MultiTurn(rollout, data, tokenizer, kinds, expose=True)
         factory, schemas, name = kinds[None]
         return MultiTurn(rollout, data, tokenizer, factory, schemas, name=name, expose=True)
-    return MultiTurn(rollout, data, tokenizer, lambda: ToolEnvironment(toolbox), toolbox.schemas, name="ToolEnvironment")
+    return MultiTurn(rollout, data, tokenizer, lambda: ToolEnvironment(toolbox, fmt), toolbox.schemas, name="ToolEnvironment")
 
 
-def environment_kind(spec, toolbox, timeout: float | None) -> tuple:
+def environment_kind(spec, toolbox, timeout: float | None, tool_format=None) -> tuple:
     """(factory, tool schemas, name) of the environment `spec` names: rlvr's protocol as it is, TRL's through
-    MethodEnvironment, its methods offered as tools beside the run's own (`toolbox`).  One is made to see which."""
+    MethodEnvironment, its methods offered as tools beside the run's own (`toolbox`), its calls read in
+    `tool_format` (tool_formats.py; None: the tag format).  One is made to see which."""
     from rlvr.environments import MethodEnvironment, checked, is_trl_protocol, load_environment, method_schemas
 
     factory = load_environment(spec)
@@ -515,7 +553,7 @@ def environment_kind(spec, toolbox, timeout: float | None) -> tuple:
                                     "itself: tools=[...] go with TRL's protocol only (methods as tools); give your environment "
                                     "the tools it runs")
         return made, None, name
-    return (lambda: MethodEnvironment(made(), toolbox)), toolbox.schemas + method_schemas(probe, name), name
+    return (lambda: MethodEnvironment(made(), toolbox, tool_format)), toolbox.schemas + method_schemas(probe, name), name
 
 
 def check_environments(environment, tools, timeout: float | None) -> list[str]:
