@@ -496,6 +496,41 @@ def test_a_rollout_func_without_logprobs_is_a_clear_error(model_dir, tmp_path):
 
 @pytest.mark.trains
 @pytest.mark.processes
+def shout(word: str) -> str:
+    """Shout a word.
+
+    Args:
+        word: The word.
+    """
+    return word.upper()
+
+
+def test_a_tool_of_yours_keeps_its_worker_process_from_turn_to_turn(tok):
+    """Each turn's steps run in threads of their own that end with the step; the tools' worker process,
+    which the kernel kills when the thread that forked it ends, is forked by one lasting thread, so the
+    second turn's call reaches the same live worker (it once died with the first step's thread)."""
+    call = '<tool_call>\n{"name": "shout", "arguments": {"word": "hi"}}\n</tool_call>'
+    box = ToolBox(["test_multiturn:shout"])
+    multi = MultiTurn(*_sections(_cfg(max_turns=3, tools=["test_multiturn:shout"])), tok, lambda: ToolEnvironment(box), box.schemas)
+    pids = []
+
+    class Watching(ScriptedSampler):
+        def generate(self, prompt_ids, params, generator=None):
+            if self.calls:
+                time.sleep(0.3)  # time for the kernel to end a worker whose forking thread has ended
+                pids.append(box.worker.pid)
+            return super().generate(prompt_ids, params, generator)
+
+    try:
+        _, groups = multi.generate(Watching(tok, [call, call, "done"], eos_after={0, 1, 2}), [Example("x")], ["x"],
+                                   SamplingParams(n=2, max_tokens=150), None)
+        assert [m["content"] for m in groups[0][0].messages if m["role"] == "tool"] == ["HI", "HI"]
+        assert all(r.info["tool_errors"] == 0 for r in groups[0])
+        assert pids[0] == pids[1] == box.worker.pid and os.path.exists(f"/proc/{pids[0]}")  # one worker, still running
+    finally:
+        box.close()
+
+
 def test_grpo_trainer_takes_tools_as_functions_as_trl_does(model_dir, tmp_path):
     """TRL's GRPOTrainer(tools=[fn]) with the import changed; the trainer samples one step ahead
     (max_staleness=1), so the tools run in the sampling thread."""

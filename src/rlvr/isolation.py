@@ -14,9 +14,10 @@ calls one at a time and is reused.  It runs in a session of its own, so a call p
 is stopped by SIGKILL to the whole process group, with every process it started that stayed in
 the group, and the next call forks a fresh worker.  close(), garbage collection and interpreter
 exit kill it and its group the same way.  The kernel kills the worker (PR_SET_PDEATHSIG) when the
-thread that forked it ends, so also when the parent dies, even by SIGKILL, and with it the files
-and locks it inherited (the run directory's lock); a worker whose thread has ended is replaced at
-the next call.
+thread that forked it ends, so every worker is forked by one thread that lasts as long as the
+process (`_in_forker`), whatever thread calls: a multi-turn step's thread, which ends with the
+step, would take the worker with it.  So the worker dies when the parent dies, even by SIGKILL,
+and with it the files and locks it inherited (the run directory's lock).
 
 In the worker Ctrl-C is ignored (it is the parent's to handle), SIGTERM has its default action,
 torch uses one thread (the parent's OpenMP pool does not survive a fork), and whatever the
@@ -46,6 +47,8 @@ from typing import Callable
 POLL_SECONDS = 0.05  # how often a waiting caller checks that the worker is still alive
 _PARENT_ENDS: set[int] = set()  # the parent's ends of every worker's pipe, closed in each new worker
 _ENDS_LOCK = threading.RLock()  # RLock: a finalizer run by the garbage collector may take it again
+_FORKER: dict = {}  # the thread that forks every worker, and its queue of forks (_in_forker)
+_FORKER_LOCK = threading.Lock()
 
 
 class WorkerError(Exception):
@@ -101,8 +104,7 @@ class Worker:
                 raise
 
     def start(self) -> None:
-        """Fork the worker now, from this thread, unless it runs: its life is tied to the thread that
-        forks it, so a caller that calls from a thread of its own starts it from a lasting one first."""
+        """Fork the worker now, unless it runs (by the forker thread, whatever thread calls: `_in_forker`)."""
         with self._lock:
             self._running()
 
@@ -120,15 +122,20 @@ class Worker:
     def _fork(self) -> None:
         parent_end, child_end = multiprocessing.Pipe()
         _flush()  # else the worker would print again what the parent has buffered
-        with _ENDS_LOCK:
-            inherited, parent = [parent_end.fileno(), *_PARENT_ENDS], os.getpid()
-            pid = os.fork()
-            if pid == 0:
-                _child(child_end, inherited, parent, self.functions, self.what)
-            _PARENT_ENDS.add(parent_end.fileno())
+
+        def fork() -> int:
+            with _ENDS_LOCK:
+                inherited, parent = [parent_end.fileno(), *_PARENT_ENDS], os.getpid()
+                pid = os.fork()
+                if pid == 0:
+                    _child(child_end, inherited, parent, self.functions, self.what)
+                _PARENT_ENDS.add(parent_end.fileno())
+            return pid
+
+        pid = _in_forker(fork)
         child_end.close()
         self.pid, self._conn = pid, parent_end
-        self._stop = weakref.finalize(self, _kill, pid, parent_end, parent)
+        self._stop = weakref.finalize(self, _kill, pid, parent_end, os.getpid())
 
     def _answer(self, deadline: float | None, timeout: float | None):
         while True:
@@ -151,6 +158,35 @@ class Worker:
         how = _ended(self.pid, wait=True) or "closed its pipe"
         self.close()
         raise WorkerDied(how)
+
+
+def _in_forker(fork: Callable[[], int]) -> int:
+    """fork() run by the forker: one daemon thread per process that never ends before the process, so that the
+    workers it forks live until the process ends (PR_SET_PDEATHSIG fires when the forking thread ends)."""
+    import queue
+
+    with _FORKER_LOCK:
+        thread = _FORKER.get("thread")
+        if thread is None or not thread.is_alive() or _FORKER.get("pid") != os.getpid():  # none yet, or copied by a fork
+            _FORKER.update(pid=os.getpid(), queue=queue.SimpleQueue())
+            _FORKER["thread"] = threading.Thread(target=_forker, args=(_FORKER["queue"],), name="rlvr-forker", daemon=True)
+            _FORKER["thread"].start()
+        done, box = threading.Event(), {}
+        _FORKER["queue"].put((fork, box, done))
+    done.wait()
+    if "error" in box:
+        raise box["error"]
+    return box["pid"]
+
+
+def _forker(requests) -> None:
+    while True:
+        fork, box, done = requests.get()
+        try:
+            box["pid"] = fork()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+        done.set()
 
 
 def _ended(pid: int, wait: bool = False) -> str | None:

@@ -391,7 +391,7 @@ class RewardSet:
 
         if self._waiter is None:
             self._waiter = ThreadPoolExecutor(1, thread_name_prefix="rlvr-async-rewards")
-        self.async_worker.start()  # forked from this thread: its life is tied to this thread's, not the waiter's
+        self.async_worker.start()  # forked before the waiter's call, so a fork's failure is raised here
         payload = {"kwargs": {"completions": completions, **kwargs}, "drop": drop, "timeout": self.timeout}
         return self._waiter.submit(self.async_worker.call, "gather", payload, _backstop(self.timeout))
 
