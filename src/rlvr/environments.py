@@ -45,7 +45,7 @@ from typing import Protocol
 from rlvr.errors import RolloutError
 from rlvr.plugins import load_named, register, settle
 from rlvr.tool_formats import FORMATS, ToolFormat
-from rlvr.tools import ToolBox, ToolCall, ToolError, _argument_problem, _to_text
+from rlvr.tools import ToolBox, ToolCall, ToolError, ToolResult, _argument_problem, _to_text
 from rlvr.types import Example, Prompt
 
 
@@ -79,16 +79,19 @@ class ToolEnvironment:
         calls = self.tool_format.parse(text)
         if not calls:
             return Step(done=True)
-        outputs = []
+        outputs, rewards = [], []
         for call in calls:
             output, ok = self.run(call)
             self.calls += 1
             self.errors += not ok
+            if isinstance(output, ToolResult):  # a call with a reward
+                rewards += [] if output.reward is None else [float(output.reward)]
+                output = output.output
             outputs.append(output)
-        return Step(observation="\n".join(outputs), role="tool")
+        return Step(observation="\n".join(outputs), role="tool", reward=sum(rewards) if rewards else None)
 
-    def run(self, call: ToolCall) -> tuple[str, bool]:
-        """(what the model reads back, whether the call worked)."""
+    def run(self, call: ToolCall) -> tuple[str | ToolResult, bool]:
+        """(what the model reads back, or a ToolResult with it and the call's reward; whether the call worked)."""
         return self.toolbox.run(call)
 
 
@@ -135,7 +138,7 @@ class MethodEnvironment(ToolEnvironment):
             return text  # None: the row's own prompt; anything else is reported by the caller
         return appended(example.prompt, text)
 
-    def run(self, call: ToolCall) -> tuple[str, bool]:
+    def run(self, call: ToolCall) -> tuple[str | ToolResult, bool]:
         method = self.methods.get(call.name)
         if call.error or method is None:
             if method is None and not call.error and call.name not in self.toolbox.tools:
@@ -149,7 +152,7 @@ class MethodEnvironment(ToolEnvironment):
             value = settle(method(**call.arguments))
         except Exception as e:  # noqa: BLE001 - the model reads every failure back, as TRL's {"error": ...}
             return f"Error: {f'{type(e).__name__}: {e}'[:500]}", False
-        return self.toolbox._cut(value if isinstance(value, str) else _to_text(value)), True
+        return self.toolbox._cut(value if isinstance(value, ToolResult) else _to_text(value)), True
 
 
 def appended(prompt, text: str):
