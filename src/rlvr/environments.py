@@ -12,7 +12,8 @@ An environment is any object with two methods; one is made for each completion o
         observation: text appended as a message (role "user" unless the Step says otherwise) after
         which the model writes its next turn.  `reward` (optional, summed over the steps) reaches the
         reward functions as `env_rewards`; list the built-in reward `environment` in reward_funcs
-        to train on it.
+        to train on it.  With turn_advantage=return each step's reward is credited on its own turn
+        instead (and left out of env_rewards): docs/multiturn.md.
 
 The rollout also ends at `max_turns` model turns or when `max_completion_length` tokens (the
 model's and the observations' together) are used.  A step that raises, or runs past `env_timeout`
@@ -24,7 +25,8 @@ naming the environment and what it returned (rollout/multiturn.py).
 Tools (`tools=[...]`) are the built-in environment ToolEnvironment: each call in the model's turn,
 written in its chat template family's format (tool_formats.py: <tool_call> tags, Llama's JSON,
 Mistral's [TOOL_CALLS]), is run (tools.py) and the results come back as one `tool` message; a turn
-without a call ends the rollout.
+without a call ends the rollout.  A tool (or a TRL environment's tool method) may return
+ToolResult(output, reward=...): the rewards of a turn's calls, summed, are that turn's Step.reward.
 
 TRL's protocol (GRPOTrainer's `environment_factory`) runs unchanged, through MethodEnvironment: a
 class with reset(**row) and no step(text).  Its public methods (all but reset and get_reward) are

@@ -160,7 +160,7 @@ class MultiTurnSettings(Section):
     tool_call_format: str = "auto"  # how the model writes tool calls: auto (its chat template's family), tags, llama or mistral
     rollout_func: str | None = None  # package.module:function that samples the completions itself (TRL's rollout_func)
     env_timeout: float = 60.0  # seconds an environment's constructor, reset or step, or a rollout_func's own work (its sampling not counted), may take; 0 = no bound
-    turn_advantage: str = "rollout"  # how the rewards an environment or a tool gives per turn train: rollout (summed into the rollout's one reward, env_rewards; every token one advantage) | return (each on its own turn: a token's advantage is the sum of the group-normalised rewards from its turn on; docs/multiturn.md)
+    turn_advantage: str = "rollout"  # how the rewards turns give (an environment's Step.reward, a tool's ToolResult) train: rollout (summed into env_rewards; one advantage for every token of the rollout) | return (each credited on its turn: a token's advantage is the sum of the group-normalised rewards from its turn on; docs/multiturn.md)
 
     def _rules(self) -> list[str]:
         problems = []
