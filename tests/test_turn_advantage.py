@@ -172,7 +172,8 @@ def test_a_trl_environments_methods_give_turn_rewards_and_get_reward_the_rest(to
 
 @pytest.mark.parametrize("settings, message", [
     ({"turn_advantage": "return"}, "turn_advantage=return credits the rewards tools or an environment give per turn: "
-                                   "set tools or environment"),
+                                   "set tools or environment (GRPOTrainer: tools= or environment_factory=)"),
+    ({"turn_advantage": "return", "rollout_func": "test_multiturn:my_rollouts"}, "turn_advantage=return credits"),
     ({"tools": ["calculator"], "turn_advantage": "turn"}, "turn_advantage must be one of rollout, return; got 'turn'"),
     ({"tools": ["calculator"], "turn_advantage": "return", "advantage_estimator": "rloo"},
      "turn_advantage=return normalises the turns' rewards by GRPO's rule only"),
@@ -180,8 +181,16 @@ def test_a_trl_environments_methods_give_turn_rewards_and_get_reward_the_rest(to
      "turn_advantage=return normalises the turns' rewards by GRPO's rule only"),
 ])
 def test_turn_advantage_is_refused_where_it_cannot_apply(settings, message):
+    from rlvr.settings import check_settings
+
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        build_config(settings)
+        check_settings(build_config(settings))  # value rules in build_config, the rest in the launch check
+
+
+def test_grpo_config_takes_turn_advantage_before_its_trainer_gives_the_environment():
+    from rlvr import GRPOConfig
+
+    assert GRPOConfig(output_dir="unused", turn_advantage="return").turn_advantage == "return"
 
 
 # --- on the tiny model ---------------------------------------------------------------------

@@ -177,8 +177,6 @@ class MultiTurnSettings(Section):
         if self.tool_timeout <= 0 or self.max_tool_output_chars < 1:
             problems.append("tool_timeout must be > 0 and max_tool_output_chars at least 1")
         problems += choices(self, tool_call_format=TOOL_CALL_FORMATS, turn_advantage=TURN_ADVANTAGES)
-        if self.turn_advantage == "return" and not (self.tools or self.environment):
-            problems.append("turn_advantage=return credits the rewards tools or an environment give per turn: set tools or environment")
         return problems
 
     @property
