@@ -131,7 +131,8 @@ class NoKL:
 def _generations(lengths, order, current=0, k=2):
     settings = GenerationSettings(num_generations=2, prompts_per_step=2, scale_rewards="group", advantage_estimator="grpo",
                                   normalize_then_sum=False, mask_truncated_completions=False, dynamic_sampling=False,
-                                  max_sampling_rounds=0, num_completions_to_print=None, sample_ahead=True, skip_without_signal=True)
+                                  max_sampling_rounds=0, num_completions_to_print=None, sample_ahead=True, skip_without_signal=True,
+                                  turn_advantage="rollout")
     prompts = PromptStream([Example(p) for p in order], seed=0, shuffle=False)
     versions = WeightVersions(lambda: None, version=current)
     gens = Generations(settings, LengthStage(lengths), prompts, torch.Generator(), NoKL())

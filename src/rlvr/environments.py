@@ -12,7 +12,8 @@ An environment is any object with two methods; one is made for each completion o
         observation: text appended as a message (role "user" unless the Step says otherwise) after
         which the model writes its next turn.  `reward` (optional, summed over the steps) reaches the
         reward functions as `env_rewards`; list the built-in reward `environment` in reward_funcs
-        to train on it.
+        to train on it.  With turn_advantage=return each step's reward is credited on its own turn
+        instead (and left out of env_rewards): docs/multiturn.md.
 
 The rollout also ends at `max_turns` model turns or when `max_completion_length` tokens (the
 model's and the observations' together) are used.  A step that raises, or runs past `env_timeout`
@@ -24,7 +25,8 @@ naming the environment and what it returned (rollout/multiturn.py).
 Tools (`tools=[...]`) are the built-in environment ToolEnvironment: each call in the model's turn,
 written in its chat template family's format (tool_formats.py: <tool_call> tags, Llama's JSON,
 Mistral's [TOOL_CALLS]), is run (tools.py) and the results come back as one `tool` message; a turn
-without a call ends the rollout.
+without a call ends the rollout.  A tool (or a TRL environment's tool method) may return
+ToolResult(output, reward=...): the rewards of a turn's calls, summed, are that turn's Step.reward.
 
 TRL's protocol (GRPOTrainer's `environment_factory`) runs unchanged, through MethodEnvironment: a
 class with reset(**row) and no step(text).  Its public methods (all but reset and get_reward) are
@@ -45,7 +47,7 @@ from typing import Protocol
 from rlvr.errors import RolloutError
 from rlvr.plugins import load_named, register, settle
 from rlvr.tool_formats import FORMATS, ToolFormat
-from rlvr.tools import ToolBox, ToolCall, ToolError, _argument_problem, _to_text
+from rlvr.tools import ToolBox, ToolCall, ToolError, ToolResult, _argument_problem, _to_text
 from rlvr.types import Example, Prompt
 
 
@@ -79,16 +81,19 @@ class ToolEnvironment:
         calls = self.tool_format.parse(text)
         if not calls:
             return Step(done=True)
-        outputs = []
+        outputs, rewards = [], []
         for call in calls:
             output, ok = self.run(call)
             self.calls += 1
             self.errors += not ok
+            if isinstance(output, ToolResult):  # a call with a reward
+                rewards += [] if output.reward is None else [float(output.reward)]
+                output = output.output
             outputs.append(output)
-        return Step(observation="\n".join(outputs), role="tool")
+        return Step(observation="\n".join(outputs), role="tool", reward=sum(rewards) if rewards else None)
 
-    def run(self, call: ToolCall) -> tuple[str, bool]:
-        """(what the model reads back, whether the call worked)."""
+    def run(self, call: ToolCall) -> tuple[str | ToolResult, bool]:
+        """(what the model reads back, or a ToolResult with it and the call's reward; whether the call worked)."""
         return self.toolbox.run(call)
 
 
@@ -135,7 +140,7 @@ class MethodEnvironment(ToolEnvironment):
             return text  # None: the row's own prompt; anything else is reported by the caller
         return appended(example.prompt, text)
 
-    def run(self, call: ToolCall) -> tuple[str, bool]:
+    def run(self, call: ToolCall) -> tuple[str | ToolResult, bool]:
         method = self.methods.get(call.name)
         if call.error or method is None:
             if method is None and not call.error and call.name not in self.toolbox.tools:
@@ -149,7 +154,7 @@ class MethodEnvironment(ToolEnvironment):
             value = settle(method(**call.arguments))
         except Exception as e:  # noqa: BLE001 - the model reads every failure back, as TRL's {"error": ...}
             return f"Error: {f'{type(e).__name__}: {e}'[:500]}", False
-        return self.toolbox._cut(value if isinstance(value, str) else _to_text(value)), True
+        return self.toolbox._cut(value if isinstance(value, ToolResult) else _to_text(value)), True
 
 
 def appended(prompt, text: str):

@@ -206,6 +206,9 @@ def generation_metrics(groups: list, rounds: list, group_size: int) -> dict:
         metrics["tools/errors_per_completion"] = sum(i["tool_errors"] for i in infos) / n
         metrics["tools/error_rate"] = sum(i["tool_errors"] for i in infos) / max(sum(i["tool_calls"] for i in infos), 1)
         metrics["env/errors"] = sum(bool(i["env_error"]) for i in infos)
+        turn_rewards = [reward for i in infos for _, reward in i.get("turn_rewards", ())]
+        if turn_rewards:  # the rewards steps (or tools) gave per turn: the mean over the turns that gave one
+            metrics["turns/reward_mean"] = sum(turn_rewards) / len(turn_rewards)
     logged: dict = {}  # what reward functions logged with log_metric: the mean of the step's values, as TRL
     for rnd in rounds:
         for key, values in rnd.logged.items():

@@ -175,7 +175,8 @@ def check_settings(cfg: Config, rewards_later: bool = False) -> Config:
     alert rules, the task, tools, environment and rollout_func, local paths, Ray.  Run by
     check_runnable and by GRPOConfig(...) at construction, before any model loads.
     rewards_later: the reward functions come later (GRPOConfig, whose trainer is given them), so
-    reward_weights without reward_funcs are checked then; so does DistillationConfig's teacher."""
+    reward_weights without reward_funcs are checked then; so do DistillationConfig's teacher and the tools
+    or environment that turn_advantage=return needs."""
     from rlvr.alerts import RULES
     from rlvr.finetune.losses import DPO_LOSS_TYPES, TRL_ONLY_DPO_LOSS_TYPES
     from rlvr.losses import LOSS_TYPES
@@ -198,6 +199,9 @@ def check_settings(cfg: Config, rewards_later: bool = False) -> Config:
     problems += schedule_problems(cfg.lr_scheduler_type, cfg.lr_scheduler_kwargs, cfg.learning_rate)
     problems += [f"on_alert: unknown rule {rule!r}; rules: {', '.join(RULES)}" for rule in cfg.on_alert if rule not in RULES]
     problems += _reward_problems(cfg, rewards_later) + _multiturn_problems(cfg) + _path_problems(cfg)
+    if cfg.turn_advantage == "return" and not (cfg.tools or cfg.environment) and not rewards_later:  # GRPOTrainer gives them later
+        problems.append("turn_advantage=return credits the rewards tools or an environment give per turn: set tools or "
+                        "environment (GRPOTrainer: tools= or environment_factory=)")
     if cfg.method == "distill" and not cfg.teacher_model_name_or_path and not rewards_later:  # DistillationTrainer gives it later
         problems.append("rlvr distill needs a teacher: teacher=<local directory or Hub id> "
                         "(DistillationConfig.teacher_model_name_or_path, or DistillationTrainer(teacher_model=...))")

@@ -34,6 +34,7 @@ import functools
 import inspect
 import json
 import math
+import numbers
 import operator
 import re
 import signal
@@ -55,6 +56,21 @@ class ToolCall:
     name: str | None
     arguments: dict
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool (or a TRL environment's tool method) may return instead of its plain value: the output
+    the model reads back (text, or a value shown as a plain return value is) and a reward for the call.
+    The rewards of a turn's calls, summed, are that turn's reward (Step.reward; docs/multiturn.md)."""
+
+    output: object
+    reward: float | None = None
+
+    def __post_init__(self):
+        r = self.reward
+        if r is not None and (isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(r)):
+            raise ValueError(f"ToolResult's reward must be a finite number or None; got {r!r}")
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
@@ -213,8 +229,8 @@ class ToolBox:
     def schemas(self) -> list[dict]:
         return [t.schema for t in self.tools.values()]
 
-    def run(self, call: ToolCall) -> tuple[str, bool]:
-        """(what the model reads back, whether the call worked)."""
+    def run(self, call: ToolCall) -> tuple[str | ToolResult, bool]:
+        """(what the model reads back, or a ToolResult with it and the call's reward; whether the call worked)."""
         if call.error:
             return f"Error: {call.error}", False
         tool = self.tools.get(call.name)
@@ -232,7 +248,7 @@ class ToolBox:
                 return f"Error: {f'{type(e).__name__}: {e}'[:500]}", False
         return self._in_worker(tool, call.arguments)
 
-    def _in_worker(self, tool: Tool, arguments: dict) -> tuple[str, bool]:
+    def _in_worker(self, tool: Tool, arguments: dict) -> tuple[str | ToolResult, bool]:
         try:
             text = self.worker.call(tool.name, arguments, self.timeout)
         except CallTimedOut:
@@ -259,9 +275,12 @@ class ToolBox:
             text = f"Error: the program was stopped (exit status {result.returncode})"
         return self._cut(text or "(no output)"), result.returncode == 0
 
-    def _cut(self, text: str) -> str:
-        """At most max_output_chars of `text`: its start and its end (where a traceback says what went
-        wrong), with a note of how much was cut between them."""
+    def _cut(self, text: str | ToolResult) -> str | ToolResult:
+        """What a tool returned as the model reads it: text (a ToolResult's output, kept with its reward) cut to
+        max_output_chars, its start and its end (where a traceback says what went wrong), with a note of how
+        much was cut between them."""
+        if isinstance(text, ToolResult):
+            return ToolResult(self._cut(_to_text(text.output)), text.reward)
         limit = self.max_output_chars
         if len(text) <= limit:
             return text
@@ -279,13 +298,16 @@ def _argument_problem(function, arguments: dict) -> str | None:
     return None
 
 
-def _as_text(function, /, **arguments) -> str:
-    """A tool's result as the text the model reads (run in the worker, so only text crosses back)."""
+def _as_text(function, /, **arguments) -> str | ToolResult:
+    """A tool's result as the text the model reads, or a ToolResult of it (run in the worker, so only text
+    and a number cross back)."""
     value = settle(function(**arguments))  # an async tool's result, awaited
-    return value if isinstance(value, str) else _to_text(value)
+    return ToolResult(_to_text(value.output), value.reward) if isinstance(value, ToolResult) else _to_text(value)
 
 
 def _to_text(value) -> str:
+    if isinstance(value, str):
+        return value
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return str(int(value))
     try:

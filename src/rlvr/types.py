@@ -60,7 +60,8 @@ class Rollout:
     text: str
     # Multi-turn rollouts (rollout/multiturn.py): which completion tokens the policy wrote (False:
     # an observation between turns, left out of the loss); the turns as chat messages; counters
-    # (turns, tool_calls, tool_errors, env_reward, env_error).  None for a single-turn rollout.
+    # (turns, tool_calls, tool_errors, env_reward, env_error) and turn_rewards, (the turn's last token, the
+    # reward its step gave) per turn that gave one.  None for a single-turn rollout.
     mask: list[bool] | None = None
     messages: list[Message] | None = None
     info: dict | None = None

@@ -146,6 +146,7 @@ class WorkerSettings(Section):
 
 
 TOOL_CALL_FORMATS = ("auto", "tags", "llama", "mistral")  # auto and tool_formats.FORMATS (a test keeps them equal)
+TURN_ADVANTAGES = ("rollout", "return")
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,7 @@ class MultiTurnSettings(Section):
     tool_call_format: str = "auto"  # how the model writes tool calls: auto (its chat template's family), tags, llama or mistral
     rollout_func: str | None = None  # package.module:function that samples the completions itself (TRL's rollout_func)
     env_timeout: float = 60.0  # seconds an environment's constructor, reset or step, or a rollout_func's own work (its sampling not counted), may take; 0 = no bound
+    turn_advantage: str = "rollout"  # how the rewards turns give (an environment's Step.reward, a tool's ToolResult) train: rollout (summed into env_rewards; one advantage for every token of the rollout) | return (each credited on its turn: a token's advantage is the sum of the group-normalised rewards from its turn on; docs/multiturn.md)
 
     def _rules(self) -> list[str]:
         problems = []
@@ -174,7 +176,7 @@ class MultiTurnSettings(Section):
             problems.append(f"env_timeout must be >= 0 seconds (0: no bound), got {self.env_timeout}")
         if self.tool_timeout <= 0 or self.max_tool_output_chars < 1:
             problems.append("tool_timeout must be > 0 and max_tool_output_chars at least 1")
-        problems += choices(self, tool_call_format=TOOL_CALL_FORMATS)
+        problems += choices(self, tool_call_format=TOOL_CALL_FORMATS, turn_advantage=TURN_ADVANTAGES)
         return problems
 
     @property

@@ -39,6 +39,9 @@ def cross_section_problems(cfg) -> list[str]:
          f"sync_ref_model (TR-DPO) is not supported for rlvr {cfg.method} yet: its reference stays the starting model"),
         (not (not online and (cfg.fsdp or cfg.rollout_workers or cfg.max_staleness)),
          f"rlvr {cfg.method} trains in one process: fsdp, rollout_workers and max_staleness are for rlvr train"),
+        (not (cfg.turn_advantage == "return" and (cfg.advantage_estimator != "grpo" or cfg.multi_objective_aggregation != "sum_then_normalize")),
+         "turn_advantage=return normalises the turns' rewards by GRPO's rule only (advantages.step_advantages): set "
+         "advantage_estimator=grpo and multi_objective_aggregation=sum_then_normalize"),
     ] + qlora_rules(cfg) + sleep_mode_rules(cfg)
     problems = [message for ok, message in rules if not ok] + best_model_problems(cfg)
     if cfg.async_mode == "free":

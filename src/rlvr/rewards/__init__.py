@@ -535,7 +535,8 @@ def _check_steps(name: str, pairs, length: int | None) -> list[tuple[int, float]
 
 
 def environment(completions, env_rewards=None, **kwargs) -> list:
-    """The rewards an environment's steps gave each rollout, summed (environments.py); None where it gave none."""
+    """The rewards an environment's steps gave each rollout, summed (environments.py); None where it gave none.
+    With turn_advantage=return, what is left once each turn's reward is credited on its turn (get_reward's)."""
     if env_rewards is None:
         return [None] * len(completions)
     return [None if r is None else float(r) for r in env_rewards]

@@ -6,8 +6,9 @@ groups carry signal or `max_sampling_rounds` extra rounds have run.  Rewards are
 within each group (advantages.py); groups whose rewards are all equal carry no signal and are
 left out of the batch, and counted.  With partial rollouts (the free-running producer's) a round gives
 each completion a token budget, and groups not done are carried to the next round instead of holding
-the generation (`carry_partials`).  Where a reward function scores steps (process rewards), the
-step scores are placed on their tokens (rollout/steps.py) and the advantages are per token.
+the generation (`carry_partials`).  Where a reward function scores steps (process rewards), or with
+turn_advantage=return the turns of a multi-turn rollout have rewards of their own, the step scores are
+placed on their tokens (rollout/steps.py) and the advantages are per token.
 
 With `max_staleness` >= 1 the next generation is sampled in a thread while the current step trains
 (from the sampler's weights before its update); a step that fails or is interrupted before its optimizer
@@ -33,7 +34,7 @@ from rlvr.advantages import ESTIMATORS, normalize_then_sum, step_advantages
 from rlvr.config import RolloutSettings, UpdateSettings
 from rlvr.monitor import generation_metrics
 from rlvr.rewards import RewardError, merge_counters
-from rlvr.rollout.steps import token_steps
+from rlvr.rollout.steps import token_steps, turn_steps
 from rlvr.types import Batch, Generation, Round, SampledGroup, TrainerState, oldest_token_version
 
 
@@ -52,6 +53,7 @@ class GenerationSettings:
     num_completions_to_print: int | None  # None: all
     sample_ahead: bool  # max_staleness >= 1
     skip_without_signal: bool  # leave groups without signal out of the batch (see `of`)
+    turn_advantage: str  # rollout | return: each turn's reward a step at its turn's end (rollout/steps.py turn_steps)
 
     @classmethod
     def of(cls, rollout: RolloutSettings, update: UpdateSettings, prompts_per_step: int,
@@ -80,7 +82,7 @@ class GenerationSettings:
                    mask_truncated_completions=update.mask_truncated_completions,
                    dynamic_sampling=update.dynamic_sampling, max_sampling_rounds=update.max_sampling_rounds,
                    num_completions_to_print=num_completions_to_print, sample_ahead=bool(rollout.max_staleness),
-                   skip_without_signal=skip or update.dynamic_sampling)
+                   skip_without_signal=skip or update.dynamic_sampling, turn_advantage=rollout.turn_advantage)
 
 
 class Generations:
@@ -230,6 +232,10 @@ class Generations:
         steps = None if out.scores.steps is None else [  # process rewards: each step on the token it ends at
             token_steps(mine, r, self.rollout.tokenizer, totals[j] - out.scores.total[j])
             for j, (mine, r) in enumerate(zip(out.scores.steps, rollouts))]
+        if self.settings.turn_advantage == "return":  # each turn's reward a step too, on its turn's last token
+            steps = [turn_steps(r, steps[j] if steps else {max(len(r.completion_ids) - 1, 0): totals[j]})
+                     for j, r in enumerate(rollouts)]
+            totals = [sum(s.values()) for s in steps]  # a rollout's reward: its return, the turns' rewards included
         groups = []
         for i, (ex, group) in enumerate(zip(out.examples, out.groups)):
             idx = range(i * size, (i + 1) * size)

@@ -146,12 +146,14 @@ class _Trajectory:
     env_reward: float | None = None
     env_error: bool = False
     done: bool = False
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (the turn's last token, its step's reward)
 
     def rollout(self, expose: bool) -> Rollout:
         """`expose`: give the reward functions the environment (TRL's `environments`), until they have scored."""
         env = self.env
         info = {"turns": self.turns, "env_reward": self.env_reward, "env_error": self.env_error,
-                "tool_calls": getattr(env, "calls", 0), "tool_errors": getattr(env, "errors", 0)}
+                "tool_calls": getattr(env, "calls", 0), "tool_errors": getattr(env, "errors", 0),
+                "turn_rewards": list(self.turn_rewards)}
         if expose:
             info["environment"] = getattr(env, "env", env)  # TRL's environment itself, not its adapter
         if self.start is not None:
@@ -186,6 +188,7 @@ class MultiTurn:
         self.data, self.tokenizer, self.expose = data, tokenizer, expose
         self.max_turns, self.budget = rollout.max_turns, rollout.max_completion_length
         self.timeout = rollout.env_timeout or None  # seconds an environment's constructor, reset or step may take
+        self.per_turn = rollout.turn_advantage == "return"  # a step's reward is credited on its turn, not in env_reward
         self.raw = data.text_prompts == "raw" or not getattr(tokenizer, "chat_template", None)
         from rlvr.environments import MethodEnvironment
 
@@ -439,7 +442,8 @@ class MultiTurn:
         if problem:
             raise EnvironmentFailed(f"{t.name}.step returned {problem}")
         if step.reward is not None:
-            t.env_reward = (t.env_reward or 0.0) + float(step.reward)
+            t.turn_rewards.append((max(len(t.ids) - 1, 0), float(step.reward)))  # the turn's tokens end here
+            t.env_reward = (t.env_reward or 0.0) + (0.0 if self.per_turn else float(step.reward))
         if step.done or t.turns >= self.max_turns:
             t.done = True
             return

@@ -8,6 +8,10 @@ spans the offset takes the step).  A step that ends where the text ends ends at 
 end-of-sequence token or a stop string's included, as scores given as one number do (with any KL
 charged to the reward, kl_penalty=reward): the decision to stop is part of the last step.
 advantages.step_advantages turns the result into per-token advantages.
+
+With turn_advantage=return, the reward each turn of a multi-turn rollout gave (an environment's Step.reward,
+a tool's ToolResult.reward) is a step too, ending at the last token the policy wrote in that turn
+(rollout/multiturn.py records it): `turn_steps`.
 """
 
 from __future__ import annotations
@@ -46,3 +50,12 @@ def token_of(tokenizer, ids: list[int], offset: int) -> int:
         else:
             lo = mid + 1
     return lo
+
+
+def turn_steps(rollout: Rollout, steps: dict[int, float]) -> dict[int, float]:
+    """`steps` (a rollout's reward as steps by the token each ends at: its total at the last token) with the
+    reward of each of its turns (Rollout.info["turn_rewards"]: (token, reward)) added at that turn's last token."""
+    out = dict(steps)
+    for t, reward in (rollout.info or {}).get("turn_rewards", ()):
+        out[t] = out.get(t, 0.0) + reward
+    return out
