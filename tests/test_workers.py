@@ -20,6 +20,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from rlvr.config import ConfigError, build_config  # noqa: E402
+from rlvr.errors import RolloutError  # noqa: E402
 from rlvr.lora import wrap  # noqa: E402
 from rlvr.models import disable_dropout, load_model  # noqa: E402
 from rlvr.rewards import Scores  # noqa: E402
@@ -410,6 +411,17 @@ def test_a_hanging_environment_on_a_worker_ends_its_rollouts_and_a_broken_one_th
     assert all(info["turns"] == 1 and info["env_error"] == (finish != "length") for finish, info in rollouts)
     assert sum(info["env_error"] for _, info in rollouts) >= 6  # (a turn cut at the budget is not answered)
     assert message.startswith("BadReset.reset returned 42 (int)") and "\n" not in message
+
+
+@pytest.mark.processes
+def test_an_environment_the_workers_cannot_import_is_a_one_line_error(ray_cluster, agent_model_dir, reward_file, tmp_path,
+                                                                      monkeypatch):
+    """Importable here, not on the actors' nodes (not on the PYTHONPATH Ray started with)."""
+    (tmp_path / "driver_only.py").write_text(AGENTS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RolloutError, match=r"^a rollout worker could not start: ValueError: environment "
+                                           r"'driver_only:Echo': No module named 'driver_only'$"):
+        make_trainer(agent_model_dir, reward_file, tmp_path, 1, environment="driver_only:Echo")
 
 
 def test_objects_given_to_grpo_trainer_are_refused_with_workers(tmp_path):

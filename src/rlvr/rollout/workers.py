@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from rlvr.config import Config
+from rlvr.errors import RolloutError
 from rlvr.rewards import Scores, merge_counters
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.sampling import GroupGenerators
@@ -216,7 +217,19 @@ class RolloutWorkers:
         self.loading: list = []  # the actors' loads of the last update, checked before the next round
         self.update = self._put(model)
         self.actors = [self._start() for _ in range(self.size)]
-        ray.get([a.pid.remote() for a in self.actors])  # fail here, clearly, if an actor cannot start
+        self._check_started()
+
+    def _check_started(self) -> None:
+        """Fail here, in one line, if an actor cannot start: a module the settings name that its node cannot
+        import, no sandbox there for the python tool, a model that does not fit, ..."""
+        from ray.exceptions import RayActorError
+
+        try:
+            self.ray.get([a.pid.remote() for a in self.actors])
+        except RayActorError as e:
+            self.close()
+            why = (getattr(e, "error_msg", None) or str(e)).strip().splitlines()[-1]  # the error its constructor raised
+            raise RolloutError(f"a rollout worker could not start: {why}") from e
 
     def _start(self):
         return self.actor_class.remote(*self.spec, self.threads, self.state, self.update)
