@@ -242,7 +242,6 @@ def test_lora_workers_sample_and_score_what_the_in_process_path_does(ray_cluster
     from peft import get_peft_model_state_dict
 
     trainer = make_trainer(tiny_model_dir, reward_file, tmp_path, workers=2, lora=True)
-    workers = trainer.rollout.workers
     adapter = get_peft_model_state_dict(trainer.model)
     adapter_bytes = sum(t.numel() * t.element_size() for t in adapter.values())
     model_bytes = sum(p.numel() * p.element_size() for p in trainer.model.get_base_model().parameters())
