@@ -384,7 +384,6 @@ def no_docstring(x: int) -> int:
     ({"tools": ["nosuch"]}, "expected a built-in tool (python, calculator) or package.module:function"),
     ({"tools": ["test_multiturn:no_docstring"]}, "needs type hints and a docstring"),
     ({"tools": ["calculator"], "environment": "test_multiturn:GuessEnv"}, "environment GuessEnv has step(text) (rlvr's protocol), which runs what the model writes itself"),
-    ({"tools": ["calculator"], "rollout_workers": 2}, "rollout_workers > 0 is not supported"),
     ({"environment": "nosuch.module:Env"}, "No module named 'nosuch'"),
     ({"tools": ["calculator"], "max_turns": 0}, "max_turns must be at least 1"),
     ({"rollout_func": "test_multiturn:nothing_here"}, "has no attribute 'nothing_here'"),

@@ -189,7 +189,7 @@ def test_vllm_workers_sample_with_the_trainers_logprobs_whichever_worker_samples
     prompt_ids = tokenize_prompts(stage.tokenizer, texts, 128)
     seeds = [100 + i for i in range(len(items))]
     t0 = time.perf_counter()
-    groups, scores = stage.workers.generate_and_score(items, texts, prompt_ids, stage.params, seeds, TrainerState())
+    groups, scores = stage.workers.generate_and_score(items, stage.params, seeds, TrainerState())
     print(f"\nround of {len(items)} groups on 2 workers: {time.perf_counter() - t0:.1f} s")
     assert [g[0].prompt_ids for g in groups] == prompt_ids and [len(g) for g in groups] == [4] * len(items)
     assert len(scores.total) == 4 * len(items)
@@ -201,8 +201,7 @@ def test_vllm_workers_sample_with_the_trainers_logprobs_whichever_worker_samples
     # (The first four: groups 0 and 2 move from worker 0 to 1, groups 1 and 3 from 1 to 0.)
     shift = lambda xs: xs[1:4] + xs[:1]  # noqa: E731
     t0 = time.perf_counter()
-    shifted, _ = stage.workers.generate_and_score(shift(items), shift(texts), shift(prompt_ids), stage.params,
-                                                  shift(seeds), TrainerState())
+    shifted, _ = stage.workers.generate_and_score(shift(items), stage.params, shift(seeds), TrainerState())
     print(f"the same groups on the other workers: {time.perf_counter() - t0:.1f} s")
     assert [[r.completion_ids for r in g] for g in shifted] == shift([[r.completion_ids for r in g] for g in groups])
 

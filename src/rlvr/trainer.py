@@ -82,8 +82,7 @@ def rollout_stage(cfg: Config, model, sampler_model, tokenizer, world: distribut
     if cfg.rollout_workers > 0:
         from rlvr.rollout.workers import RolloutWorkers
 
-        workers = RolloutWorkers(model, tokenizer, eos, cfg.rollout_settings, cfg.model_settings, cfg.data_settings,
-                                 cfg.reward_settings, bf16=cfg.bf16, seed=cfg.seed)
+        workers = RolloutWorkers(model, tokenizer, eos, cfg)  # each actor builds the run's path from cfg
         subscribers.append(workers)
     # prompts -> scored completions: with tools or an environment, rollouts of several turns
     path = RolloutPath.of(cfg, tokenizer, sampler, build_rewards(cfg.reward_settings, cfg.data_settings))

@@ -27,6 +27,14 @@ def _is_model(f) -> bool:
     return torch is not None and isinstance(f, torch.nn.Module)
 
 
+def _given_as_objects(reward_funcs: list, tools, rollout_func, environment_factory) -> list[str]:
+    """Which of GRPOTrainer's arguments hold objects rather than names (built-in names or module:name paths)."""
+    factories = environment_factory.values() if isinstance(environment_factory, dict) else [environment_factory]
+    given = [("reward_funcs", reward_funcs), ("tools", tools or ()), ("rollout_func", [rollout_func]),
+             ("environment_factory", factories)]
+    return [what for what, values in given if any(v is not None and not isinstance(v, str) for v in values)]
+
+
 class GRPOTrainer(ScriptMethods):
     config_class: type[GRPOConfig] = GRPOConfig
     suffix = "GRPO"  # of the default output_dir: <model name>-GRPO
@@ -46,9 +54,10 @@ class GRPOTrainer(ScriptMethods):
         self._data_settings(settings, eval_dataset)
         if self.model is not None and settings.get("rollout_workers"):
             raise ConfigError("rollout_workers need the model by name or path, not a loaded model object")
-        if settings.get("rollout_workers") and any(not isinstance(f, str) for f in funcs):
-            raise ConfigError("rollout_workers need reward functions by name or module:function path "
-                              "(the workers import them); functions given as objects run in this process only")
+        objects = _given_as_objects(funcs[: len(funcs) - len(owned)], tools, rollout_func, environment_factory)
+        if settings.get("rollout_workers") and objects:
+            raise ConfigError(f"rollout_workers need {', '.join(objects)} by name or package.module:name path (the "
+                              "workers import them); objects given run in this process only")
         self._setup(settings, processing_class, train_dataset, eval_dataset, callbacks)
 
     # --- the construction every method's trainer shares ----------------------------------------

@@ -30,9 +30,6 @@ def cross_section_problems(cfg) -> list[str]:
         (not (cfg.max_staleness and cfg.use_peft and cfg.beta > 0 and cfg.kl_penalty == "reward"),
          "max_staleness >= 1 with use_peft and kl_penalty=reward is not supported: the reward's KL would need the adapter "
          "switched off while the update trains it; use kl_penalty=loss"),
-        (not (cfg.multi_turn and cfg.rollout_workers > 0),
-         "tools, environment and rollout_func run in the training processes: rollout_workers > 0 is "
-         "not supported with them yet (use torchrun, or vLLM servers, to spread the sampling)"),
         (not (cfg.multi_turn and not online),
          f"tools, environment and rollout_func are for rlvr train (GRPO), not rlvr {method and method.command_for(cfg.self_samples)}"),
         (not (not online and cfg.sync_ref_model),

@@ -12,7 +12,7 @@ evaluation (evaluate.py) and `rlvr sample` alike:
 What differs between the three callers is only what they pass in: the sampler (training's engine
 or vLLM, an in-process engine on a loaded model), the SamplingParams (rollout.sampling_params),
 the prompts (evaluation's few-shot prompts) and the random streams.  Training's Ray rollout
-workers (rollout/workers.py) render here and sample and score on the actors.
+workers (rollout/workers.py) each build this path from the run's settings and run it on the actor.
 """
 
 from __future__ import annotations
@@ -56,11 +56,6 @@ class RolloutPath:
 
         rollout_func = load_rollout_func(settings.rollout_func) if settings.rollout_func else None
         return cls(settings, tokenizer, sampler, rewards, make_multiturn(settings.rollout_settings, settings.data_settings, tokenizer), rollout_func)
-
-    @property
-    def single_turn(self) -> bool:
-        """Whether the sampler alone makes the completions (one call, no tools, environment or rollout_func)."""
-        return self.multiturn is None and self.rollout_func is None
 
     def render(self, prompts: list) -> list[str]:
         """The single-turn prompts' texts, as the sampler sees them."""

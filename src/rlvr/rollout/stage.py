@@ -76,10 +76,8 @@ class RolloutStage:
         streams = self._streams(len(examples), generator)
         mine = distributed.shard(len(examples), self.world)
         examples = examples[mine.start : mine.stop]
-        if self.workers is not None and self.path.single_turn:  # sampled and scored on the Ray actors, timed together
-            texts = self.path.render([ex.prompt for ex in examples])
-            groups, scores = self.workers.generate_and_score(examples, texts, self.path.tokenize(texts), self.params,
-                                                             streams.seeds, state)
+        if self.workers is not None:  # along the same path on the Ray actors, sampled and scored there, timed together
+            groups, scores = self.workers.generate_and_score(examples, self.params, streams.seeds, state)
             return Sampled(examples, groups, scores, time.perf_counter() - t0, 0.0)
         with self.window():  # the weights are gathered for sampling only, not for scoring
             texts, groups = self.path.generate(examples, self.params, streams)

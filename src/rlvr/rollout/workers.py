@@ -1,12 +1,19 @@
 """Rollout workers: Ray actors that sample and score groups, with the trainer on the driver.
 
 `rollout_workers=N` starts N actors (`RolloutWorker`), on a local Ray cluster or the one at
-`ray_address`.  Each holds an engine and the reward functions.  The engine is either rlvr's
-in-process sampler (rollout/engine.py) on a model built from the trainer's model config and
-weights, or with use_vllm a vLLM engine (rollout/vllm.py) started from the model's path.  An actor
-is sent the rollout settings, the reward and data settings its reward functions are built from
-(tasks.build_rewards), vLLM's engine arguments and bf16: never the whole Config.  `RolloutWorkers`,
-on the driver, splits a round's groups across the actors, gathers the rollouts and scores in
+`ray_address`.  Each runs the trainer's own path from prompts to scored completions
+(rollout/path.py: RolloutPath.of, built from the run's settings as the trainer builds it) on a
+sampler of its own: single turns, or turn by turn with the run's tools or environments, which it
+makes and holds (the python tool runs in the sandbox of the actor's node), or the run's
+rollout_func, whose `trainer.generate` samples with the actor's sampler.  The sampler is either
+rlvr's in-process engine (rollout/engine.py) on a model built from the trainer's model config and
+weights, or with use_vllm vLLM's colocated sampler (rollout/vllm.py) started from the model's
+path.  An actor is sent the run's settings once, at its start (the path reads them, and a
+rollout_func gets them as trainer.args), the tokenizer, vLLM's engine arguments and the latest
+weights.  Tools, environments, rollout functions and reward functions are imported on the actor
+from the names the settings hold, so objects given to GRPOTrainer are refused with rollout_workers
+(api/trainers.py).  `RolloutWorkers`, on the driver, splits a round's groups across the actors,
+gathers the rollouts (turns, masks, environment rewards, tool counters: Rollout.info) and scores in
 order, and after each optimizer step puts the update in the object store once for every actor to
 load (it is one of `Trainer.weight_subscribers`).
 
@@ -17,9 +24,11 @@ a vLLM worker with LoRA applies the adapter per request (vLLM's enable_lora) ove
 it started from.
 
 Determinism: every group is sampled from its own random stream (GroupGenerators,
-rollout/sampling.py; with vLLM, one request seed drawn from that stream), seeded by the trainer
-from its generator exactly as the in-process path seeds it, so a group's completions do not
-depend on which actor ran it, what else that actor ran, or whether workers are used at all.
+rollout/sampling.py; with vLLM, one request seed drawn from that stream; a later turn from a seed
+mixed from its group's, rollout/multiturn.py), seeded by the trainer from its generator exactly as
+the in-process path seeds it, so a group's completions do not depend on which actor ran it, what
+else that actor ran, or whether workers are used at all.  (A rollout_func is called once per actor
+with that actor's share of the prompts: its results match the in-process run's with one worker.)
 Fault tolerance: an actor that dies (preemption, out of memory, a crash in a reward function)
 is replaced by a new one holding the current weights, and exactly the groups it had are sent
 again; results are kept by group index, so none is lost or counted twice.
@@ -36,7 +45,8 @@ from pathlib import Path
 
 import torch
 
-from rlvr.config import DataSettings, ModelSettings, RewardSettings, RolloutSettings
+from rlvr.config import Config
+from rlvr.errors import RolloutError
 from rlvr.rewards import Scores, merge_counters
 from rlvr.rollout import SamplingParams
 from rlvr.rollout.sampling import GroupGenerators
@@ -56,20 +66,21 @@ def import_ray():
 
 
 def concat_scores(parts: list[Scores]) -> Scores:
-    """The Scores of consecutive slices of a round, joined in order (counters added up)."""
-    total, per_func = [], {}
+    """The Scores of consecutive slices of a round, joined in order (counters and logged values added up)."""
+    total, per_func, extra, logged = [], {}, {}, {}
     for s in parts:
         total += s.total
-        for name, values in s.per_func.items():
-            per_func.setdefault(name, []).extend(values)
+        for joined, own in ((per_func, s.per_func), (extra, s.extra), (logged, s.logged)):
+            for name, values in own.items():
+                joined.setdefault(name, []).extend(values)
     steps = None if all(s.steps is None for s in parts) else \
         [x for s in parts for x in (s.steps or [[(None, t)] for t in s.total])]
-    return Scores(total, per_func, merge_counters(s.counters for s in parts), steps=steps)
+    return Scores(total, per_func, merge_counters(s.counters for s in parts), extra, logged, steps=steps)
 
 
 class LocalPolicy:
-    """The in-process engine on a Hugging Face model built in the actor.  `state`: with LoRA the
-    trainer's peft state dict at the start (the frozen base weights with them), else None."""
+    """The in-process engine (`sampler`) on a Hugging Face model built in the actor.  `state`: with
+    LoRA the trainer's peft state dict at the start (the frozen base weights with them), else None."""
 
     def __init__(self, model_config, tokenizer, eos_ids: list[int], bf16: bool, cuda_graphs: bool, state: dict | None,
                  update: tuple):
@@ -105,53 +116,47 @@ class LocalPolicy:
             raise RuntimeError(f"the weights sent do not fit the worker's model: unexpected {unexpected[:5]}, "
                                f"missing {sorted(params & set(missing))[:5]}")
 
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[list[Rollout]]:
-        return self.sampler.generate(prompt_ids, params, GroupGenerators(seeds))
-
     def close(self) -> None:
         pass
 
 
 class VLLMPolicy:
-    """vLLM in the actor (no engine subprocess), started from `model_path` with `engine_args`
-    (vllm.engine_args), then given every update."""
+    """vLLM in the actor (no engine subprocess): the colocated sampler (`sampler`) started from
+    `model_path` with `engine_args` (vllm.engine_args), then given every update."""
 
-    def __init__(self, model_path: str, eos_ids: list[int], engine_args: dict, update: tuple):
-        from rlvr.rollout.vllm import VLLMEngine
+    def __init__(self, model_path: str, tokenizer, eos_ids: list[int], engine_args: dict, update: tuple):
+        from rlvr.rollout.vllm import VLLMColocateSampler
 
-        self.eos = list(eos_ids)
-        self.engine = VLLMEngine(model_path, **engine_args)
+        self.sampler = VLLMColocateSampler(model_path, tokenizer, eos_ids, **engine_args)
         self.load(*update)
 
     def load(self, meta: dict, tensors: dict) -> None:
-        self.engine.load(meta, tensors.items())
-
-    def generate(self, prompt_ids: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[list[Rollout]]:
-        return self.engine.rollouts(prompt_ids, params, self.eos, GroupGenerators(seeds))
+        self.sampler.engine.load(meta, tensors.items())
 
     def close(self) -> None:
-        self.engine.close()
+        self.sampler.close()
 
 
 class RolloutWorker:
-    """One actor: an engine holding the current policy, and the reward functions.  (Wrapped by
-    ray.remote in RolloutWorkers.)  With rollout.use_vllm the engine is vLLM on `model_path` with
-    `engine_args`, else the in-process engine on a model of `model_config`.  `rewards` and `data`:
-    what the reward functions are built from (tasks.build_rewards); `update`: (meta, tensors) of the
-    latest weight update."""
+    """One actor: a sampler holding the current policy, on the trainer's path from prompts to scored
+    completions.  (Wrapped by ray.remote in RolloutWorkers.)  With use_vllm the sampler is vLLM on
+    `model_path` with `engine_args`, else the in-process engine on a model of `model_config`.
+    `settings`: the run's Config, from which the path is built as the trainer builds it (the
+    rendering, the tools or environments, the rollout_func, the reward functions); `update`:
+    (meta, tensors) of the latest weight update."""
 
     def __init__(self, model_config, tokenizer, eos_ids: list[int], model_path: str | None, engine_args: dict | None,
-                 rollout: RolloutSettings, rewards: RewardSettings, data: DataSettings, bf16: bool, threads: int,
-                 state: dict | None, update: tuple):
+                 settings: Config, threads: int, state: dict | None, update: tuple):
+        from rlvr.rollout.path import RolloutPath
         from rlvr.tasks import build_rewards
 
         torch.set_num_threads(threads)
-        self.max_completion_length = rollout.max_completion_length
-        if rollout.use_vllm:
-            self.policy = VLLMPolicy(model_path, eos_ids, engine_args, update)
+        if settings.use_vllm:
+            self.policy = VLLMPolicy(model_path, tokenizer, eos_ids, engine_args, update)
         else:
-            self.policy = LocalPolicy(model_config, tokenizer, eos_ids, bf16, rollout.cuda_graphs, state, update)
-        self.rewards = build_rewards(rewards, data)
+            self.policy = LocalPolicy(model_config, tokenizer, eos_ids, settings.bf16, settings.cuda_graphs, state, update)
+        rewards = build_rewards(settings.reward_settings, settings.data_settings)
+        self.path = RolloutPath.of(settings, tokenizer, self.policy.sampler, rewards)
 
     def pid(self) -> int:
         return os.getpid()
@@ -159,11 +164,11 @@ class RolloutWorker:
     def load(self, update: tuple) -> None:
         self.policy.load(*update)
 
-    def generate_and_score(self, examples: list[Example], texts: list[str], prompt_ids: list[list[int]],
-                           params: SamplingParams, seeds: list[int], trainer_state: TrainerState):
-        groups = self.policy.generate(prompt_ids, params, seeds)
-        scores = self.rewards.score_groups(examples, groups, texts, trainer_state, self.max_completion_length)
-        return groups, scores
+    def generate_and_score(self, examples: list[Example], params: SamplingParams, seeds: list[int],
+                           trainer_state: TrainerState) -> tuple[list[list[Rollout]], Scores]:
+        """The path's run on these groups, each from its own stream (seeds[i] for examples[i])."""
+        scored = self.path.run(examples, params, GroupGenerators(seeds), state=trainer_state)
+        return scored.groups, scored.scores
 
     def close(self) -> None:
         self.policy.close()
@@ -172,17 +177,16 @@ class RolloutWorker:
 class RolloutWorkers:
     """N RolloutWorker actors seen as one sampler + reward set; a weight subscriber of the Trainer.
 
-    Given the sections it reads: `rollout` (rollout_workers, ray_address, use_vllm, ...),
-    `model_settings` (the model's name, dtype and LoRA), `data` and `rewards` (what the reward
-    functions are built from), and bf16 and seed, which vLLM's engine arguments take as well
-    (vllm.engine_args).  With use_vllm each actor starts vLLM from
-    rlvr.models.resolve_model_path(model_settings.model), resolved here on the driver: a hub id
-    works on every node; a local path must exist on each node."""
+    `settings`: the run's Config, which the actors build their path from (RolloutWorker); read
+    here: the rollout section (rollout_workers, ray_address, use_vllm, ...), the model's name, dtype
+    and LoRA, and what vLLM's engine arguments take (vllm.engine_args).  With use_vllm each actor
+    starts vLLM from rlvr.models.resolve_model_path(settings.model), resolved here on the driver: a
+    hub id works on every node; a local path must exist on each node."""
 
-    def __init__(self, model, tokenizer, eos_ids: list[int], rollout: RolloutSettings, model_settings: ModelSettings,
-                 data: DataSettings, rewards: RewardSettings, *, bf16: bool, seed: int, threads: int | None = None):
+    def __init__(self, model, tokenizer, eos_ids: list[int], settings: Config, *, threads: int | None = None):
         ray = import_ray()
-        self.ray, self.use_peft = ray, model_settings.use_peft
+        rollout = settings.rollout_settings
+        self.ray, self.use_peft = ray, settings.use_peft
         self.size = rollout.rollout_workers
         self.threads = threads or max(1, (os.cpu_count() or 1) // self.size)
         self.owns_ray = not ray.is_initialized()
@@ -199,13 +203,13 @@ class RolloutWorkers:
             from rlvr.models import resolve_model_path
             from rlvr.rollout.vllm import engine_args
 
-            model_path = resolve_model_path(model_settings.model)
-            self.engine_args = engine_args(rollout, model_settings, max_prompt_length=data.max_prompt_length, bf16=bf16,
-                                           seed=seed)
+            model_path = resolve_model_path(settings.model)
+            self.engine_args = engine_args(rollout, settings.model_settings, max_prompt_length=settings.max_prompt_length,
+                                           bf16=settings.bf16, seed=settings.seed)
         # The actor constructor's arguments; the state and the update as object-store references.
-        self.spec = [ray.put(model.config), ray.put(tokenizer), list(eos_ids), model_path, self.engine_args, rollout,
-                     _with_absolute_reward_files(rewards), data, bf16]
-        local_lora = model_settings.use_peft and not rollout.use_vllm and hasattr(model, "peft_config")
+        self.spec = [ray.put(model.config), ray.put(tokenizer), list(eos_ids), model_path, self.engine_args,
+                     ray.put(_with_absolute_reward_files(settings))]
+        local_lora = settings.use_peft and not rollout.use_vllm and hasattr(model, "peft_config")
         self.state = ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()}) if local_lora else None
         self.version = 0
         self.replacements = 0  # actors replaced since the start
@@ -213,7 +217,19 @@ class RolloutWorkers:
         self.loading: list = []  # the actors' loads of the last update, checked before the next round
         self.update = self._put(model)
         self.actors = [self._start() for _ in range(self.size)]
-        ray.get([a.pid.remote() for a in self.actors])  # fail here, clearly, if an actor cannot start
+        self._check_started()
+
+    def _check_started(self) -> None:
+        """Fail here, in one line, if an actor cannot start: a module the settings name that its node cannot
+        import, no sandbox there for the python tool, a model that does not fit, ..."""
+        from ray.exceptions import RayActorError
+
+        try:
+            self.ray.get([a.pid.remote() for a in self.actors])
+        except RayActorError as e:
+            self.close()
+            why = (getattr(e, "error_msg", None) or str(e)).strip().splitlines()[-1]  # the error its constructor raised
+            raise RolloutError(f"a rollout worker could not start: {why}") from e
 
     def _start(self):
         return self.actor_class.remote(*self.spec, self.threads, self.state, self.update)
@@ -248,10 +264,11 @@ class RolloutWorkers:
         return {"workers/replacements": self.replacements, "workers/weight_sync_bytes": self.last_sync[0],
                 "workers/weight_sync_seconds": self.last_sync[1]}
 
-    def generate_and_score(self, examples: list[Example], texts: list[str], prompt_ids: list[list[int]],
-                           params: SamplingParams, seeds: list[int], trainer_state: TrainerState):
-        """(groups of rollouts, Scores) for every prompt, in order, as RewardSet.score_groups returns them."""
-        from ray.exceptions import RayActorError
+    def generate_and_score(self, examples: list[Example], params: SamplingParams, seeds: list[int],
+                           trainer_state: TrainerState) -> tuple[list[list[Rollout]], Scores]:
+        """(groups of rollouts, Scores) for every prompt, in order, as RolloutPath.run gives them in
+        the trainer's process; seeds[i]: the seed of examples[i]'s stream."""
+        from ray.exceptions import RayActorError, RayTaskError
 
         self._check_loads()
         slices = [range(len(examples))[k :: self.size] for k in range(self.size)]
@@ -259,9 +276,8 @@ class RolloutWorkers:
 
         def submit(slot: int):
             idx = slices[slot]
-            return self.actors[slot].generate_and_score.remote(
-                [examples[i] for i in idx], [texts[i] for i in idx], [prompt_ids[i] for i in idx],
-                params, [seeds[i] for i in idx], trainer_state)
+            return self.actors[slot].generate_and_score.remote([examples[i] for i in idx], params,
+                                                              [seeds[i] for i in idx], trainer_state)
 
         pending = {submit(slot): slot for slot in range(len(slices))}
         results, deaths = {}, [0] * len(slices)
@@ -276,6 +292,8 @@ class RolloutWorkers:
                     raise RuntimeError(f"rollout worker {slot} died {deaths[slot]} times in one round; last error: {e}") from e
                 self._replace(slot)
                 pending[submit(slot)] = slot
+            except RayTaskError as e:  # the run's own error on the actor (an environment, a reward): as in-process
+                raise e.cause from e
         groups: list = [None] * len(examples)
         parts: list = [None] * len(examples)
         size = params.n
@@ -314,21 +332,22 @@ class RolloutWorkers:
 
 
 def _slice_scores(scores: Scores, lo: int, hi: int, first: bool) -> Scores:
-    """Rows lo:hi of a Scores; the counters go with the first slice only, so they are counted once."""
+    """Rows lo:hi of a Scores; the counters and logged values go with the first slice only, so they are counted once."""
     return Scores(scores.total[lo:hi], {n: v[lo:hi] for n, v in scores.per_func.items()},
                   scores.counters if first else {n: {} for n in scores.counters},
+                  {n: v[lo:hi] for n, v in scores.extra.items()}, scores.logged if first else {},
                   steps=None if scores.steps is None else scores.steps[lo:hi])
 
 
-def _with_absolute_reward_files(rewards: RewardSettings) -> RewardSettings:
+def _with_absolute_reward_files(settings: Config) -> Config:
     """reward_funcs given as path/to/file.py:function (and their reward_args keys) made absolute,
     as the actors may run in another directory."""
     renamed = {}
-    for name in rewards.reward_funcs or ():
+    for name in settings.reward_funcs or ():
         target, sep, attr = name.rpartition(":")
         if sep and target.endswith(".py"):
             renamed[name] = f"{Path(target).expanduser().resolve()}:{attr}"
     if not renamed:
-        return rewards
-    return dataclasses.replace(rewards, reward_funcs=tuple(renamed.get(n, n) for n in rewards.reward_funcs),
-                               reward_args={renamed.get(k, k): v for k, v in rewards.reward_args.items()})
+        return settings
+    return dataclasses.replace(settings, reward_funcs=tuple(renamed.get(n, n) for n in settings.reward_funcs),
+                               reward_args={renamed.get(k, k): v for k, v in settings.reward_args.items()})
