@@ -159,6 +159,7 @@ class MultiTurnSettings(Section):
     tool_call_format: str = "auto"  # how the model writes tool calls: auto (its chat template's family), tags, llama or mistral
     rollout_func: str | None = None  # package.module:function that samples the completions itself (TRL's rollout_func)
     env_timeout: float = 60.0  # seconds an environment's constructor, reset or step, or a rollout_func's own work (its sampling not counted), may take; 0 = no bound
+    turn_cache: bool = True  # in-process engine: keep each rollout's KV cache between its turns, so a later turn runs only the new tokens (false: prefill the whole history every turn)
 
     def _rules(self) -> list[str]:
         problems = []
