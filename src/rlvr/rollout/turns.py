@@ -22,16 +22,12 @@ from dataclasses import dataclass
 @dataclass
 class Held:
     """One rollout's cache between two turns: the keys and values of `ids` (its history so far, less the
-    last token sampled), in the sampler's layout: tensors or lists of tensors, one entry per layer."""
+    last token sampled), in the sampler's layout: the fast sampler's one tensor each over all layers
+    (DecodeState.held), the generic sampler's a list with a tensor per layer."""
 
     ids: list[int]
     keys: object
     values: object
-
-    @property
-    def nbytes(self) -> int:
-        tensors = [*_flat(self.keys), *_flat(self.values)]
-        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class TurnCaches:
@@ -43,10 +39,6 @@ class TurnCaches:
 
     def __len__(self) -> int:
         return len(self.held)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(h.nbytes for h in self.held.values())
 
     def put(self, key, held: Held) -> None:
         self.held[key] = held
@@ -67,7 +59,3 @@ class TurnCaches:
 
     def clear(self) -> None:
         self.held.clear()
-
-
-def _flat(x) -> list:
-    return list(x) if isinstance(x, (list, tuple)) else [x]
