@@ -6,7 +6,9 @@ Mistral without a sliding window, Qwen2, Qwen3: the same block, Qwen3's with an
 RMSNorm over each query and key head before RoPE) directly with torch ops, so that
 
 * rollout decodes with a preallocated KV cache, each prompt prefilled once and
-  its cache copied to its G completions, and rows that finish dropped;
+  its cache copied to its G completions, and rows that finish dropped; a multi-turn
+  rollout's later turn runs only its new tokens on the cache kept from its turn before
+  (`extend`, rollout/turns.py);
 * the update packs tokens without padding: the linear layers (nearly all of the
   FLOPs) see only real tokens, each prompt is processed once per group rather
   than once per completion, and its keys and values are shared by the group's
@@ -249,6 +251,47 @@ class LlamaRunner:
         return logits.repeat_interleave(n, dim=0), state
 
     @torch.no_grad()
+    def extend(self, histories: list[list[int]], kept: list, max_new: int, dtype: torch.dtype):
+        """`prefill` for one completion of each history, where a row's cache is kept from an earlier call
+        (a multi-turn rollout's turn before: rollout/turns.py): kept[i] is (keys, values) of histories[i]'s
+        first tokens, as `DecodeState.held` gives them, or None; only the rest of the history runs, its
+        queries attending to the kept keys and to its own.  Returns (logits of the next token [rows, vocab],
+        DecodeState), as `prefill` does."""
+        device = self.inner.embed_tokens.weight.device
+        rows, weights = len(histories), self._inference_weights(dtype, len(histories))
+        starts = [0 if h is None else h[0].shape[-1] for h in kept]  # tokens each row's cache holds
+        lengths = [len(h) for h in histories]
+        news = [n - s for s, n in zip(starts, lengths)]
+        width, longest = max(lengths), max(news)
+        state = DecodeState(self, rows, width + max_new, dtype, device)
+        state.k[..., :width].zero_()  # columns no token fills are masked out, and must not hold NaNs
+        state.v[..., :width, :].zero_()
+        for i, (s, h) in enumerate(zip(starts, kept)):
+            if h is not None:
+                state.k[:, i, :, :, :s], state.v[:, i, :, :s] = h
+        tokens = torch.tensor([t for hist, s in zip(histories, starts) for t in hist[s:]], device=device)
+        positions = torch.cat([torch.arange(s, n, device=device) for s, n in zip(starts, lengths)])  # = cache columns
+        row = torch.repeat_interleave(torch.arange(rows, device=device), torch.tensor(news, device=device))
+        x = self.inner.embed_tokens(tokens).float()
+        cos, sin = self._rope(x, positions)
+        index = _padded_index(news, longest, device)
+        # the j-th new token of row i sits at column starts[i] + j and attends to every column up to it
+        reach = torch.tensor(starts, device=device)[:, None] + torch.arange(longest, device=device)[None]
+        mask = (torch.arange(width, device=device)[None, None] <= reach[:, :, None])[:, None]  # [rows, 1, longest, width]
+        for i, (ln1, qkv, qk_norm, o, ln2, gate_up, down) in enumerate(weights.layers):
+            q, k, v = self._split_qkv(qkv(self._norm(x, ln1).to(dtype)), qk_norm, cos, sin)
+            state.k[i][row, :, :, positions] = k
+            state.v[i][row, :, positions] = v
+            keys, values = state.k[i, :, :, :, :width].transpose(-1, -2), state.v[i, :, :, :width]
+            x = x + o(_from_padded(self._attend(_to_padded(q, index, rows, longest), keys, values, mask), index))
+            x = x + self._fused_mlp(self._norm(x, ln2).to(dtype), gate_up, down)
+        last = torch.tensor(news, device=device).cumsum(0) - 1
+        logits = weights.lm_head(self._norm(x[last], self.inner.norm.weight).to(dtype)).float()
+        state.set_prompts(lengths, 1, width)
+        state.weights = weights
+        return logits, state
+
+    @torch.no_grad()
     def decode(self, tokens: torch.Tensor, state: "DecodeState") -> torch.Tensor:
         """One token per live row -> logits of the next token [live rows, vocab].
 
@@ -457,6 +500,14 @@ class DecodeState:
         self.mask[:n] = self.mask[rows]
         self.positions[:n] = self.positions[rows]
         self.active = torch.arange(n, device=self.device)
+
+    def held(self, live: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of live row `live`'s cache, the columns it uses in order (the tokens run so far):
+        keys [layers, kv_heads, head_dim, tokens] and values [layers, kv_heads, tokens, head_dim],
+        which `LlamaRunner.extend` goes on from."""
+        row = self.active[live]
+        columns = self.mask[row].nonzero()[:, 0]
+        return self.k[:, row].index_select(-1, columns), self.v[:, row].index_select(-2, columns)
 
     def keep(self, live: torch.Tensor) -> None:
         """Keep only `live` and drop the other rows from the cache (one copy)."""

@@ -4,6 +4,12 @@ Each prompt is prefilled once; its cache is then repeated for the n completions
 of its group.  Rows that finish (EOS or a stop string) are dropped from the
 cache, so the remaining rows decode without carrying dead ones.  The model is
 put in eval mode (dropout off) for the call and restored afterwards.
+
+Multi-turn rollouts (rollout/multiturn.py, rollout/turns.py): given a TurnCaches and a key per row,
+a row that stops leaves a copy of its cache there before it is dropped, and a later call that
+continues its rollout runs only the history's new tokens on that copy (`_extend`) instead of
+prefilling the whole history again.  Every sampler here does, the generic one where the model's
+cache is plain full attention (not a sliding window: `keeps_turns`).
 """
 
 from __future__ import annotations
@@ -14,11 +20,13 @@ import inspect
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from rlvr.llama import LlamaRunner, on_fast_path
 from rlvr.rollout import RolloutError, SamplingParams, pad_token_id
 from rlvr.rollout.graphs import StaticDecoder
 from rlvr.rollout.sampling import GroupGenerators, sample_next, seen_tokens
+from rlvr.rollout.turns import Held, TurnCaches
 from rlvr.runtime import configure_allocator
 from rlvr.types import Rollout
 
@@ -42,8 +50,18 @@ class HFSampler:
         # transformers 5 renamed the forward argument `past_key_values` to `cache`.
         params = inspect.signature(model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        # Whether generate() takes `turns` (multi-turn rollouts' caches kept between turns): a plain cache of
+        # full attention (DynamicLayer), whose rows can be cut out and put together again.
+        self.keeps_turns = all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
 
-    def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
+    def generate(self, prompt_ids, params: SamplingParams, generator=None, turns: TurnCaches | None = None,
+                 keys: list | None = None) -> list[list[Rollout]]:
+        """Per prompt, params.n Rollouts.  `turns` and `keys` (multi-turn rollouts, rollout/turns.py): keys[i * n + j]
+        names the rollout of prompt i's j-th completion.  With n == 1, a prompt whose rollout has a cache in
+        `turns` (the prompt is its whole history) goes on from it; each row that stops (EOS or a stop
+        string) leaves its cache there for its next turn."""
+        if (turns is None) != (keys is None) or (keys is not None and len(keys) != len(prompt_ids) * params.n):
+            raise ValueError("generate(turns=..., keys=...): give both, with one key per completion (prompts x n)")
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("cannot sample from an empty prompt")
         context = getattr(self.model.config, "max_position_embeddings", None)
@@ -56,7 +74,8 @@ class HFSampler:
         for lo in range(0, len(prompt_ids), per_chunk):
             # GroupGenerators: one stream per prompt, so the chunk gets the streams of its prompts.
             chunk_generator = generator.slice(lo, lo + per_chunk) if isinstance(generator, GroupGenerators) else generator
-            out += self._generate_chunk(prompt_ids[lo : lo + per_chunk], params, chunk_generator)
+            chunk_keys = None if keys is None else keys[lo * params.n : (lo + per_chunk) * params.n]
+            out += self._generate_chunk(prompt_ids[lo : lo + per_chunk], params, chunk_generator, turns=turns, keys=chunk_keys)
         return out
 
     def resume(self, partials: list[Rollout], params: SamplingParams, generator=None) -> list[Rollout]:
@@ -83,15 +102,15 @@ class HFSampler:
         return out
 
     @torch.inference_mode()
-    def _generate_chunk(self, prompts, params: SamplingParams, generator, carried=None, repeats=None):
+    def _generate_chunk(self, prompts, params: SamplingParams, generator, carried=None, repeats=None, turns=None, keys=None):
         """carried: with resume, the partial Rollout of each row, its prompt and completion so far prefilled
-        from prompts[i] for repeats[i] rows in a row; the rows come back one per group."""
+        from prompts[i] for repeats[i] rows in a row; the rows come back one per group.  turns, keys: see generate."""
         model, n = self.model, params.n
         was_training = model.training
         model.eval()
         try:
             with self._autocast():
-                rows = self._decode(prompts, params, generator, carried, repeats)
+                rows = self._decode(prompts, params, generator, carried, repeats, turns, keys)
         finally:
             model.train(was_training)
         tokens, logps, finish, versions = rows
@@ -105,18 +124,18 @@ class HFSampler:
             return [[rollout(c.prompt_ids, r)] for r, c in enumerate(carried)]
         return [[rollout(prompt, r) for r in range(i * n, (i + 1) * n)] for i, prompt in enumerate(prompts)]
 
-    def _decode(self, prompts, params: SamplingParams, generator, carried=None, repeats=None):
-        """The sampling loop; `_prefill`, `_step` and `_drop` are the model-specific parts.  A row ends
-        at EOS or a stop string ("stop"), at max_tokens ("length"), or unfinished (None) when the call's
-        params.round_tokens run out first.  carried, repeats: see _generate_chunk (each row has its own
-        random stream then; else the n rows of a prompt share its group's)."""
+    def _decode(self, prompts, params: SamplingParams, generator, carried=None, repeats=None, turns=None, keys=None):
+        """The sampling loop; `_prefill` (or `_extend`), `_step`, `_drop` and `_held` are the model-specific parts.
+        A row ends at EOS or a stop string ("stop"), at max_tokens ("length"), or unfinished (None) when the
+        call's params.round_tokens run out first.  carried, repeats: see _generate_chunk (each row has its own
+        random stream then; else the n rows of a prompt share its group's).  turns, keys: see generate."""
         n = repeats if repeats is not None else params.n  # rows per prompt: one number, or one per prompt
         total = sum(repeats) if repeats is not None else len(prompts) * params.n
         done = [len(c.completion_ids) for c in carried] if carried else [0] * total  # tokens each row has already
         steps = params.max_tokens - min(done)
         if params.round_tokens:
             steps = min(steps, params.round_tokens)
-        logits, state = self._prefill(prompts, n, steps)
+        logits, state = self._start(prompts, n, steps, turns, keys)
         stream = torch.arange(total) if repeats is not None else torch.arange(total) // params.n  # each row's random stream
         rows = torch.arange(total)  # which completion each live cache row belongs to
         tokens = [list(c.completion_ids) for c in carried] if carried else [[] for _ in range(total)]
@@ -136,15 +155,10 @@ class HFSampler:
                                   params.min_p, params.repetition_penalty, seen)
             if seen is not None:
                 seen[torch.arange(len(tok), device=seen.device), tok.to(seen.device)] = True
-            for r, t, l in zip(rows.tolist(), tok.tolist(), lp.tolist()):
-                tokens[r].append(t)
-                logps[r].append(l)
-                if versions is not None:
-                    versions[r].append(clock.held)
-                if t in self.eos or (params.stop_strings and self._hit_stop(tokens[r], params.stop_strings)):
-                    finish[r] = "stop"
-                elif len(tokens[r]) >= params.max_tokens:
-                    finish[r] = "length"
+            stopped = self._record(rows.tolist(), tok.tolist(), lp.tolist(), (tokens, logps, finish, versions), params, clock)
+            if turns is not None and not turns.last_turn:  # a turn's end: the row's cache, before it is dropped
+                for j, r in stopped:
+                    turns.put(keys[r], self._held(state, j, prompts[r // params.n] + tokens[r][:-1]))
             live = [j for j, r in enumerate(rows.tolist()) if finish[r] is None]
             if not live or step == steps - 1:
                 break
@@ -158,6 +172,32 @@ class HFSampler:
             logits = self._step(tok, state)
         return tokens, logps, finish, versions
 
+    def _record(self, rows: list[int], tok: list[int], lp: list[float], out, params: SamplingParams, clock) -> list[tuple[int, int]]:
+        """Add each live row's sampled token (and its log-prob, and the version of the weights held) to the
+        row's completion in `out` (tokens, logps, finish, versions) and set the finish reasons of rows that
+        end here.  Returns (index among the live rows, row) of each row that stopped (EOS or a stop string)."""
+        tokens, logps, finish, versions = out
+        stopped = []
+        for j, (r, t, l) in enumerate(zip(rows, tok, lp)):
+            tokens[r].append(t)
+            logps[r].append(l)
+            if versions is not None:
+                versions[r].append(clock.held)
+            if t in self.eos or (params.stop_strings and self._hit_stop(tokens[r], params.stop_strings)):
+                finish[r] = "stop"
+                stopped.append((j, r))
+            elif len(tokens[r]) >= params.max_tokens:
+                finish[r] = "length"
+        return stopped
+
+    def _start(self, prompts, n, steps: int, turns: TurnCaches | None, keys):
+        """The first logits and the decode state: the prompts prefilled, or where `turns` holds the cache of a
+        rollout continued here (one completion per prompt), only the rest of its history run on it."""
+        kept = [turns.take(k, p) for k, p in zip(keys, prompts)] if turns is not None and n == 1 else []
+        if any(h is not None for h in kept):
+            return self._extend(prompts, kept, steps)
+        return self._prefill(prompts, n, steps)
+
     def _reloaded(self, state):
         """The decode state after the model's weights were loaded in place: here the model itself samples."""
         return state
@@ -165,24 +205,47 @@ class HFSampler:
     # --- the generic backend: any Hugging Face causal LM, through its own forward -------
 
     def _prefill(self, prompts, n: int, max_new: int):
-        model = self.model
-        device = next(model.parameters()).device
+        device = next(self.model.parameters()).device
+        empty = torch.zeros((len(prompts), 0), dtype=torch.long, device=device)  # no columns before the prompts
+        logits, state = self._forward(prompts, DynamicCache(config=self.model.config), empty)
+        n = _repeats(n, device)  # rows per prompt: one number, or one each
+        state["cache"].batch_select_indices(torch.arange(len(prompts), device=device).repeat_interleave(n))
+        state["mask"], state["next"] = state["mask"].repeat_interleave(n, dim=0), state["next"].repeat_interleave(n, dim=0)
+        return logits.repeat_interleave(n, dim=0), state
+
+    def _extend(self, prompts, kept: list[Held | None], max_new: int):
+        """`_prefill` for one completion of each prompt, where kept[i] (or None) holds the keys and values of
+        prompts[i]'s first tokens: they go into a new cache, right-aligned, and only the rest of each prompt runs."""
+        device = next(self.model.parameters()).device
+        starts = [0 if h is None else len(h.ids) for h in kept]
+        width, some = max(starts), next(h for h in kept if h is not None)
+        past = (torch.arange(width, device=device)[None] >= width - torch.tensor(starts, device=device)[:, None]).long()
+        data = []
+        for layer, (k, v) in enumerate(zip(some.keys, some.values)):  # [kv_heads, tokens, head_dim] a row
+            keys = k.new_zeros((len(prompts), k.shape[0], width, k.shape[-1]))
+            values = v.new_zeros((len(prompts), v.shape[0], width, v.shape[-1]))
+            for i, (s, h) in enumerate(zip(starts, kept)):
+                if h is not None:
+                    keys[i, :, width - s :], values[i, :, width - s :] = h.keys[layer], h.values[layer]
+            data.append((keys, values))
+        cache = DynamicCache(ddp_cache_data=data, config=self.model.config)
+        return self._forward([p[s:] for p, s in zip(prompts, starts)], cache, past)
+
+    def _forward(self, prompts, cache, past):
+        """Run `prompts` (left-padded: each ends at the last column) after the columns `cache` holds, whose
+        attention mask is `past` [rows, columns] -> (logits of each row's next token, the decode state)."""
+        device = past.device
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long, device=device)
         mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
-        for i, p in enumerate(prompts):  # left padding: every prompt ends at the last column
+        for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p, device=device)
             mask[i, width - len(p) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=model.config)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
-        if isinstance(n, int):
-            cache.batch_repeat_interleave(n)
-        else:  # a number of rows per prompt
-            cache.batch_select_indices(torch.arange(len(prompts), device=device).repeat_interleave(_repeats(n, device)))
-        n = _repeats(n, device)
-        state = {"cache": cache, "mask": mask.repeat_interleave(n, dim=0), "next": positions[:, -1:].repeat_interleave(n, dim=0) + 1}
-        return out.logits[:, -1].float().repeat_interleave(n, dim=0), state
+        positions = past.sum(-1, keepdim=True) + (mask.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.cat([past, mask], dim=1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                         **{self.cache_arg: cache})
+        return out.logits[:, -1].float(), {"cache": cache, "mask": mask, "next": positions[:, -1:] + 1}
 
     def _step(self, tok, state):
         state["mask"] = torch.cat([state["mask"], state["mask"].new_ones((len(tok), 1))], dim=1)
@@ -195,6 +258,12 @@ class HFSampler:
         state["cache"].batch_select_indices(keep)
         state["mask"], state["next"] = state["mask"][keep], state["next"][keep]
         return state
+
+    def _held(self, state, live: int, ids: list[int]) -> Held:
+        """A copy of live row `live`'s cache, the tokens `ids` (its columns in use), a tensor per layer."""
+        columns = state["mask"][live].bool()
+        layers = state["cache"].layers
+        return Held(ids, [layer.keys[live][:, columns] for layer in layers], [layer.values[live][:, columns] for layer in layers])
 
     def _hit_stop(self, ids: list[int], stops) -> bool:
         window = max(len(s) for s in stops) + 2  # every token decodes to at least one character
@@ -229,8 +298,16 @@ class FastSampler(HFSampler):
         self.runner.release()
 
     def _prefill(self, prompts, n: int, max_new: int):
-        dtype = torch.bfloat16 if self.bf16 else next(self.model.parameters()).dtype
-        return self.runner.prefill(prompts, n, max_new, dtype)
+        return self.runner.prefill(prompts, n, max_new, self._dtype())
+
+    def _extend(self, prompts, kept: list[Held | None], max_new: int):
+        return self.runner.extend(prompts, [None if h is None else (h.keys, h.values) for h in kept], max_new, self._dtype())
+
+    def _held(self, state, live: int, ids: list[int]) -> Held:
+        return Held(ids, *state.held(live))
+
+    def _dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.bf16 else next(self.model.parameters()).dtype
 
     def _step(self, tok, state):
         return self.runner.decode(tok, state)
@@ -263,6 +340,13 @@ class GraphSampler(FastSampler):
     def _prefill(self, prompts, n: int, max_new: int):
         logits, state = super()._prefill(prompts, n, max_new)
         return logits, StaticDecoder(self.runner, state, graphs=self.graphs, block=self.block)
+
+    def _extend(self, prompts, kept: list[Held | None], max_new: int):
+        logits, state = super()._extend(prompts, kept, max_new)
+        return logits, StaticDecoder(self.runner, state, graphs=self.graphs, block=self.block)
+
+    def _held(self, decoder, live: int, ids: list[int]) -> Held:
+        return super()._held(decoder.state, live, ids)
 
     def _step(self, tok, decoder):
         return decoder.step(tok)

@@ -11,7 +11,9 @@ The first turn samples G completions of each prompt as a single-turn rollout doe
 per prompt); later turns sample one continuation of each live rollout, from its whole history.
 Any sampler works (the in-process engine, vLLM in this process or as a server), since each turn is
 one call of its `generate`; seeded per rollout and turn, so that several processes sampling their
-shares draw what one process draws.
+shares draw what one process draws.  The in-process engine keeps each live rollout's cache from one
+turn to the next (rollout/turns.py; `turn_cache`), so a later turn runs only the observation and
+what follows it; vLLM finds the history in its prefix cache.
 
 An observation is rendered by the chat template: the text the template puts between the model's
 turn and the next assistant turn when the observation is a message (role "tool" for tool results,
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING
 from rlvr.chat import render_prompt, to_messages, tokenize_prompts
 from rlvr.rollout import RolloutError
 from rlvr.rollout.sampling import GroupGenerators
+from rlvr.rollout.turns import TurnCaches
 from rlvr.types import Rollout
 
 if TYPE_CHECKING:
@@ -189,6 +192,7 @@ class MultiTurn:
         self.max_turns, self.budget = rollout.max_turns, rollout.max_completion_length
         self.timeout = rollout.env_timeout or None  # seconds an environment's constructor, reset or step may take
         self.per_turn = rollout.turn_advantage == "return"  # a step's reward is credited on its turn, not in env_reward
+        self.turn_cache = rollout.turn_cache  # keep each rollout's cache between its turns, where the sampler can
         self.raw = data.text_prompts == "raw" or not getattr(tokenizer, "chat_template", None)
         from rlvr.environments import MethodEnvironment
 
@@ -315,16 +319,25 @@ class MultiTurn:
         eos = set(getattr(sampler, "eos", ()))
         self._check_ends(eos)
         seeds = generator.seeds if isinstance(generator, GroupGenerators) else None
-        self._take(self._first_turns(sampler, trajectories, params, generator, seeds), eos)
-        for turn in range(1, self.max_turns):
-            live = [(g, m, t) for g, group in enumerate(trajectories) for m, t in enumerate(group) if not t.done]
-            if not live:
-                break
-            room = max(self.budget - len(t.ids) for _, _, t in live)
-            streams = generator if seeds is None else GroupGenerators([mix_seed(seeds[g], m, turn) for g, m, _ in live])
-            outs = sampler.generate([t.prompt_ids + t.ids for _, _, t in live],
-                                    dataclasses.replace(params, n=1, max_tokens=room), streams)
-            self._take([(t, self._fit(r, self.budget - len(t.ids), params)) for (_, _, t), (r,) in zip(live, outs)], eos)
+        caches = TurnCaches() if self.turn_cache and self.max_turns > 1 and getattr(sampler, "keeps_turns", False) else None
+        try:
+            self._take(self._first_turns(sampler, trajectories, params, generator, seeds, caches), eos)
+            for turn in range(1, self.max_turns):
+                live = [(g, m, t) for g, group in enumerate(trajectories) for m, t in enumerate(group) if not t.done]
+                if caches is not None:
+                    caches.keep((g, m) for g, m, _ in live)  # the rollouts that ended let their caches go
+                if not live:
+                    break
+                room = max(self.budget - len(t.ids) for _, _, t in live)
+                streams = generator if seeds is None else GroupGenerators([mix_seed(seeds[g], m, turn) for g, m, _ in live])
+                if caches is not None:
+                    caches.last_turn = turn == self.max_turns - 1  # no turn follows: the rows that stop keep nothing
+                outs = _sample(sampler, [t.prompt_ids + t.ids for _, _, t in live], dataclasses.replace(params, n=1, max_tokens=room),
+                               streams, caches, [(g, m) for g, m, _ in live])
+                self._take([(t, self._fit(r, self.budget - len(t.ids), params)) for (_, _, t), (r,) in zip(live, outs)], eos)
+        finally:
+            if caches is not None:
+                caches.clear()
         self._score([t for group in trajectories for t in group])
         return [texts[0] for texts in rendered], [[t.rollout(self.expose) for t in group] for group in trajectories]
 
@@ -337,19 +350,22 @@ class MultiTurn:
                                f"sampler does not stop there: add {fmt.token_ids(self.tokenizer, missing)} to eos_token_id "
                                "in the model's generation_config.json")
 
-    def _first_turns(self, sampler, trajectories, params, generator, seeds) -> list[tuple[_Trajectory, Rollout]]:
+    def _first_turns(self, sampler, trajectories, params, generator, seeds, caches) -> list[tuple[_Trajectory, Rollout]]:
         """Each rollout's first turn: params.n completions of each group's one prompt (one prefill), and where a
-        group's completions start apart (TRL's reset sampling a task each), one of each, from its own stream."""
+        group's completions start apart (TRL's reset sampling a task each), one of each, from its own stream.
+        `caches`: a TurnCaches where the sampler keeps each rollout's cache for its next turn, else None."""
         shared = [g for g, group in enumerate(trajectories) if group[0].start is None]
         apart = [(g, m) for g, group in enumerate(trajectories) if group[0].start is not None for m in range(len(group))]
         turns = []
         if shared:
             streams = generator if seeds is None or len(shared) == len(trajectories) else generator.pick(shared)
-            outs = sampler.generate([trajectories[g][0].prompt_ids for g in shared], params, streams)
+            outs = _sample(sampler, [trajectories[g][0].prompt_ids for g in shared], params, streams, caches,
+                           [(g, m) for g in shared for m in range(len(trajectories[g]))])
             turns += [(t, r) for g, rollouts in zip(shared, outs) for t, r in zip(trajectories[g], rollouts)]
         if apart:
             streams = generator if seeds is None else GroupGenerators([mix_seed(seeds[g], m, 0) for g, m in apart])
-            outs = sampler.generate([trajectories[g][m].prompt_ids for g, m in apart], dataclasses.replace(params, n=1), streams)
+            outs = _sample(sampler, [trajectories[g][m].prompt_ids for g, m in apart], dataclasses.replace(params, n=1), streams,
+                           caches, apart)
             turns += [(trajectories[g][m], r) for (g, m), (r,) in zip(apart, outs)]
         return turns
 
@@ -459,6 +475,14 @@ class MultiTurn:
         if t.versions is not None:  # not sampled (masked out of the loss): the version of the turn before
             t.versions += (t.versions[-1:] or [0]) * len(between_ids)
         t.messages.append({"role": step.role, "content": str(step.observation or "")})
+
+
+def _sample(sampler, prompt_ids, params, streams, caches: TurnCaches | None, keys: list) -> list[list[Rollout]]:
+    """sampler.generate; with `caches`, each rollout (keys: one per completion, (group, member)) goes on from
+    the cache kept from its turn before and leaves its own for its next (rollout/turns.py)."""
+    if caches is None:
+        return sampler.generate(prompt_ids, params, streams)
+    return sampler.generate(prompt_ids, params, streams, turns=caches, keys=keys)
 
 
 def _is_prompt(value) -> bool:
