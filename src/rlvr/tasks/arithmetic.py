@@ -20,6 +20,7 @@ what is left after the test split.
 from __future__ import annotations
 
 import itertools
+import json
 import random
 
 from rlvr.tasks.args import with_defaults
@@ -51,8 +52,42 @@ TEMPLATES = {
         "then read its result and write the answer as \\boxed{{}}.\n"
         "What is {expr}?"
     ),
+    # The two-call tools demo (configs/tools_chain_demo.yaml; operands: 3, operators: "*"): the first call of
+    # MultiplyChain's two-number multiply tool spelled out with the problem's first two numbers; each of the
+    # tool's answers spells out the next call.  {n[i]} is the problem's i-th number.
+    "multiply_chain": (
+        "The multiply tool multiplies two numbers. Call it like this:\n<tool_call>\n"
+        '{{"name": "multiply", "arguments": {{"a": {n[0]}, "b": {n[1]}}}}}\n'
+        "</tool_call>\n"
+        "then do what it says, and write the last result as \\boxed{{}}.\n"
+        "What is {expr}?"
+    ),
 }
 _ENUMERATE_BELOW = 200_000
+
+
+class MultiplyChain:
+    """The two-call tools demo's environment (TRL's protocol: its public method is the model's tool): a
+    problem "a * b * c" takes two calls of multiply, the second on what the first returned.  Each answer
+    gives the product and spells out the call that comes next, or says the last product is the answer."""
+
+    def reset(self, expression: str, **row) -> None:
+        self.factors = [int(x) for x in expression.split(" * ")]
+        self.value, self.used = self.factors[0], 1  # the product so far, and how many factors it has
+
+    def multiply(self, a: int, b: int) -> str:
+        """Multiply two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        if self.used < len(self.factors) and {a, b} == {self.value, self.factors[self.used]}:
+            self.value, self.used = a * b, self.used + 1
+        if self.used == len(self.factors):
+            return f"{a * b}. That is the product of all the numbers: write it as \\boxed{{}}."
+        call = json.dumps({"name": "multiply", "arguments": {"a": self.value, "b": self.factors[self.used]}})
+        return f"{a * b}. Next, call it like this:\n<tool_call>\n{call}\n</tool_call>"
 
 
 class ArithmeticTask:
@@ -77,6 +112,8 @@ class ArithmeticTask:
         template = TEMPLATES.get(a["template"], a["template"])
         if not isinstance(template, str) or "{expr}" not in template:
             raise ValueError(f"template must be one of {sorted(TEMPLATES)} or text containing {{expr}}, got {a['template']!r}")
+        if a["template"] == "multiply_chain" and (a["operands"] < 3 or a["operators"] != "*"):
+            raise ValueError("template multiply_chain is for three or more numbers multiplied: operands >= 3, operators: '*'")
         if a["num_test"] >= space_size(a):
             raise ValueError(f"num_test={a['num_test']} leaves no train problems: only {space_size(a)} distinct problems exist")
         return a
@@ -161,4 +198,5 @@ def evaluate_expression(expr: str) -> int:
 
 def _example(expr: str, template: str) -> Example:
     answer = str(evaluate_expression(expr))
-    return Example(prompt=template.format(expr=expr), answer=answer, columns={"answer": answer, "expression": expr})
+    prompt = template.format(expr=expr, n=[int(x) for x in expr.split()[::2]])
+    return Example(prompt=prompt, answer=answer, columns={"answer": answer, "expression": expr})
