@@ -114,8 +114,9 @@ def test_endpoint_verdicts_cache_and_cost(stub):
     scores = _score(["it is 42", "it is 41", "it is 42"], base_url=stub.url)
     assert scores.per_func["judge"] == [1.0, 0.0, 1.0]
     assert len(stub.requests) == 2  # the repeated completion is asked once
-    assert stub.requests[0]["model"] == "stub-judge" and stub.requests[0]["temperature"] == 0
-    assert stub.requests[0]["messages"][0]["content"] == fill(RUBRIC, "What is 6 * 7?", "it is 42", "42")
+    assert all(r["model"] == "stub-judge" and r["temperature"] == 0 for r in stub.requests)
+    asked = sorted(r["messages"][0]["content"] for r in stub.requests)  # sent at once: in either order
+    assert asked == sorted(fill(RUBRIC, "What is 6 * 7?", text, "42") for text in ("it is 42", "it is 41"))
     assert scores.logged["judge/calls"] == [2.0] and scores.logged["judge/tokens"] == [20.0]
     again = _score(["it is 41"], base_url=stub.url)  # a later step: from the cache
     assert again.per_func["judge"] == [0.0] and len(stub.requests) == 2 and again.logged["judge/cached"] == [1.0]
