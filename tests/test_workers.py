@@ -350,8 +350,17 @@ def assert_same_turns(got: dict, want: dict) -> None:
 def test_workers_run_multi_turn_rollouts_as_the_in_process_path_does(ray_cluster, agent_model_dir, reward_file, tmp_path,
                                                                      agent_reference, case, workers):
     """The actors make the tools and environments and run them, along the trainer's own path.  (A
-    rollout_func is called once per worker with its share of the prompts: one worker for the same run.)"""
-    got, want = run(agent_trainer(agent_model_dir, reward_file, tmp_path, case, workers)), agent_reference(case)
+    rollout_func is called once per worker with its share of the prompts: one worker for the same run.)
+    With tools, as test_killed_workers_are_replaced_and_their_groups_retried_once, the first worker to score
+    a group kills itself and another is killed after the update: both are replaced, the rollouts the same."""
+    trainer, between = agent_trainer(agent_model_dir, reward_file, tmp_path, case, workers), None
+    pool, (_, flag) = trainer.rollout.workers, reward_file
+    if case == "tools":
+        flag.unlink()
+        between = lambda t: ray.kill(t.rollout.workers.actors[1], no_restart=True)  # noqa: E731
+    got, want = run(trainer, between), agent_reference(case)
+    if case == "tools":
+        assert flag.exists() and pool.replacements == 2
     assert_same_rounds(got, want)
     assert_same_turns(got, want)
     assert got["metrics"]["loss"] == pytest.approx(want["metrics"]["loss"], rel=1e-4, abs=1e-6)
@@ -365,21 +374,6 @@ def test_workers_run_multi_turn_rollouts_as_the_in_process_path_does(ray_cluster
     if case == "environments":  # each row's own environment: Echo's rewards by step, Counter's by get_reward
         assert all(r.info["env_reward"] is not None for r in rollouts)
         assert {g.example.columns["environment"] for key in ("first", "last") for g in got[key].groups} == {"echo", "counter"}
-
-
-@pytest.mark.trains
-@pytest.mark.processes
-def test_a_killed_worker_of_a_multi_turn_run_is_replaced(ray_cluster, agent_model_dir, reward_file, tmp_path, agent_reference):
-    """As test_killed_workers_are_replaced_and_their_groups_retried_once, with tools."""
-    _, flag = reward_file
-    trainer = agent_trainer(agent_model_dir, reward_file, tmp_path, "tools", workers=2)
-    workers = trainer.rollout.workers
-    flag.unlink()  # the first worker to score a group kills itself
-    got = run(trainer, between=lambda t: ray.kill(t.rollout.workers.actors[1], no_restart=True))
-    assert flag.exists() and workers.replacements == 2
-    want = agent_reference("tools")
-    assert_same_rounds(got, want)
-    assert_same_turns(got, want)
 
 
 @pytest.mark.processes
