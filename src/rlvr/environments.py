@@ -47,7 +47,7 @@ from typing import Protocol
 from rlvr.errors import RolloutError
 from rlvr.plugins import load_named, register, settle
 from rlvr.tool_formats import FORMATS, ToolFormat
-from rlvr.tools import ToolBox, ToolCall, ToolError, ToolResult, _argument_problem, _to_text
+from rlvr.tools import ToolBox, ToolCall, ToolError, ToolResult
 from rlvr.types import Example, Prompt
 
 
@@ -142,19 +142,11 @@ class MethodEnvironment(ToolEnvironment):
 
     def run(self, call: ToolCall) -> tuple[str | ToolResult, bool]:
         method = self.methods.get(call.name)
-        if call.error or method is None:
-            if method is None and not call.error and call.name not in self.toolbox.tools:
-                known = ", ".join([*self.methods, *self.toolbox.tools])
-                return f"Error: unknown tool {call.name!r}; the tools are {known}", False
+        if method is not None and not call.error:  # in the step's own thread, bounded by env_timeout with the step
+            return self.toolbox.run_here(method, call.arguments)
+        if call.error or call.name in self.toolbox.tools:
             return self.toolbox.run(call)
-        problem = _argument_problem(method, call.arguments)
-        if problem:
-            return f"Error: {problem}", False
-        try:  # in the step's own thread, bounded by env_timeout with the rest of the step
-            value = settle(method(**call.arguments))
-        except Exception as e:  # noqa: BLE001 - the model reads every failure back, as TRL's {"error": ...}
-            return f"Error: {f'{type(e).__name__}: {e}'[:500]}", False
-        return self.toolbox._cut(value if isinstance(value, ToolResult) else _to_text(value)), True
+        return f"Error: unknown tool {call.name!r}; the tools are {', '.join([*self.methods, *self.toolbox.tools])}", False
 
 
 def appended(prompt, text: str):

@@ -238,15 +238,25 @@ class ToolBox:
             return f"Error: unknown tool {call.name!r}; the tools are {', '.join(self.tools)}", False
         if tool.function is python:
             return self._python(call.arguments)
+        if tool.function is calculator:
+            return self.run_here(calculator, call.arguments)
         problem = _argument_problem(tool.function, call.arguments)
         if problem:
             return f"Error: {problem}", False
-        if tool.function is calculator:
-            try:
-                return self._cut(calculator(**call.arguments)), True
-            except Exception as e:  # noqa: BLE001 - the model reads every failure back
-                return f"Error: {f'{type(e).__name__}: {e}'[:500]}", False
         return self._in_worker(tool, call.arguments)
+
+    def run_here(self, function, arguments: dict) -> tuple[str | ToolResult, bool]:
+        """function(**arguments) in this thread, for a function that bounds itself (the calculator) or is bounded
+        by its caller (a TRL environment's method, within its step's env_timeout): its arguments checked, an async
+        result awaited, a failure read back as one Error line, the output cut as a tool's."""
+        problem = _argument_problem(function, arguments)
+        if problem:
+            return f"Error: {problem}", False
+        try:
+            value = settle(function(**arguments))
+        except Exception as e:  # noqa: BLE001 - the model reads every failure back
+            return f"Error: {f'{type(e).__name__}: {e}'[:500]}", False
+        return self._cut(value if isinstance(value, ToolResult) else _to_text(value)), True
 
     def _in_worker(self, tool: Tool, arguments: dict) -> tuple[str | ToolResult, bool]:
         try:
