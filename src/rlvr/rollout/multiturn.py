@@ -204,9 +204,10 @@ class MultiTurn:
             probe = self.make_env(kind)
             kind.trl = isinstance(probe, MethodEnvironment)
             stops.update(dict.fromkeys(stop_strings_of(probe, kind.name)))
-            self.tool_format = self.tool_format or getattr(probe, "tool_format", None)  # how calls are written (tool_formats.py)
-            if getattr(probe, "tool_format", None) is not None and kind.tools_text and probe.tool_format.name != "tags":
-                raise EnvironmentFailed(f"tool_call_format={probe.tool_format.name}: the chat template does not show the tools "
+            fmt = getattr(probe, "tool_format", None)  # how its calls are written (tool_formats.py)
+            self.tool_format = self.tool_format or fmt
+            if fmt is not None and kind.tools_text and fmt.name != "tags":
+                raise EnvironmentFailed(f"tool_call_format={fmt.name}: the chat template does not show the tools "
                                         "(or the prompts are raw text), and the system message rlvr writes instead describes "
                                         "the tag format; use tool_call_format=auto or tags")
         self.stop_strings = tuple(stops)  # every environment's: one call samples the turns of all
@@ -235,14 +236,7 @@ class MultiTurn:
     def make_env(self, kind: Kind | None = None):
         """One environment, made within env_timeout; a constructor that raises or hangs ends the run."""
         kind = kind or next(iter(self.kinds.values()))
-        try:
-            return bounded(self.timeout, kind.factory)
-        except TimedOut:
-            raise EnvironmentFailed(f"{kind.name}() did not return within env_timeout={self.timeout:g} s") from None
-        except RolloutError:  # what it made is not an environment (environments.checked)
-            raise
-        except Exception as e:  # noqa: BLE001 - the user's constructor
-            raise EnvironmentFailed(f"{kind.name}() raised {type(e).__name__}: {e}") from None
+        return made_within(self.timeout, kind.factory, kind.name)
 
     # --- prompts -------------------------------------------------------------------------
 
@@ -567,14 +561,7 @@ def environment_kind(spec, toolbox, timeout: float | None, tool_format=None) -> 
     factory = load_environment(spec)
     name = environment_name(factory)
     made = checked(factory)
-    try:
-        probe = bounded(timeout, made)
-    except TimedOut:
-        raise EnvironmentFailed(f"{name}() did not return within env_timeout={timeout:g} s") from None
-    except RolloutError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's constructor
-        raise EnvironmentFailed(f"{name}() raised {type(e).__name__}: {e}") from None
+    probe = made_within(timeout, made, name)
     if not is_trl_protocol(probe):
         if toolbox.tools:
             raise EnvironmentFailed(f"environment {name} has step(text) (rlvr's protocol), which runs what the model writes "
@@ -599,16 +586,25 @@ def check_environments(environment, tools, timeout: float | None) -> list[str]:
         try:
             name = environment_name(load_environment(spec))
             factory, _, name = environment_kind(spec, toolbox, timeout)
-            stop_strings_of(bounded(timeout, factory), name)
-        except ValueError as e:  # it cannot be found, or has no reset
+            stop_strings_of(made_within(timeout, factory, name), name)
+        except ValueError as e:  # it cannot be found, has no reset, or a tool method no docstring
             problems.append(str(e))
-        except TimedOut:
-            problems.append(f"environment {name}() did not return within env_timeout={timeout:g} s")
-        except RolloutError as e:
+        except RolloutError as e:  # its constructor raised or hung, or it broke the protocol
             problems.append(f"environment {e}" if str(e).startswith(name) else str(e))
-        except Exception as e:  # noqa: BLE001 - the user's constructor
-            problems.append(f"environment {name}() raised {type(e).__name__}: {e}")
     return problems
+
+
+def made_within(timeout: float | None, factory, name: str):
+    """factory(), bounded by env_timeout (`timeout`); a constructor that raises or hangs is an EnvironmentFailed
+    naming it (what it made that is not an environment: environments.checked's RolloutError)."""
+    try:
+        return bounded(timeout, factory)
+    except TimedOut:
+        raise EnvironmentFailed(f"{name}() did not return within env_timeout={timeout:g} s") from None
+    except RolloutError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's constructor
+        raise EnvironmentFailed(f"{name}() raised {type(e).__name__}: {e}") from None
 
 
 def environment_name(factory) -> str:
