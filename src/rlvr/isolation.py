@@ -47,7 +47,7 @@ from typing import Callable
 POLL_SECONDS = 0.05  # how often a waiting caller checks that the worker is still alive
 _PARENT_ENDS: set[int] = set()  # the parent's ends of every worker's pipe, closed in each new worker
 _ENDS_LOCK = threading.RLock()  # RLock: a finalizer run by the garbage collector may take it again
-_FORKER: dict = {}  # the thread that forks every worker, and its queue of forks (_in_forker)
+_FORKER: dict = {}  # the pool of one thread that forks every worker, and the process it belongs to (_in_forker)
 _FORKER_LOCK = threading.Lock()
 
 
@@ -161,32 +161,15 @@ class Worker:
 
 
 def _in_forker(fork: Callable[[], int]) -> int:
-    """fork() run by the forker: one daemon thread per process that never ends before the process, so that the
-    workers it forks live until the process ends (PR_SET_PDEATHSIG fires when the forking thread ends)."""
-    import queue
+    """fork() run by the forker: a pool of one thread per process that lasts until the process ends, so that the
+    workers it forks live as long (PR_SET_PDEATHSIG fires when the forking thread ends)."""
+    from concurrent.futures import ThreadPoolExecutor
 
     with _FORKER_LOCK:
-        thread = _FORKER.get("thread")
-        if thread is None or not thread.is_alive() or _FORKER.get("pid") != os.getpid():  # none yet, or copied by a fork
-            _FORKER.update(pid=os.getpid(), queue=queue.SimpleQueue())
-            _FORKER["thread"] = threading.Thread(target=_forker, args=(_FORKER["queue"],), name="rlvr-forker", daemon=True)
-            _FORKER["thread"].start()
-        done, box = threading.Event(), {}
-        _FORKER["queue"].put((fork, box, done))
-    done.wait()
-    if "error" in box:
-        raise box["error"]
-    return box["pid"]
-
-
-def _forker(requests) -> None:
-    while True:
-        fork, box, done = requests.get()
-        try:
-            box["pid"] = fork()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["error"] = e
-        done.set()
+        if _FORKER.get("pid") != os.getpid():  # none yet, or the parent's, copied into this process by a fork
+            _FORKER.update(pid=os.getpid(), pool=ThreadPoolExecutor(1, thread_name_prefix="rlvr-forker"))
+        pool = _FORKER["pool"]
+    return pool.submit(fork).result()
 
 
 def _ended(pid: int, wait: bool = False) -> str | None:
