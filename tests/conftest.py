@@ -194,15 +194,17 @@ def make_tiny_model(vocab_size: int, seed: int = 0):
     return LlamaForCausalLM(tiny_llama_config(vocab_size))
 
 
+def save_tiny_model(tokenizer, path):
+    """A tiny model over `tokenizer`'s vocabulary saved with it in `path`, usable as model=<path>; `path`."""
+    make_tiny_model(len(tokenizer)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A saved tiny model + tokenizer directory, usable as model=<path>."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = make_tokenizer()
-    model = make_tiny_model(len(tokenizer))
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_model(make_tokenizer(), tmp_path_factory.mktemp("tiny-llama"))
 
 
 def make_tiny_classifier(vocab_size: int, num_labels: int = 1, seed: int = 0):

@@ -34,12 +34,9 @@ def tok():
 
 @pytest.fixture(scope="module")
 def model_dir(tok, tmp_path_factory):
-    from conftest import make_tiny_model
+    from conftest import save_tiny_model
 
-    path = tmp_path_factory.mktemp("tiny-json")
-    make_tiny_model(len(tok)).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return save_tiny_model(tok, tmp_path_factory.mktemp("tiny-json"))
 
 
 class ScriptedSampler:

@@ -305,14 +305,11 @@ MULTI_TURN_METRICS = ("turns/mean", "turns/max", "tools/calls_per_completion", "
 @pytest.fixture(scope="module")
 def agent_model_dir(tmp_path_factory):
     """The tiny model with the tokenizer whose tokens include CALLS."""
-    from conftest import make_tiny_model, make_tokenizer
+    from conftest import make_tokenizer, save_tiny_model
 
-    path = tmp_path_factory.mktemp("tiny-agent")
     tokenizer = make_tokenizer()
     tokenizer.add_tokens(CALLS)
-    make_tiny_model(len(tokenizer)).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_model(tokenizer, tmp_path_factory.mktemp("tiny-agent"))
 
 
 def agent_trainer(model_dir, reward_file, tmp_path, case: str, workers: int) -> Trainer:
