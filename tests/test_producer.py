@@ -270,7 +270,7 @@ def test_settings_it_cannot_run_with_are_refused():
         build_config({"async_mode": "fast"})
     with pytest.raises(ConfigError, match="async_mode=free keeps up to max_staleness generations in flight: set max_staleness >= 1"):
         build_config({"async_mode": "free"})
-    with pytest.raises(ConfigError, match="async_mode=free loads the policy's weights .* use async_mode=lockstep with fsdp"):
+    with pytest.raises(ConfigError, match="async_mode=free with fsdp samples every process's share on rank 0, on vLLM servers"):
         build_config({"async_mode": "free", "max_staleness": 1, "fsdp": True})
     with pytest.raises(ConfigError, match="async_mode=free is not supported with rollout_workers"):
         build_config({"async_mode": "free", "max_staleness": 1, "rollout_workers": 2})
@@ -279,8 +279,16 @@ def test_settings_it_cannot_run_with_are_refused():
     from rlvr.distributed import World
     from rlvr.settings import check_runnable
 
-    with pytest.raises(ConfigError, match="async_mode=free runs one producer for the run, and this launch has 2 processes"):
+    with pytest.raises(ConfigError, match="async_mode=free with 2 training processes samples every process's share on "
+                                          "rank 0, on vLLM servers .* set use_vllm=true vllm_mode=server"):
         check_runnable(build_config({"max_staleness": 1, "async_mode": "free", "num_generations": 4,
+                                     "per_device_train_batch_size": 8}), World(0, 2))
+    with pytest.raises(ConfigError, match="async_mode=free with fsdp and kl_penalty=reward is not supported"):
+        check_runnable(build_config({"max_staleness": 1, "async_mode": "free", "num_generations": 4, "fsdp": True,
+                                     "use_vllm": True, "vllm_mode": "server", "beta": 0.1, "kl_penalty": "reward",
+                                     "per_device_train_batch_size": 8}), World(0, 2))
+    with pytest.raises(ConfigError, match="partial_rollout_tokens is not supported with several training processes"):
+        check_runnable(build_config({"max_staleness": 1, "async_mode": "free", "num_generations": 4, "partial_rollout_tokens": 8,
                                      "per_device_train_batch_size": 8}), World(0, 2))
 
 

@@ -104,6 +104,12 @@ def shard(n: int, world: World) -> range:
     return range(world.rank * per_rank, (world.rank + 1) * per_rank)
 
 
+def owners(n: int, world: World) -> list[int]:
+    """The rank that trains each of n groups sampled for every process by one (a free-running producer on
+    rank 0): contiguous, as even as n allows (a rank may get none)."""
+    return [i * world.world_size // n for i in range(n)]
+
+
 def gather(obj, world: World, group=None) -> list:
     """[the obj of rank 0, of rank 1, ...] on every rank; in `group` (None: the default group)."""
     if not world.enabled:

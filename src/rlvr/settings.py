@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlvr import methods
-from rlvr.config import Config, build_config, free_running_obstacles, load_yaml, parse_overrides, sampling_problems, validate
+from rlvr.config import Config, build_config, free_running, free_running_obstacles, load_yaml, parse_overrides, sampling_problems, validate
 from rlvr.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -117,8 +117,15 @@ def check_runnable(cfg: Config, world: World) -> None:
                 "samples and trains on whole groups; make per_device_train_batch_size x steps_per_generation a multiple of "
                 f"{cfg.num_generations}"
             )
-        if cfg.async_mode == "free" or cfg.partial_rollout_tokens:
+        if cfg.partial_rollout_tokens:
+            raise ConfigError("partial_rollout_tokens is not supported with several training processes yet: train in one "
+                              "process (with vLLM servers), or set partial_rollout_tokens=0")
+        if cfg.async_mode == "free" and free_running_obstacles(cfg.rollout_settings, world.world_size, cfg.fsdp):
             raise ConfigError("; ".join(free_running_obstacles(cfg.rollout_settings, world.world_size, cfg.fsdp)))
+        if free_running(cfg.rollout_settings, world.world_size, cfg.fsdp) and cfg.fsdp and cfg.beta > 0 and cfg.kl_penalty == "reward":
+            raise ConfigError("async_mode=free with fsdp and kl_penalty=reward is not supported: the reward's KL would be "
+                              "computed on rank 0's sampling thread from a reference sharded over every process; use "
+                              "kl_penalty=loss, or async_mode=lockstep")
         if cfg.rollout_workers > 0:
             raise ConfigError(
                 "rollout_workers is not supported with several training processes: the Ray workers already sample "

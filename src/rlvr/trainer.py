@@ -15,7 +15,7 @@ import contextlib
 import copy
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -398,8 +398,17 @@ class Trainer(RunCore):
                                            cfg.num_completions_to_print, cfg.steps_per_optimizer_step,
                                            every_completion=self.trains_every_completion)
         self.audit = reward_audit(cfg.reward_settings, cfg.data_settings, cfg.seed) if world.is_main else None
-        self.batches = Generations(generation, self.rollout, self.prompts, self.generator,
-                                   self.kl, world, self.home, self.audit)  # 1-3: sampling rounds, advantages, sampling ahead
+        self.free = free_running(cfg.rollout_settings, world.world_size, cfg.fsdp)  # async_mode=free: a producer samples
+        # Free-running with several processes: rank 0's producer samples every process's share (on vLLM servers, as
+        # TRL's AsyncGRPOTrainer), each generation is shared when it is taken (_shared), and the trainers load the
+        # servers together after their optimizer steps (publish_weights; fsdp gathers on every rank).
+        self.from_rank0 = self.free and world.enabled
+        if self.from_rank0:
+            self.rollout.world = distributed.SINGLE  # rank 0 samples all of a generation's prompts
+        self.batches = Generations(generation, self.rollout, self.prompts, self.generator, self.kl,
+                                   distributed.SINGLE if self.from_rank0 else world, self.home,
+                                   self.audit)  # 1-3: sampling rounds, advantages, sampling ahead
+        self.batches.keep_parts = self.batches.keep_parts or self.from_rank0
         self.updater = PolicyUpdate(UpdateSettings.from_sections(cfg.update_settings, cfg.rollout_settings, cfg.steps_per_optimizer_step,
                                                                   self.rollout.off_policy, self.full_model.config,
                                                                   self.rollout.path.rollout_func is not None), model, self.optimizer,
@@ -414,10 +423,13 @@ class Trainer(RunCore):
         self.waited = 0.0  # seconds the last update waited for the generation sampled ahead (or the last take waited)
         self.queued: list[Generation] = []  # a free-running checkpoint's queue, resumed without a producer
         self.scoring: ScoringThread | None = None  # async_mode=free: where the producer's reward calls run
-        self.producer: Producer | None = None  # async_mode=free: the thread that samples while the trainer trains
-        if free_running(cfg.rollout_settings, world.world_size, cfg.fsdp):
+        self.producer: Producer | None = None  # async_mode=free: the thread that samples while the trainer trains (rank 0's)
+        if self.free and world.is_main:
             sampler = self.rollout.sampler  # the in-process engine loads newer weights between decode steps
-            self.producer = Producer(self.batches, WeightVersions(self._load_from_producer), self._state, cfg.max_staleness,
+            if self.from_rank0 and hasattr(sampler, "pause_every_load"):  # the trainer loads it while the producer samples
+                sampler.pause_every_load = True
+            load = self._never_from_producer if self.from_rank0 else self._load_from_producer
+            self.producer = Producer(self.batches, WeightVersions(load), self._state, cfg.max_staleness,
                                      self.home, stream=self.rollout.side_stream,
                                      in_flight=sampler if cfg.in_flight_weight_updates and getattr(sampler, "reloads_in_flight", False)
                                      else None)
@@ -427,11 +439,25 @@ class Trainer(RunCore):
                 self.scoring = self.rollout.home = ScoringThread()
 
     def publish_weights(self) -> None:
-        """With a free-running producer, tell it the new weights; it loads them itself when it can."""
-        if self.producer is None:
+        """With a free-running producer in one process, tell it the new weights; it loads them itself when it
+        can.  With several, every rank loads the servers now (fsdp gathers each tensor from every rank), as TRL's
+        AsyncGRPOTrainer syncs: vLLM's own servers are paused for it with their requests kept (in flight);
+        samplers that cannot take weights while they sample get them once rank 0's generation is done."""
+        if not self.free:
             return super().publish_weights()
-        self.producer.versions.publish()
-        self.synced_at = self.step
+        if not self.from_rank0:
+            self.producer.versions.publish()
+            self.synced_at = self.step
+            return
+        between = self.producer is not None and self.producer.in_flight is None
+        with self.producer.between_generations() if between else contextlib.nullcontext():
+            super().publish_weights()
+        if self.producer is not None:
+            self.producer.versions.loaded(self.step)
+
+    def _never_from_producer(self) -> None:
+        raise RuntimeError("with several processes the trainers load the samplers together (publish_weights), never "
+                           "rank 0's producer alone")
 
     def _load_from_producer(self) -> None:
         """The producer's weight load (rollout/producer.py), ordered on a GPU with the training stream."""
@@ -478,9 +504,10 @@ class Trainer(RunCore):
         self.home.bind()
 
     def _prepare(self) -> Generation:
-        if self.pending is None and self.producer is not None:
+        if self.pending is None and self.free:
             t0 = time.perf_counter()
-            self.pending = self.producer.take(self.step)  # serves its reward calls while it waits
+            gen = self.producer.take(self.step) if self.producer is not None else None  # serves its reward calls while it waits
+            self.pending = self._shared(gen) if self.from_rank0 else gen
             self.waited = time.perf_counter() - t0
         if self.pending is None and self.queued:
             self.pending = self.queued.pop(0)
@@ -489,13 +516,23 @@ class Trainer(RunCore):
             self.pending.weight_version = self.synced_at  # the step itself where the sampler is the policy (synced every step)
         return self.pending
 
+    def _shared(self, gen: Generation | None) -> Generation:
+        """Several processes, free-running: the generation rank 0 took (`gen` there, None elsewhere) on every rank,
+        each with its own share of the groups as its batch (distributed.owners).  Rank 0 sends its parts, not its
+        batch; each rank makes the advantages, batch and metrics again from them (Generations.reassemble)."""
+        light = None if gen is None else replace(gen, batch=None, samples=[], audit=None)
+        out = self.batches.reassemble(distributed.broadcast(light, self.world), world=self.world)
+        if gen is not None:
+            out.audit = gen.audit  # the reward audit rank 0 started (rank 0 alone has one)
+        return out
+
     def _step(self, gen: Generation, t0: float) -> dict:
         if gen.iterations_done == 0:
             gen.staleness = self.step - gen.weight_version  # the later uses of num_iterations are the loss's own business
         if gen.iterations_done == 0 and len(gen.batch):
             self.updater.prepare(gen.batch)  # old and reference log-probs, with the weights it is first trained at
         last_use, last_step = gen.iterations_done + 1 >= self.uses, self.step + 1 >= self.total_steps
-        ahead = self.batches.settings.sample_ahead and self.producer is None and not self.queued and last_use and not last_step
+        ahead = self.batches.settings.sample_ahead and not self.free and not self.queued and last_use and not last_step
         if ahead:
             self.batches.start_ahead(self._state())
         following = []  # the next generation, when it was sampled ahead (finished before the optimizer step)
@@ -626,7 +663,7 @@ class Trainer(RunCore):
     def _load_own(self, state: dict) -> None:
         if self.producer is not None:
             self.producer.restore(state.get("queued") or [])
-        else:  # a free-running run's checkpoint resumed in lockstep: its queue is trained first, not lost
+        elif not self.from_rank0:  # a free-running run's checkpoint resumed in lockstep: its queue is trained first, not lost
             self.queued = list(state.get("queued") or [])
         # partial rollouts: the groups carried on (a run resumed without partial_rollout_tokens does not use them)
         self.batches.carry = state.get("carry") or ((), ())
@@ -636,19 +673,24 @@ class Trainer(RunCore):
             self.pending = self.pending[self.world.rank] if fits else None
 
     def resume(self, checkpoint: Path) -> None:
-        super().resume(checkpoint)
+        super().resume(checkpoint)  # with several processes free-running, every rank loads the samplers here
         if self.producer is not None:  # the samplers hold the checkpoint's weights, its version
             versions = self.producer.versions
             versions.current = versions.published = self.step
-            versions.load_now()
+            if not self.from_rank0:
+                versions.load_now()
 
     def whole_weights(self):
         """Evaluation samples with the samplers: a free-running producer stops for it (a generation being
         sampled is rewound), and the samplers take the current weights first."""
-        if self.producer is None:
+        if not self.free:
             return super().whole_weights()
-        self.producer.drain()
-        self.producer.versions.catch_up()
+        if self.producer is not None:
+            self.producer.drain()
+        if not self.from_rank0:
+            self.producer.versions.catch_up()
+        elif self.synced_at != self.step:  # every rank here: they load the samplers together
+            self.publish_weights()
         return contextlib.nullcontext()
 
     def close(self) -> None:

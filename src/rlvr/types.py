@@ -305,9 +305,10 @@ class Generation:
     # {weight version: completion tokens it sampled} over the groups it holds; None (or None keys): tokens
     # whose engine did not record it (rollout/producer.py counts them at the generation's first version)
     token_versions: dict | None = None
-    # Partial rollouts: the groups it was assembled from and its sampling rounds, so that the groups a
-    # trainer may no longer train on (too many versions old) can be left out when it is taken
-    # (Generations.regroup); the groups dropped as too old while it was sampled.  None / 0 otherwise.
+    # Partial rollouts, and generations rank 0 samples for every process: (the groups chosen, every group
+    # sampled, its sampling rounds, prompts drawn), from which it is made again (Generations.reassemble)
+    # without the groups too old to train when it is taken, or with another rank's share as the batch;
+    # the groups dropped as too old while it was sampled.  None / 0 otherwise.
     parts: tuple | None = None
     stale_groups: int = 0
 

@@ -194,18 +194,19 @@ class RolloutSettings(MultiTurnSettings, WorkerSettings, VLLMSettings, SamplingS
 def free_running_obstacles(section, processes: int, fsdp: bool) -> list[str]:
     """What keeps a free-running producer (rollout/producer.py) from running in this layout, a line each
     (none: it can run): async_mode=free is refused with them (config/rules.py; settings.check_runnable for
-    the processes a launch has), async_mode=auto falls back to lockstep.  The producer loads the policy's
-    whole weights from its own thread, and it is the one producer of the run."""
+    the processes a launch has), async_mode=auto falls back to lockstep.  In one process the producer
+    samples with any engine and loads the weights itself; with several (fsdp too) it runs on rank 0 alone
+    and samples every process's share on vLLM servers, as TRL's AsyncGRPOTrainer does, and the trainers
+    load the servers together (every rank joins fsdp's gathers)."""
     found = []
-    if fsdp:
-        found.append("async_mode=free loads the policy's weights into the sampler from its own thread, but fsdp's "
-                     "whole weights are gathered by a collective of every process: use async_mode=lockstep with fsdp")
     if section.rollout_workers:
         found.append("async_mode=free is not supported with rollout_workers yet (the workers sample a whole "
                      "step at a time): use vLLM servers, or async_mode=lockstep")
-    if processes > 1:
-        found.append(f"async_mode=free runs one producer for the run, and this launch has {processes} processes: train in "
-                     "one process with vLLM servers, or use async_mode=lockstep (or auto: free in one process, lockstep with several)")
+    if (processes > 1 or fsdp) and not (section.use_vllm and section.vllm_mode == "server"):
+        launch = "fsdp" if fsdp else f"{processes} training processes"
+        found.append(f"async_mode=free with {launch} samples every process's share on rank 0, on vLLM servers (as TRL's "
+                     "AsyncGRPOTrainer): set use_vllm=true vllm_mode=server, or use async_mode=lockstep (each process then "
+                     "samples its own share; auto does this)")
     return found
 
 

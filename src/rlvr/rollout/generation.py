@@ -98,6 +98,8 @@ class Generations:
         self._before_ahead: tuple | None = None
         self.ahead_seconds = 0.0  # wall seconds the last generation sampled ahead took
         self.partial: _Partial | None = None  # partial rollouts (carry_partials)
+        # Generation.parts kept (reassemble): partial rollouts, and generations shared from rank 0 (several processes)
+        self.keep_parts = False
         # partial rollouts: (groups not done yet, groups done and not yet trained), replaced, never changed in place
         self.carry: tuple = ((), ())
 
@@ -120,14 +122,16 @@ class Generations:
         return gen
 
     def assemble(self, chosen: list[SampledGroup], groups: list[SampledGroup], rounds: list[Round], drawn: int,
-                 position: dict | None) -> Generation:
+                 position: dict | None, owned: list[bool] | None = None) -> Generation:
         """The generation of the `chosen` groups (the batch, with their advantages), its metrics over every
         group sampled (`groups`, in `rounds`); `drawn`: prompts taken from the stream for it; `position`:
-        the prompt stream's state before them, from which the reward audit draws its sample (None: no audit)."""
+        the prompt stream's state before them, from which the reward audit draws its sample (None: no audit).
+        The batch holds this rank's groups: those it sampled, or those `owned` says (one flag per group)."""
         s, size = self.settings, self.settings.num_generations
         rollouts = [r for g in chosen for r in g.rollouts]
         advantages, zero_std = self.advantages(chosen, rollouts)
-        mine = torch.tensor([g.rank == self.world.rank for g in chosen], dtype=torch.bool).repeat_interleave(size)
+        owned = [g.rank == self.world.rank for g in chosen] if owned is None else owned
+        mine = torch.tensor(owned, dtype=torch.bool).repeat_interleave(size)
         without = zero_std.repeat_interleave(size) if s.skip_without_signal else torch.zeros_like(mine)
         # dynamic sampling keeps the informative groups only (DAPO); otherwise those left out still count
         skipped = None if s.dynamic_sampling else without & mine
@@ -145,7 +149,8 @@ class Generations:
         audit = self.audit.submit(chosen, position) if self.audit is not None and position is not None else None
         return Generation(batch, metrics, samples, epochs_after=self.prompts.epochs_done,
                           epochs_drawn=drawn / len(self.prompts.examples), audit=audit,
-                          groups=len(chosen), token_versions=_token_versions(rollouts))
+                          groups=len(chosen), token_versions=_token_versions(rollouts),
+                          parts=(chosen, groups, rounds, drawn) if self.keep_parts else None)
 
     # --- partial rollouts (partial_rollout_tokens) ---------------------------------------------
 
@@ -155,6 +160,7 @@ class Generations:
         round, of this generation or the next, instead of holding the step.  `versions`: the producer's
         WeightVersions (which version the samplers hold, which the policy is at)."""
         self.partial = _Partial(round_tokens, versions, max_staleness)
+        self.keep_parts = True
 
     def _generate_partial(self, state: TrainerState, position: dict) -> Generation:
         """Rounds until prompts_per_step groups are done: each round keeps prompts_per_step groups in flight,
@@ -178,20 +184,25 @@ class Generations:
         self.carry = (tuple(pending), tuple(done[s.prompts_per_step:]))
         chosen = done[: s.prompts_per_step]
         gen = self.assemble(chosen, chosen, rounds, drawn, position)
-        gen.parts, gen.stale_groups = (chosen, rounds, drawn), stale
+        gen.stale_groups = stale
         gen.metrics["sampling/rounds"] = len(rounds) - 1
         gen.metrics["sampling/carried_groups"] = len(self.carry[0]) + len(self.carry[1])
         return gen
 
-    def regroup(self, gen: Generation, keep: list[bool]) -> Generation:
-        """A partial-rollout generation with only the groups `keep` says (the rest too old to train when it
-        was taken: rollout/producer.py), its advantages, batch and metrics made again from them."""
-        chosen, rounds, drawn = gen.parts
-        kept = [g for g, k in zip(chosen, keep) if k]
-        out = self.assemble(kept, kept, rounds, drawn, None)
-        out.epochs_after, out.audit, out.weight_version = gen.epochs_after, gen.audit, gen.weight_version
+    def reassemble(self, gen: Generation, keep: list[bool] | None = None, world: distributed.World | None = None) -> Generation:
+        """`gen` made again from its parts (Generation.parts): with only the groups `keep` says (partial
+        rollouts: the rest too old to train when it was taken, rollout/producer.py), or with the batch of
+        `world`'s rank's share of its groups (several processes: a generation rank 0 sampled whole, each rank
+        given the groups distributed.owners says).  Advantages, batch and metrics are made again."""
+        chosen, groups, rounds, drawn = gen.parts
+        if keep is not None:
+            chosen = groups = [g for g, k in zip(chosen, keep) if k]
+        owned = None if world is None else [owner == world.rank for owner in distributed.owners(len(chosen), world)]
+        out = self.assemble(chosen, groups, rounds, drawn, None, owned)
+        out.epochs_after, out.audit, out.weight_version, out.stale_groups = gen.epochs_after, gen.audit, gen.weight_version, gen.stale_groups
         out.metrics.update({k: v for k, v in gen.metrics.items() if k.startswith("sampling/")})
-        out.parts, out.stale_groups = (kept, rounds, drawn), gen.stale_groups
+        if keep is None:  # the same tokens: their versions as the producer counted them
+            out.token_versions = gen.token_versions
         return out
 
     def advantages(self, groups: list[SampledGroup], rollouts: list) -> tuple[torch.Tensor, torch.Tensor]:

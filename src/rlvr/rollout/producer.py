@@ -22,7 +22,7 @@ log-prob of each token.
 Partial rollouts (partial_rollout_tokens, Generations.carry_partials): completions not done within a
 round's tokens are carried to the next round, so a generation may hold tokens older than the version it
 started with; `take` then checks each group by its own oldest token and leaves out those past
-max_staleness (Generations.regroup), counted with the groups the producer dropped before continuing
+max_staleness (Generations.reassemble), counted with the groups the producer dropped before continuing
 them (Generation.stale_groups).
 
 Stopping.  `drain` stops the producer at a generation boundary: a generation being sampled is
@@ -90,6 +90,13 @@ class WeightVersions:
             self._load()
             self.held = self.current
 
+    def loaded(self, version: int) -> None:
+        """The trainer loaded the samplers itself (several processes: rank 0's producer never loads): they
+        hold `version`, which is also the newest they should have (held first, so `refresh` never sees
+        one ahead of the other)."""
+        self.held = version
+        self.published = version
+
     def catch_up(self) -> None:
         """Load the current weights unless the samplers hold them already (evaluation, after a drain)."""
         if self.held < self.current:
@@ -112,6 +119,8 @@ class Producer:
         self.thread: threading.Thread | None = None
         self.stopped: Future | None = None  # done when the thread has ended
         self.error: BaseException | None = None
+        self.sampling = False  # a generation is being sampled and scored
+        self.holding = False  # the trainer loads the samplers: no generation starts (between_generations)
         self._signal: Future = Future()  # done when something happened that `take` waits for
         # since the last take: the sampler's seconds waiting with a full queue, generations and groups dropped
         self.idle_seconds = 0.0
@@ -130,12 +139,17 @@ class Producer:
             while True:
                 with self.cond:
                     t0 = time.perf_counter()
-                    while not self.versions.cancelled and len(self.ready) >= self.max_staleness:
+                    while not self.versions.cancelled and (len(self.ready) >= self.max_staleness or self.holding):
                         self.cond.wait()
                     self.idle_seconds += time.perf_counter() - t0
                     if self.versions.cancelled:
                         return
-                gen = self._generate()
+                    self.sampling = True
+                try:
+                    gen = self._generate()
+                finally:
+                    with self.cond:
+                        self.sampling = False
                 with self.cond:
                     self.ready.append(gen)
                 self._wake()
@@ -202,16 +216,36 @@ class Producer:
                 self.home.serve_until(signal)
                 continue
             self.dropped_groups += gen.stale_groups  # partial rollouts: carried groups dropped while it was sampled
-            if gen.parts is not None:  # partial rollouts: each group by its own oldest token
+            if self.generations.partial is not None:  # partial rollouts: each group by its own oldest token
                 keep = [step - oldest_token_version(g.rollouts) <= self.max_staleness for g in gen.parts[0]]
                 if any(keep) and not all(keep):
                     self.dropped_groups += keep.count(False)
-                    gen = self.generations.regroup(gen, keep)
+                    gen = self.generations.reassemble(gen, keep)
             if step - oldest_version(gen) > self.max_staleness:
                 self.dropped_generations += 1
                 self.dropped_groups += gen.groups
                 continue
             return gen
+
+    @contextlib.contextmanager
+    def between_generations(self):
+        """The trainer's own load of samplers that cannot take weights while they sample (rlvr's own server, or
+        in_flight_weight_updates=false; several processes): it waits for the generation being sampled to be
+        done, serving its reward calls meanwhile, and no other starts until it is over."""
+        with self.cond:
+            self.holding = True
+        try:
+            while True:
+                with self.cond:
+                    if not self.sampling:
+                        break
+                    signal = self._signal
+                self.home.serve_until(signal)
+            yield
+        finally:
+            with self.cond:
+                self.holding = False
+                self.cond.notify_all()
 
     def since_take(self) -> dict:
         """What happened since the last call, for the step's metrics; the counters start again."""

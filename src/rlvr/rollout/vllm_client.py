@@ -131,6 +131,9 @@ class VLLMServers:
     # in-flight update: reloads_in_flight).  None: the weights do not change during a call.
     live = None
     POLL_SECONDS = 0.05  # how often a generation's wait asks `live`
+    # Loads come from another thread than the generation's (several processes free-running: the trainers load,
+    # rank 0's producer samples), so a generation may start during one: vLLM's own servers are paused for each.
+    pause_every_load = False
 
     @property
     def reloads_in_flight(self) -> bool:
@@ -322,7 +325,7 @@ class VLLMServers:
         size, sent, todo = encode(update, self.dtype)[0], 0, [s for s in targets if s.stock is None]
         for server in [s for s in targets if s.stock is not None]:  # vLLM's own servers: each its own copy, in chunks
             try:
-                sent += vllm_openai.push(server, update, self.dtype, in_flight=self._decoding)
+                sent += vllm_openai.push(server, update, self.dtype, in_flight=self._decoding or self.pause_every_load)
             except VLLMError as e:
                 self._drop(server, str(e), share=0)
             else:
