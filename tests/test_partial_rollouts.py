@@ -165,6 +165,31 @@ def test_long_completions_are_carried_to_the_next_generation_and_new_prompts_fil
     assert len(second.batch) == 4 and second.batch.advantages.tolist() == pytest.approx([-0.7071, 0.7071] * 2, abs=1e-4)
 
 
+def test_a_generation_sampled_for_every_process_gives_each_rank_its_own_groups():
+    """Several processes free-running: rank 0 samples a generation whole and each rank trains the groups
+    distributed.owners gives it (Generations.reassemble): A's completions (1 and 2 tokens) on rank 0, C's (3
+    and 4) on rank 1; with three ranks the third gets none (an empty batch, which still joins the update)."""
+    from rlvr.distributed import World
+
+    gens, _ = _generations({"A": 1, "C": 3}, "AC")
+    gens.partial = None  # whole completions in one round: no partial rollouts here
+    gens.keep_parts = True
+    gen = gens.assemble(*_done_groups(gens, ["A", "C"]), None)
+    lengths = {r: gens.reassemble(gen, world=World(r, 2)).batch.completion_mask.sum(1).tolist() for r in (0, 1)}
+    assert lengths == {0: [1, 2], 1: [3, 4]}
+    three = [gens.reassemble(gen, world=World(r, 3)) for r in range(3)]
+    assert [len(g.batch) for g in three] == [2, 2, 0]
+    assert all(g.metrics["reward"] == gen.metrics["reward"] and g.groups == 2 for g in three)  # the metrics of every group
+
+
+def _done_groups(gens, prompts):
+    """(chosen, groups, rounds, drawn) for one round in which every prompt's group is done."""
+    sampled, pending = gens.rollout.sample_partial([Example(p) for p in prompts], [], None, None, 100, 0)
+    assert not pending
+    round_ = gens._round(sampled)
+    return round_.groups, round_.groups, [round_], len(prompts)
+
+
 def test_a_carried_group_that_could_no_longer_be_trained_is_dropped_before_more_is_sampled_for_it():
     gens, versions = _generations({"A": 1, "B": 5, "C": 1, "D": 1, "E": 1}, "ABCDE", k=1)
     gens.generate(None)  # A and C; B carried with 4 tokens of version 0
