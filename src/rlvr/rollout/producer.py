@@ -216,7 +216,7 @@ class Producer:
                 self.home.serve_until(signal)
                 continue
             self.dropped_groups += gen.stale_groups  # partial rollouts: carried groups dropped while it was sampled
-            if self.generations.partial is not None:  # partial rollouts: each group by its own oldest token
+            if gen.parts is not None and self.generations.partial is not None:  # partial rollouts: each group by its own oldest token
                 keep = [step - oldest_token_version(g.rollouts) <= self.max_staleness for g in gen.parts[0]]
                 if any(keep) and not all(keep):
                     self.dropped_groups += keep.count(False)
