@@ -227,8 +227,8 @@ DistillationConfig = _make("DistillationConfig", "distill", """TRL's Distillatio
 ASYNC_DEFAULTS = {"lr_scheduler_type": "constant", "logging_steps": 1, "max_completion_length": 2048,
                   "vllm_server_base_url": "http://localhost:8000", "max_staleness": 4, "use_vllm": True, "vllm_mode": "server", "async_mode": "auto"}
 AsyncGRPOConfig = _make("AsyncGRPOConfig", "grpo", """TRL's AsyncGRPOConfig: GRPO sampled on vLLM servers by a producer that
-    keeps up to max_staleness generations in flight while the trainer trains (async_mode=auto: free in one process, one
-    generation ahead in lockstep with several; max_staleness, default 4: the
+    keeps up to max_staleness generations in flight while the trainer trains (async_mode=auto: free, with several
+    processes rank 0 sampling for all as in TRL; one generation ahead in lockstep where the producer cannot run; max_staleness, default 4: the
     most weight versions a sample may lag, older ones dropped; weight_sync_steps, default 1: steps between weight pushes to
     the servers), with TRL's defaults for it (a constant learning rate, logging every step,
     completions of up to 2048 tokens, the server at http://localhost:8000).  docs/trl.md says what its other fields do here.""",
