@@ -96,6 +96,7 @@ class WeightVersions:
         one ahead of the other)."""
         self.held = version
         self.published = version
+        self.in_flight_loads += self.generating
 
     def catch_up(self) -> None:
         """Load the current weights unless the samplers hold them already (evaluation, after a drain)."""
