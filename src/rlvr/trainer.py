@@ -524,6 +524,7 @@ class Trainer(RunCore):
         out = self.batches.reassemble(distributed.broadcast(light, self.world), world=self.world)
         if gen is not None:
             out.audit = gen.audit  # the reward audit rank 0 started (rank 0 alone has one)
+        out.parts = None  # not needed once made: a checkpoint of the generation in training stays its batch's size
         return out
 
     def _step(self, gen: Generation, t0: float) -> dict:
