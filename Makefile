@@ -41,7 +41,8 @@ $(VLLM_BIN)/.installed: pyproject.toml Makefile
 vllm: $(VLLM_BIN)/.installed
 
 test-vllm: vllm
-	$(VLLM_BIN)/python -m pytest tests/test_vllm.py tests/test_vllm_layouts.py tests/test_vllm_stock.py tests/test_vllm_workers.py
+	$(VLLM_BIN)/python -m pytest tests/test_vllm.py tests/test_vllm_layouts.py tests/test_vllm_stock.py tests/test_vllm_workers.py \
+		tests/test_vllm_partial.py
 
 demo: install
 	$(BIN)/rlvr train

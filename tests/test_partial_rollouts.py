@@ -221,8 +221,8 @@ def test_settings_partial_rollouts_cannot_run_with_are_refused():
         build_config({**free, "partial_rollout_tokens": -1})
     with pytest.raises(ConfigError, match="partial_rollout_tokens carries unfinished completions .* set async_mode=free"):
         build_config({"max_staleness": 2, "partial_rollout_tokens": 64})
-    with pytest.raises(ConfigError, match="with vLLM it is not supported yet"):
-        build_config({**free, "use_vllm": True})
+    for vllm in ({"use_vllm": True}, {"use_vllm": True, "vllm_mode": "server"}):  # vLLM continues them too (rollout/vllm_partial.py)
+        assert build_config({**free, **vllm}).partial_rollout_tokens == 64
     with pytest.raises(ConfigError, match="not with tools, environment or rollout_func"):
         build_config({**free, "tools": ["calculator"]})
     with pytest.raises(ConfigError, match="partial_rollout_tokens and dynamic_sampling"):

@@ -104,7 +104,7 @@ class WorkerSettings(Section):
     weight_sync_steps: int = 1  # optimizer steps between weight syncs to a sampler of its own (vLLM, Ray workers, the copy sampling ahead)
     async_mode: str = "lockstep"  # with max_staleness >= 1: lockstep (one generation ahead, reproducible) | free (a producer thread keeps up to max_staleness generations in flight; stale ones dropped) | auto (free where the producer can run: one process, or several with vLLM servers; else lockstep)
     in_flight_weight_updates: bool = True  # async_mode=free, in-process engine: load newer weights between decode steps of a running generation (false: between generations only)
-    partial_rollout_tokens: int = 0  # async_mode=free, in-process engine: the most tokens a completion is given per sampling round; one not done is carried to the next round instead of holding the step (partial rollouts); 0 = off
+    partial_rollout_tokens: int = 0  # async_mode=free, one turn (in-process engine or vLLM): the most tokens a completion is given per sampling round; one not done is carried to the next round instead of holding the step (partial rollouts); 0 = off
 
     def _rules(self) -> list[str]:
         problems = []

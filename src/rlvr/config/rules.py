@@ -175,15 +175,13 @@ def lora_beyond_vllm(cfg) -> str | None:
 
 def partial_rollout_problems(cfg) -> list[str]:
     """partial_rollout_tokens > 0 where the run could not carry a completion on (a line each): it takes the
-    free-running producer (async_mode=auto falling back to lockstep here too), the in-process engine
-    (HFSampler.resume) and completions of one turn; dynamic sampling's rounds have their own rule."""
+    free-running producer (async_mode=auto falling back to lockstep here too) and completions of one turn
+    (the samplers' `resume`: HFSampler's, and vLLM's through rollout/vllm_partial.py); dynamic sampling's
+    rounds have their own rule."""
     if not cfg.partial_rollout_tokens:
         return []
     found = [f"partial_rollout_tokens needs the free-running producer, which this run cannot have: {line}"
              for line in free_running_obstacles(cfg.rollout_settings, cfg.processes, cfg.fsdp) if cfg.async_mode == "auto"]
-    if cfg.use_vllm:
-        found.append("partial_rollout_tokens continues unfinished completions with the in-process engine; with vLLM it is "
-                     "not supported yet (set use_vllm=false, or partial_rollout_tokens=0)")
     if cfg.multi_turn:
         found.append("partial_rollout_tokens is for completions of one turn: not with tools, environment or rollout_func")
     if cfg.dynamic_sampling:

@@ -37,7 +37,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # CTRL's penalty on tokens already in the prompt or completion; 1 = off
     stop_strings: tuple = ()
     # Partial rollouts (partial_rollout_tokens): the most tokens a completion gets in this call; one not done
-    # by then ends with finish_reason "partial" and is continued later (HFSampler.resume).  0: to the end.
+    # by then ends with finish_reason "partial" and is continued later (the sampler's resume: HFSampler.resume,
+    # or vLLM's through rollout/vllm_partial.py).  0: to the end.
     round_tokens: int = 0
 
 

@@ -88,9 +88,9 @@ class RolloutStage:
 
     def sample_partial(self, examples: list[Example], carried: list[PartialGroup], generator: torch.Generator,
                        state: TrainerState, round_tokens: int, version: int) -> tuple[Sampled, list[PartialGroup]]:
-        """Partial rollouts (one process, the in-process engine, one turn): G completions for each of the new
+        """Partial rollouts (one process, one turn): G completions for each of the new
         `examples` and the unfinished completions of the `carried` groups go on for at most round_tokens
-        tokens each (HFSampler.resume).  Returns (the groups now done, scored: carried ones first; the groups
+        tokens each (the sampler's resume: HFSampler's, or vLLM's, rollout/vllm_partial.py).  Returns (the groups now done, scored: carried ones first; the groups
         still unfinished).  Tokens the engine did not record a version for were sampled by `version`,
         the weights the samplers held when the round began (they change only between generations then)."""
         t0 = time.perf_counter()

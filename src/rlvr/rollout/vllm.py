@@ -40,8 +40,8 @@ import torch
 
 from rlvr.config import ModelSettings, RolloutSettings
 from rlvr.errors import VLLMError  # noqa: F401 - raised here, defined in the leaf errors.py
-from rlvr.rollout import SamplingParams, pad_token_id
-from rlvr.rollout.vllm_request import check_prompts, params_dict, request_seeds
+from rlvr.rollout import SamplingParams, pad_token_id, vllm_partial
+from rlvr.rollout.vllm_request import check_prompts, max_tokens_of, params_dict, request_seeds
 from rlvr.rollout.weights import weight_update, with_aliases
 from rlvr.types import Rollout
 
@@ -125,14 +125,15 @@ def start_llm(model_path: str, **engine_args):
 
 
 def run_generate(llm, prompt_ids: list[list[int]], params: dict, seeds: list[int], lora_request=None) -> list[list[dict]]:
-    """params: SamplingParams fields plus eos_token_ids.  Per prompt, n rollouts as dicts (Rollout's fields)."""
+    """params: SamplingParams fields plus eos_token_ids (max_tokens: one for all, or one per prompt).  Per
+    prompt, n rollouts as dicts (Rollout's fields)."""
     from vllm import SamplingParams as VSampling
 
     requests = [
-        VSampling(n=params["n"], max_tokens=params["max_tokens"], temperature=params["temperature"], top_p=params["top_p"],
+        VSampling(n=params["n"], max_tokens=max_tokens_of(params, i), temperature=params["temperature"], top_p=params["top_p"],
                   top_k=params["top_k"] or -1, min_p=params["min_p"], repetition_penalty=params["repetition_penalty"],
                   stop=list(params["stop_strings"]) or None, stop_token_ids=params["eos_token_ids"], logprobs=0, seed=seed)
-        for seed in seeds
+        for i, seed in enumerate(seeds)
     ]
     extra = {} if lora_request is None else {"lora_request": lora_request}
     outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], requests, use_tqdm=False, **extra)
@@ -242,7 +243,7 @@ class VLLMColocateSampler:
     seeds_per_group = True  # takes the per-group streams (RolloutStage._streams)
 
     def __init__(self, model_path: str, tokenizer, eos_token_ids: list[int], sleep_mode: bool = False, **engine_args):
-        self.eos = list(eos_token_ids)
+        self.eos, self.tokenizer = list(eos_token_ids), tokenizer
         self.pad_id = pad_token_id(tokenizer, self.eos)
         self.engine = VLLMEngine(model_path, **engine_args, **({"enable_sleep_mode": True} if sleep_mode else {}))
         self.version = 0
@@ -256,6 +257,12 @@ class VLLMColocateSampler:
     def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
         self._wake("weights", "kv_cache")
         return self.engine.rollouts(prompt_ids, params, self.eos, generator)
+
+    def resume(self, partials: list[Rollout], params: SamplingParams, generator=None) -> list[Rollout]:
+        """Partial rollouts: each partly sampled completion goes on for at most params.round_tokens more
+        tokens (rollout/vllm_partial.py), with the LoRA adapter in use."""
+        self._wake("weights", "kv_cache")
+        return vllm_partial.resume(self.engine.generate, partials, params, generator, self.eos, self.tokenizer)
 
     def rest(self) -> None:
         """A generation is sampled and the update comes: with sleep mode, vLLM sleeps (level 1)."""

@@ -7,6 +7,7 @@ vllm_server_timeout is dropped, reported on stderr and counted (metrics vllm/ser
 vllm/server_failures), and its share goes to a server still there; the call fails only when no
 server is left, naming each one and what happened to it.  A group's completions depend on its
 seed, not on the server (vllm_request.request_seeds), so a share sampled elsewhere is the same share.
+Partial rollouts' `resume` (rollout/vllm_partial.py) sends its requests the same way.
 
 Weights.  After each optimizer step one copy leaves the trainer: rank 0 streams the update
 (rollout/weights.py) to the first server, which loads it as it arrives and relays the same bytes
@@ -36,8 +37,8 @@ import torch
 from rlvr import distributed
 from rlvr.config import VLLMSettings
 from rlvr.errors import StaleWeights, VLLMError
-from rlvr.rollout import SamplingParams, pad_token_id, vllm_openai
-from rlvr.rollout.vllm_request import check_prompts, params_dict, request_seeds
+from rlvr.rollout import SamplingParams, pad_token_id, vllm_openai, vllm_partial
+from rlvr.rollout.vllm_request import check_prompts, for_prompts, params_dict, request_seeds
 from rlvr.rollout.weights import Relay, encode, weight_update, wire_dtype
 from rlvr.types import Rollout
 
@@ -146,7 +147,7 @@ class VLLMServers:
         self.servers = [Server(u, timeout) for u in urls]
         self.transfer, self.group = transfer, None  # vllm_weight_transfer; rollout/collective.WeightGroup once built
         self.timeout, self.world = timeout, world
-        self.eos = list(eos_token_ids)
+        self.eos, self.tokenizer = list(eos_token_ids), tokenizer
         self.pad_id = pad_token_id(tokenizer, self.eos)
         self.version = 0
         self.failures = 0  # servers dropped since the start
@@ -198,9 +199,20 @@ class VLLMServers:
 
     def generate(self, prompt_ids, params: SamplingParams, generator=None) -> list[list[Rollout]]:
         check_prompts(prompt_ids)
-        seeds = request_seeds(len(prompt_ids), generator)
+        groups = self._sample(prompt_ids, params_dict(params, self.eos), request_seeds(len(prompt_ids), generator))
+        return [[Rollout(**r) for r in group] for group in groups]
+
+    def resume(self, partials: list[Rollout], params: SamplingParams, generator=None) -> list[Rollout]:
+        """Partial rollouts: each partly sampled completion goes on for at most params.round_tokens more
+        tokens (rollout/vllm_partial.py), its request sent as generate's are (split over the servers, moved
+        to another when one is dropped, the adapter named)."""
+        return vllm_partial.resume(self._sample, partials, params, generator, self.eos, self.tokenizer)
+
+    def _sample(self, prompt_ids: list[list[int]], params: dict, seeds: list[int]) -> list[list[dict]]:
+        """Per prompt, its completions as dicts (Rollout's fields): the prompts split over the servers that
+        answer, newer weights loaded into vLLM's own servers while the requests are out (see `live`)."""
         adapter = self._update is not None and self._update.adapter is not None
-        body = {"params": params_dict(params, self.eos), "version": self.version,
+        body = {"version": self.version,
                 "adapter": vllm_openai.adapter_name(self.version) if adapter else None}  # (rlvr's server ignores it)
         alive = self.alive
         if not alive:
@@ -212,7 +224,7 @@ class VLLMServers:
             while True:
                 try:
                     part = self._generate_on(server, {**body, "prompt_ids": [list(prompt_ids[i]) for i in share],
-                                                      "seeds": [seeds[i] for i in share]})
+                                                      "params": for_prompts(params, share), "seeds": [seeds[i] for i in share]})
                     break
                 except VLLMError as e:
                     self._drop(server, str(e), share=len(share))
@@ -220,7 +232,7 @@ class VLLMServers:
                         raise self._none_left() from None
                     server = self.alive[share[0] % len(self.alive)]
             for i, group in zip(share, part):
-                groups[i] = [Rollout(**r) for r in group]
+                groups[i] = group
 
         clock = self.live if self.reloads_in_flight else None
         with ThreadPoolExecutor(len(shares)) as pool:

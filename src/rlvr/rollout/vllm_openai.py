@@ -27,6 +27,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from rlvr.errors import StaleWeights, VLLMError
+from rlvr.rollout.vllm_request import max_tokens_of
 from rlvr.rollout.weights import WeightUpdate, encode, nbytes
 from rlvr.rollout.weights import describe as describe_stream
 
@@ -80,13 +81,14 @@ def generate(server, model: str, prompt_ids: list[list[int]], seeds: list[int], 
         server.prefix_stale = server.call("POST", "/reset_prefix_cache").get("success") is False
     if held != version_name(version):
         raise StaleWeights(f"vLLM server {server.url} holds weights {held!r}, not {version_name(version)!r}")
-    base = {"model": model, "n": params["n"], "max_tokens": params["max_tokens"], "temperature": params["temperature"],
+    base = {"model": model, "n": params["n"], "temperature": params["temperature"],
             "top_p": params["top_p"], "top_k": params["top_k"] or -1, "min_p": params["min_p"],
             "repetition_penalty": params["repetition_penalty"], "stop": list(params["stop_strings"]) or None,
             "stop_token_ids": params["eos_token_ids"], "logprobs": 0, "return_token_ids": True}
 
-    def one(prompt: list[int], seed: int) -> list[dict]:
-        reply = server.call("POST", "/v1/completions", {**base, "prompt": list(prompt), "seed": seed})
+    def one(i: int, prompt: list[int], seed: int) -> list[dict]:
+        reply = server.call("POST", "/v1/completions", {**base, "prompt": list(prompt), "seed": seed,
+                                                        "max_tokens": max_tokens_of(params, i)})
         group = []
         for c in sorted(reply["choices"], key=lambda c: c["index"]):
             ids = list(c["token_ids"])
@@ -98,7 +100,7 @@ def generate(server, model: str, prompt_ids: list[list[int]], seeds: list[int], 
         return group
 
     with ThreadPoolExecutor(min(len(prompt_ids), MAX_IN_FLIGHT)) as pool:
-        return list(pool.map(one, prompt_ids, seeds))
+        return list(pool.map(one, range(len(prompt_ids)), prompt_ids, seeds))
 
 
 def chunks(update: WeightUpdate, dtype, limit: int | None = None):

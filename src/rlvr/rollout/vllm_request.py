@@ -1,6 +1,8 @@
 """What a vLLM sampler sends with each request, the same from an engine in this process
 (rollout/vllm.py) and to `rlvr vllm-serve` (rollout/vllm_client.py): the prompts, checked; the
-sampling settings as a JSON-ready dict; one seed per prompt.
+sampling settings as a JSON-ready dict; one seed per prompt.  The dict's max_tokens is one number for
+every prompt, or a list of one per prompt (partial rollouts continue each completion for what it has
+left: rollout/vllm_partial.py); `max_tokens_of` reads it, `for_prompts` cuts it to some of the prompts.
 
 Seeds.  Each prompt gets a seed from its group's own stream (request_seeds), so a run with a
 fixed seed is reproducible and a group's completions do not depend on which process, server or
@@ -33,6 +35,19 @@ def params_dict(params: SamplingParams, eos_token_ids: list[int]) -> dict:
     return {"n": params.n, "max_tokens": params.max_tokens, "temperature": params.temperature, "top_p": params.top_p,
             "top_k": params.top_k, "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
             "stop_strings": list(params.stop_strings), "eos_token_ids": eos_token_ids}
+
+
+def max_tokens_of(params: dict, i: int) -> int:
+    """The most tokens prompt i of a request may be given."""
+    each = params["max_tokens"]
+    return each[i] if isinstance(each, list) else each
+
+
+def for_prompts(params: dict, rows: list[int]) -> dict:
+    """The settings of the listed prompts alone (a share of a request sent to one server)."""
+    if not isinstance(params["max_tokens"], list):
+        return params
+    return {**params, "max_tokens": [params["max_tokens"][i] for i in rows]}
 
 
 def check_prompts(prompt_ids) -> None:

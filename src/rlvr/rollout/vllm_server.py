@@ -2,7 +2,8 @@
 
     GET  /health           {"ok": true, "model", "version", "weight_updates", "dtype", "adapters"}
     POST /generate         JSON {"prompt_ids", "params", "seeds", "version"?} -> {"groups": [[rollout, ...], ...]};
-                           409 when "version" is not the version of the weights held here
+                           409 when "version" is not the version of the weights held here; params' max_tokens
+                           is one number, or one per prompt (rollout/vllm_request.py)
     POST /update_weights   a weight stream (rollout/weights.py) -> {"ok", "tensors", "version", "updated", "failed"}
     POST /join_weight_group, /receive_weights   the same over torch.distributed (rollout/collective.py)
 
