@@ -42,7 +42,7 @@ vllm: $(VLLM_BIN)/.installed
 
 test-vllm: vllm
 	$(VLLM_BIN)/python -m pytest tests/test_vllm.py tests/test_vllm_layouts.py tests/test_vllm_stock.py tests/test_vllm_workers.py \
-		tests/test_vllm_partial.py
+		tests/test_vllm_partial.py tests/test_free_processes.py
 
 demo: install
 	$(BIN)/rlvr train
