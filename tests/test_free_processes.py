@@ -58,12 +58,13 @@ class SamplerEngine:
 
     def generate(self, prompt_ids, params, seeds):
         from rlvr.rollout import SamplingParams
+        from rlvr.rollout.vllm_request import max_tokens_of
 
-        sampling = SamplingParams(n=params["n"], max_tokens=params["max_tokens"], temperature=params["temperature"],
-                                  top_p=params["top_p"], top_k=params["top_k"], min_p=params["min_p"],
-                                  repetition_penalty=params["repetition_penalty"], stop_strings=tuple(params["stop_strings"]))
         groups = []
-        for prompt, seed in zip(prompt_ids, seeds):  # one generator per prompt: a group depends on its seed alone
+        for i, (prompt, seed) in enumerate(zip(prompt_ids, seeds)):  # one generator per prompt: a group depends on its seed alone
+            sampling = SamplingParams(n=params["n"], max_tokens=max_tokens_of(params, i), temperature=params["temperature"],
+                                      top_p=params["top_p"], top_k=params["top_k"], min_p=params["min_p"],
+                                      repetition_penalty=params["repetition_penalty"], stop_strings=tuple(params["stop_strings"]))
             group = self.sampler.generate([prompt], sampling, torch.Generator().manual_seed(seed))[0]
             groups.append([{"prompt_ids": r.prompt_ids, "completion_ids": r.completion_ids, "logprobs": r.logprobs,
                             "finish_reason": r.finish_reason, "text": r.text} for r in group])
@@ -140,3 +141,24 @@ def test_two_processes_free_running_train_to_the_weights_of_one_on_policy_and_re
     run(args + ["resume=true"], 2)
     resumed = weights(tmp_path / "two")
     assert max((resumed[k] - finished[k]).abs().max().item() for k in finished) < 1e-6
+
+
+def test_two_processes_with_partial_rollouts_train_to_the_weights_of_one(server, tiny_model_dir, tmp_path):
+    """partial_rollout_tokens=3 (completions of up to 24 tokens, continued on the server from their tokens so far):
+    rank 0's producer carries the unfinished groups from round to round and shares each generation it takes.
+    With max_staleness=4 no carried group can grow too old in 4 steps, so which groups make each generation
+    depends on their lengths alone, and two processes train to the weights of one."""
+    engine, url = server
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(REWARD)
+    partial = ["max_staleness=4", "async_mode=free", "partial_rollout_tokens=3", "max_completion_length=24",
+               "stop_strings=[a,e,o,s]"]  # groups whose longest completions differ
+    run(settings(tiny_model_dir, plugin, url, tmp_path / "one", 1) + partial, 1)
+    run(settings(tiny_model_dir, plugin, url, tmp_path / "two", 2) + partial, 2)
+    one, two = weights(tmp_path / "one"), weights(tmp_path / "two")
+    gap = max((one[k] - two[k]).abs().max().item() for k in one)
+    assert gap < 1e-5, gap
+    m1, m2 = rows(tmp_path / "one"), rows(tmp_path / "two")
+    assert [m["reward"] for m in m2] == [m["reward"] for m in m1]
+    assert [m["sampling/rounds"] for m in m2] == [m["sampling/rounds"] for m in m1] and max(m["sampling/rounds"] for m in m2) >= 1
+    assert sum(m["sampling/carried_groups"] for m in m2) >= 1  # some groups went on into a later generation

@@ -287,9 +287,6 @@ def test_settings_it_cannot_run_with_are_refused():
         check_runnable(build_config({"max_staleness": 1, "async_mode": "free", "num_generations": 4, "fsdp": True,
                                      "use_vllm": True, "vllm_mode": "server", "beta": 0.1, "kl_penalty": "reward",
                                      "per_device_train_batch_size": 8}), World(0, 2))
-    with pytest.raises(ConfigError, match="partial_rollout_tokens is not supported with several training processes"):
-        check_runnable(build_config({"max_staleness": 1, "async_mode": "free", "num_generations": 4, "partial_rollout_tokens": 8,
-                                     "per_device_train_batch_size": 8}), World(0, 2))
 
 
 def test_the_scoring_thread_runs_calls_off_the_caller_thread_and_raises_their_errors():

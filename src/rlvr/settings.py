@@ -117,9 +117,6 @@ def check_runnable(cfg: Config, world: World) -> None:
                 "samples and trains on whole groups; make per_device_train_batch_size x steps_per_generation a multiple of "
                 f"{cfg.num_generations}"
             )
-        if cfg.partial_rollout_tokens:
-            raise ConfigError("partial_rollout_tokens is not supported with several training processes yet: train in one "
-                              "process (with vLLM servers), or set partial_rollout_tokens=0")
         if cfg.async_mode == "free" and free_running_obstacles(cfg.rollout_settings, world.world_size, cfg.fsdp):
             raise ConfigError("; ".join(free_running_obstacles(cfg.rollout_settings, world.world_size, cfg.fsdp)))
         if free_running(cfg.rollout_settings, world.world_size, cfg.fsdp) and cfg.fsdp and cfg.beta > 0 and cfg.kl_penalty == "reward":
