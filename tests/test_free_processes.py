@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-import sys
 import threading
 from pathlib import Path
 

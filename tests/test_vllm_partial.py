@@ -6,10 +6,8 @@ last ones (in the vLLM environment, `make test-vllm`) on the real engine, coloca
 from __future__ import annotations
 
 import importlib.util
-import threading
 
 import pytest
-import torch
 from conftest import make_tokenizer
 
 from rlvr.rollout import SamplingParams
