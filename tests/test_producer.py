@@ -321,8 +321,12 @@ def test_auto_runs_free_where_free_can_run_and_lockstep_elsewhere():
         return build_config({"max_staleness": 2, "async_mode": "auto", **kw}).rollout_settings
 
     assert free_running(section(), 1, fsdp=False)
-    assert not free_running(section(), 2, fsdp=False)  # several processes: one generation ahead, in lockstep
+    assert not free_running(section(), 2, fsdp=False)  # several processes sampling in-process: one generation ahead, in lockstep
     assert not free_running(section(), 2, fsdp=True)
+    assert not free_running(section(use_vllm=True, vllm_mode="colocate"), 2, fsdp=False)
+    # several processes on vLLM servers: rank 0's producer samples for all, as TRL's AsyncGRPOTrainer
+    assert free_running(section(use_vllm=True, vllm_mode="server"), 2, fsdp=False)
+    assert free_running(section(use_vllm=True, vllm_mode="server"), 2, fsdp=True)
     assert not free_running(section(rollout_workers=2), 1, fsdp=False)
     assert not free_running(section(max_staleness=0), 1, fsdp=False)  # on-policy
     assert not free_running(section(async_mode="lockstep"), 1, fsdp=False)
