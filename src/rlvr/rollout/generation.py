@@ -267,7 +267,13 @@ class Generations:
     def rewind(self, position: tuple) -> None:
         self.prompts.load_state_dict(position[0])
         self.generator.set_state(position[1])
-        self.carry = position[2]
+        self.restore_carry(position[2])
+
+    def restore_carry(self, carry: tuple) -> None:
+        """Put back the groups carried on (a rewind's, a checkpoint's).  The caches the stage kept for the
+        groups carried until now go: they may be of completions further on than these (re-prefilled instead)."""
+        self.carry = carry
+        self.rollout.forget_kept()
 
     def generate_or_rewind(self, state: TrainerState) -> Generation:
         """generate(), or on any error (Ctrl-C included) leave data and sampler where they were."""
