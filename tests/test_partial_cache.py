@@ -69,9 +69,8 @@ def _in_rounds(sampler, prompts, params, seeds, caches: TurnCaches | None):
     groups: list[list[Rollout]] = []
     rounds = 0
     while rounds < 2 or any(r.finish_reason == "partial" for g in groups for r in g):
-        if rounds < 2:  # new prompts: G empty partials each, after the carried rows
-            start = [0, len(prompts) - 1][rounds]
-            groups += [[Rollout(p, [], [], "partial", "") for _ in range(params.n)] for p in prompts[start : len(prompts) - 1 + rounds]]
+        started = prompts[:-1] if rounds == 0 else prompts[-1:] if rounds == 1 else []
+        groups += [[Rollout(p, [], [], "partial", "") for _ in range(params.n)] for p in started]  # after the carried rows
         rows = [(g, j) for g, group in enumerate(groups) for j, r in enumerate(group) if r.finish_reason == "partial"]
         per_row = None
         if streams:
@@ -117,7 +116,10 @@ def test_rounds_on_kept_caches_sample_what_one_call_and_a_prefill_each_round_sam
     assert all(run == len(history) for history, run in prefilled_runs)
     assert any(run > 3 for history, run in prefilled_runs if list(history) not in prompts)
     new = [history for history, _ in kept_runs if list(history) in prompts]
-    assert sorted(new) == sorted(tuple(p) for p in prompts) if max_batch_size == 64 else len(new) >= len(prompts)
+    if max_batch_size == 64:
+        assert sorted(new) == sorted(tuple(p) for p in prompts)
+    else:  # a group split between two chunks runs its prompt in each
+        assert len(new) >= len(prompts)
     if temperature == 0.0 or max_batch_size == 64:  # (chunks split a group's rows, which then draw its stream in another order)
         whole = sampler.generate(prompts, SamplingParams(n=3, max_tokens=14, temperature=temperature, stop_strings=STOPS),
                                  GroupGenerators(seeds) if seeds else None)
