@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from rlvr.config import ConfigError, build_config
 from rlvr.environments import ToolEnvironment
-from rlvr.rollout import RolloutError, SamplingParams
-from rlvr.rollout.engine import HFSampler
+from rlvr.rollout import RolloutError, SamplingParams, ends_with_stop
 from rlvr.rollout.multiturn import _CALL_ID, make_multiturn
 from rlvr.tool_formats import FORMATS, format_for, tool_format
 from rlvr.tools import ToolBox, ToolCall
@@ -87,9 +85,8 @@ def multiturn(tok, fmt_name: str = "auto", **settings):
 
 def stops_after(tok, fmt, ids: list[int]) -> int:
     """How many of `ids` a sampler writes before it stops: at an EOS or a stop string (the engine's own check)."""
-    engine = SimpleNamespace(tokenizer=tok)
     for k in range(1, len(ids) + 1):
-        if ids[k - 1] in ends_of(tok, fmt) or (fmt.stop_strings and HFSampler._hit_stop(engine, ids[:k], fmt.stop_strings)):
+        if ids[k - 1] in ends_of(tok, fmt) or (fmt.stop_strings and ends_with_stop(ids[:k], fmt.stop_strings, tok)):
             return k
     return len(ids)
 

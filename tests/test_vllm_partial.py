@@ -211,10 +211,11 @@ def test_on_vllms_own_server_each_row_is_a_request_from_its_tokens_so_far_naming
 
 
 def test_continued_text_is_cut_before_the_first_stop_string_and_drops_the_eos():
-    from rlvr.rollout.vllm_partial import completion_text, straddling_stop
+    from rlvr.rollout import decoded_text
+    from rlvr.rollout.vllm_partial import straddling_stop
 
-    assert completion_text(ids("ab</a>cd") + [EOS], ("</a>", "cd"), {EOS}, TOKENIZER) == "ab"
-    assert completion_text(ids("xy") + [EOS], (), {EOS}, TOKENIZER) == "xy"
+    assert decoded_text(ids("ab</a>cd") + [EOS], ("</a>", "cd"), {EOS}, TOKENIZER) == "ab"
+    assert decoded_text(ids("xy") + [EOS], (), {EOS}, TOKENIZER) == "xy"
     assert straddling_stop(ids("ab<"), ids("/a>cd"), ("</a>",), TOKENIZER) == 3
     assert straddling_stop([], ids("</a>"), ("</a>",), TOKENIZER) is None  # vLLM's own to find
     assert straddling_stop(ids("ab"), ids("cdefgh</a>"), ("</a>",), TOKENIZER) is None  # past the window: vLLM found it

@@ -251,12 +251,13 @@ class LlamaRunner:
         return logits.repeat_interleave(n, dim=0), state
 
     @torch.no_grad()
-    def extend(self, histories: list[list[int]], kept: list, max_new: int, dtype: torch.dtype):
-        """`prefill` for one completion of each history, where a row's cache is kept from an earlier call
-        (a multi-turn rollout's turn before: rollout/turns.py): kept[i] is (keys, values) of histories[i]'s
-        first tokens, as `DecodeState.held` gives them, or None; only the rest of the history runs, its
-        queries attending to the kept keys and to its own.  Returns (logits of the next token [rows, vocab],
-        DecodeState), as `prefill` does."""
+    def extend(self, histories: list[list[int]], kept: list, n, max_new: int, dtype: torch.dtype):
+        """`prefill` where a history's cache is kept from an earlier call (a multi-turn rollout's turn
+        before, a partial rollout's round before: rollout/turns.py): kept[i] is (keys, values) of
+        histories[i]'s first tokens, as `DecodeState.held` gives them, or None; only the rest of the history
+        runs, its queries attending to the kept keys and to its own.  As in `prefill`, each history is then
+        laid out for its n completions (a new prompt's group, run once).  Returns (logits of the next token
+        [rows, vocab], DecodeState)."""
         device = self.inner.embed_tokens.weight.device
         rows, weights = len(histories), self._inference_weights(dtype, len(histories))
         starts = [0 if h is None else h[0].shape[-1] for h in kept]  # tokens each row's cache holds
@@ -289,6 +290,10 @@ class LlamaRunner:
         logits = weights.lm_head(self._norm(x[last], self.inner.norm.weight).to(dtype)).float()
         state.set_prompts(lengths, 1, width)
         state.weights = weights
+        if n != 1 and n != [1] * rows:  # each history's row n times over, as `prefill` lays a prompt out
+            n = n if isinstance(n, int) else torch.tensor(n, device=device)
+            state.repeat(n)
+            logits = logits.repeat_interleave(n, dim=0)
         return logits, state
 
     @torch.no_grad()
@@ -486,6 +491,12 @@ class DecodeState:
     @property
     def rows(self) -> int:
         return self.k.shape[1]
+
+    def repeat(self, n) -> None:
+        """Each row n times over, in order (n: one number, or a tensor with one count per row)."""
+        self.k, self.v = self.k.repeat_interleave(n, dim=1), self.v.repeat_interleave(n, dim=1)
+        self.mask, self.positions = self.mask.repeat_interleave(n, dim=0), self.positions.repeat_interleave(n, dim=0)
+        self.active = torch.arange(self.rows, device=self.device)
 
     def hold(self, live: torch.Tensor) -> None:
         """Keep only `live` (indices into the current live rows) as live, without copying the cache."""

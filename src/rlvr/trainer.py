@@ -88,7 +88,8 @@ def rollout_stage(cfg: Config, model, sampler_model, tokenizer, world: distribut
     path = RolloutPath.of(cfg, tokenizer, sampler, build_rewards(cfg.reward_settings, cfg.data_settings))
     off_policy = cfg.use_vllm or cfg.rollout_workers > 0 or cfg.max_staleness > 0
     return RolloutStage(path, sampling_params(cfg.rollout_settings), world, home, source=source,
-                        subscribers=subscribers, workers=workers, off_policy=bool(off_policy), window=window)
+                        subscribers=subscribers, workers=workers, off_policy=bool(off_policy), window=window,
+                        turn_cache=cfg.turn_cache)
 
 
 class StepRecord:
@@ -667,7 +668,7 @@ class Trainer(RunCore):
         elif not self.from_rank0:  # a free-running run's checkpoint resumed in lockstep: its queue is trained first, not lost
             self.queued = list(state.get("queued") or [])
         # partial rollouts: the groups carried on (a run resumed without partial_rollout_tokens does not use them)
-        self.batches.carry = state.get("carry") or ((), ())
+        self.batches.restore_carry(state.get("carry") or ((), ()))
         self.pending = state["pending"]
         if self.world.enabled:  # one pending batch per rank, or none (then the generation is sampled again)
             fits = isinstance(self.pending, list) and len(self.pending) == self.world.world_size

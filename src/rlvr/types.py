@@ -265,6 +265,9 @@ class PartialGroup:
     example: Example
     text: str  # the rendered prompt, as the reward functions are given it
     rollouts: tuple[Rollout, ...]
+    # The group's own token, kept from round to round (dataclasses.replace): its completions' caches are
+    # kept between rounds under (key, member) (rollout/stage.py).  A new object is unique while it lives.
+    key: object = field(default_factory=object, repr=False, compare=False)
 
     @property
     def done(self) -> bool:

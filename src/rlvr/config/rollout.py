@@ -161,7 +161,7 @@ class MultiTurnSettings(Section):
     rollout_func: str | None = None  # package.module:function that samples the completions itself (TRL's rollout_func)
     env_timeout: float = 60.0  # seconds an environment's constructor, reset or step, or a rollout_func's own work (its sampling not counted), may take; 0 = no bound
     turn_advantage: str = "rollout"  # how the rewards turns give (an environment's Step.reward, a tool's ToolResult) train: rollout (summed into env_rewards; one advantage for every token of the rollout) | return (each credited on its turn: a token's advantage is the sum of the group-normalised rewards from its turn on; docs/multiturn.md)
-    turn_cache: bool = True  # in-process engine: keep each rollout's KV cache between its turns, so a later turn runs only the new tokens (false: prefill the whole history every turn)
+    turn_cache: bool = True  # in-process engine: keep each rollout's KV cache between its turns, and with partial_rollout_tokens each carried completion's between its rounds, so a later turn or round runs only the new tokens (false: prefill the whole history each time)
 
     def _rules(self) -> list[str]:
         problems = []

@@ -122,6 +122,25 @@ def _is_number(value, whole: bool = False) -> bool:
     return isinstance(value, int) or (not whole and isinstance(value, float))
 
 
+def ends_with_stop(ids: list[int], stops, tokenizer) -> bool:
+    """Whether a stop string is in the decoded last few tokens of `ids` (each token decodes to at least one
+    character, so a stop string the last token completes is in them): the in-process engine's check after
+    each token, and vLLM's continued completions' (rollout/vllm_partial.py)."""
+    window = max(len(s) for s in stops) + 2
+    tail = tokenizer.decode(ids[-window:], skip_special_tokens=True)
+    return any(s in tail for s in stops)
+
+
+def decoded_text(ids: list[int], stops, eos, tokenizer) -> str:
+    """A completion's text as rlvr's samplers write it: its tokens decoded without the EOS token, cut
+    before the first stop string."""
+    if ids and ids[-1] in eos:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    cuts = [text.find(s) for s in stops if s in text]
+    return text[: min(cuts)] if cuts else text
+
+
 def pad_token_id(tokenizer, eos_token_ids: list[int]) -> int:
     """The id that pads a batch of completions: the tokenizer's pad token, else the first EOS."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]

@@ -5,11 +5,12 @@ of its group.  Rows that finish (EOS or a stop string) are dropped from the
 cache, so the remaining rows decode without carrying dead ones.  The model is
 put in eval mode (dropout off) for the call and restored afterwards.
 
-Multi-turn rollouts (rollout/multiturn.py, rollout/turns.py): given a TurnCaches and a key per row,
-a row that stops leaves a copy of its cache there before it is dropped, and a later call that
-continues its rollout runs only the history's new tokens on that copy (`_extend`) instead of
-prefilling the whole history again.  Every sampler here does, the generic one where the model's
-cache is plain full attention (not a sliding window: `keeps_turns`).
+Caches kept between calls (rollout/turns.py): given a TurnCaches and a key per row, a row whose rollout
+goes on in a later call leaves a copy of its cache there, and that call runs only the rollout's new
+tokens on the copy (`_extend`) instead of prefilling its whole history again.  A multi-turn rollout's
+row (rollout/multiturn.py) leaves it when it stops at the end of a turn; a partial rollout's (`resume`)
+when the round's tokens run out.  Every sampler here does, the generic one where the model's cache is
+plain full attention (not a sliding window: `keeps_turns`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from rlvr.llama import LlamaRunner, on_fast_path
-from rlvr.rollout import RolloutError, SamplingParams, pad_token_id
+from rlvr.rollout import RolloutError, SamplingParams, decoded_text, ends_with_stop, pad_token_id
 from rlvr.rollout.graphs import StaticDecoder
 from rlvr.rollout.sampling import GroupGenerators, sample_next, seen_tokens
 from rlvr.rollout.turns import Held, TurnCaches
@@ -78,18 +79,25 @@ class HFSampler:
             out += self._generate_chunk(prompt_ids[lo : lo + per_chunk], params, chunk_generator, turns=turns, keys=chunk_keys)
         return out
 
-    def resume(self, partials: list[Rollout], params: SamplingParams, generator=None) -> list[Rollout]:
+    def resume(self, partials: list[Rollout], params: SamplingParams, generator=None, turns: TurnCaches | None = None,
+               keys: list | None = None) -> list[Rollout]:
         """Decode on from partly sampled completions (partial rollouts, rollout/generation.py): each one's
         prompt and completion so far are prefilled, and it goes on as if it had never stopped (its stop
         strings, repetition penalty and max_tokens see the whole completion), for at most params.round_tokens
         more tokens.  Its tokens so far keep their log-probs and versions.  One completion per partial
-        (params.n is not used); `generator`: a torch.Generator, or GroupGenerators with one stream per partial."""
+        (params.n is not used); `generator`: a torch.Generator, or GroupGenerators with one stream per partial.
+        `turns` and `keys` (caches kept between rounds): keys[i] names partials[i]'s completion; one whose
+        cache `turns` holds runs only its last token sampled on it instead of the prefill, and each that the
+        round cuts (finish_reason "partial") leaves its cache there for its next round."""
+        if (turns is None) != (keys is None) or (keys is not None and len(keys) != len(partials)):
+            raise ValueError("resume(turns=..., keys=...): give both, with one key per partial")
         params = dataclasses.replace(params, n=1)
         out = []
         for lo in range(0, len(partials), self.max_batch_size):
             chunk = partials[lo : lo + self.max_batch_size]
             chunk_generator = generator.slice(lo, lo + len(chunk)) if isinstance(generator, GroupGenerators) else generator
-            # Rows in a row that hold the same ids (a new prompt's completions, started empty) are prefilled once.
+            chunk_keys = None if keys is None else keys[lo : lo + len(chunk)]
+            # Rows in a row that hold the same ids (a new prompt's completions, started empty) are run once.
             unique, repeats = [], []
             for p in chunk:
                 ids = p.prompt_ids + p.completion_ids
@@ -98,13 +106,14 @@ class HFSampler:
                 else:
                     unique.append(ids)
                     repeats.append(1)
-            out += [group[0] for group in self._generate_chunk(unique, params, chunk_generator, chunk, repeats)]
+            out += [group[0] for group in self._generate_chunk(unique, params, chunk_generator, chunk, repeats, turns, chunk_keys)]
         return out
 
     @torch.inference_mode()
     def _generate_chunk(self, prompts, params: SamplingParams, generator, carried=None, repeats=None, turns=None, keys=None):
         """carried: with resume, the partial Rollout of each row, its prompt and completion so far prefilled
-        from prompts[i] for repeats[i] rows in a row; the rows come back one per group.  turns, keys: see generate."""
+        from prompts[i] for repeats[i] rows in a row; the rows come back one per group.  turns, keys: see
+        generate (keys: one per row)."""
         model, n = self.model, params.n
         was_training = model.training
         model.eval()
@@ -117,7 +126,7 @@ class HFSampler:
         unfinished = "partial" if params.round_tokens else "length"  # cut by the round's budget, or by max_tokens
 
         def rollout(prompt, r):
-            return Rollout(list(prompt), tokens[r], logps[r], finish[r] or unfinished, self._text(tokens[r], params),
+            return Rollout(list(prompt), tokens[r], logps[r], finish[r] or unfinished, decoded_text(tokens[r], params.stop_strings, self.eos, self.tokenizer),
                            versions=versions[r] if versions is not None else None)
 
         if carried:
@@ -128,9 +137,12 @@ class HFSampler:
         """The sampling loop; `_prefill` (or `_extend`), `_step`, `_drop` and `_held` are the model-specific parts.
         A row ends at EOS or a stop string ("stop"), at max_tokens ("length"), or unfinished (None) when the
         call's params.round_tokens run out first.  carried, repeats: see _generate_chunk (each row has its own
-        random stream then; else the n rows of a prompt share its group's).  turns, keys: see generate."""
+        random stream then; else the n rows of a prompt share its group's).  turns, keys: see generate and
+        resume: a row leaves its cache in `turns` when it stops (a multi-turn rollout's turn, unless it is the
+        last) or, with round_tokens, when the round ends before it does."""
         n = repeats if repeats is not None else params.n  # rows per prompt: one number, or one per prompt
-        total = sum(repeats) if repeats is not None else len(prompts) * params.n
+        owner = [i for i, count in enumerate(_counts(n, len(prompts))) for _ in range(count)]  # each row's prompt
+        total = len(owner)
         done = [len(c.completion_ids) for c in carried] if carried else [0] * total  # tokens each row has already
         steps = params.max_tokens - min(done)
         if params.round_tokens:
@@ -149,6 +161,10 @@ class HFSampler:
         seen = None
         if params.repetition_penalty != 1.0:
             seen = seen_tokens(prompts, logits.shape[-1], logits.device).repeat_interleave(_repeats(n, logits.device), dim=0)
+
+        def leave(j: int, r: int) -> None:  # live row j (row r) leaves its cache: what it ran, less the token sampled last
+            turns.put(keys[r], self._held(state, j, prompts[owner[r]] + tokens[r][done[r] : -1]))
+
         for step in range(steps):
             u = generator.rand(stream[rows].tolist()) if isinstance(generator, GroupGenerators) else None
             tok, lp = sample_next(logits, params.temperature, params.top_k, params.top_p, generator, u,
@@ -156,9 +172,9 @@ class HFSampler:
             if seen is not None:
                 seen[torch.arange(len(tok), device=seen.device), tok.to(seen.device)] = True
             stopped = self._record(rows.tolist(), tok.tolist(), lp.tolist(), (tokens, logps, finish, versions), params, clock)
-            if turns is not None and not turns.last_turn:  # a turn's end: the row's cache, before it is dropped
+            if turns is not None and not params.round_tokens and not turns.last_turn:  # a turn's end: its cache, before it is dropped
                 for j, r in stopped:
-                    turns.put(keys[r], self._held(state, j, prompts[r // params.n] + tokens[r][:-1]))
+                    leave(j, r)
             live = [j for j, r in enumerate(rows.tolist()) if finish[r] is None]
             if not live or step == steps - 1:
                 break
@@ -170,6 +186,10 @@ class HFSampler:
             if clock is not None and clock.refresh():  # newer weights published: the next token is theirs
                 state = self._reloaded(state)
             logits = self._step(tok, state)
+        if turns is not None and params.round_tokens:  # partial rollouts: a row the round cut keeps its cache for the next
+            for j, r in enumerate(rows.tolist()):
+                if finish[r] is None:
+                    leave(j, r)
         return tokens, logps, finish, versions
 
     def _record(self, rows: list[int], tok: list[int], lp: list[float], out, params: SamplingParams, clock) -> list[tuple[int, int]]:
@@ -183,7 +203,7 @@ class HFSampler:
             logps[r].append(l)
             if versions is not None:
                 versions[r].append(clock.held)
-            if t in self.eos or (params.stop_strings and self._hit_stop(tokens[r], params.stop_strings)):
+            if t in self.eos or (params.stop_strings and ends_with_stop(tokens[r], params.stop_strings, self.tokenizer)):
                 finish[r] = "stop"
                 stopped.append((j, r))
             elif len(tokens[r]) >= params.max_tokens:
@@ -192,10 +212,18 @@ class HFSampler:
 
     def _start(self, prompts, n, steps: int, turns: TurnCaches | None, keys):
         """The first logits and the decode state: the prompts prefilled, or where `turns` holds the cache of a
-        rollout continued here (one completion per prompt), only the rest of its history run on it."""
-        kept = [turns.take(k, p) for k, p in zip(keys, prompts)] if turns is not None and n == 1 else []
+        rollout continued here, only the rest of its history run on it.  keys: one per row, a prompt's n rows
+        in turn; rows that share a prompt (a multi-turn group's first turn, or a partial rollout's identical
+        completions) go on from the first cache among theirs, and the others are let go."""
+        kept = []
+        if turns is not None:
+            at = 0
+            for prompt, count in zip(prompts, _counts(n, len(prompts))):
+                taken = [turns.take(k, prompt) for k in keys[at : at + count]]
+                kept.append(next((h for h in taken if h is not None), None))
+                at += count
         if any(h is not None for h in kept):
-            return self._extend(prompts, kept, steps)
+            return self._extend(prompts, kept, n, steps)
         return self._prefill(prompts, n, steps)
 
     def _reloaded(self, state):
@@ -207,15 +235,11 @@ class HFSampler:
     def _prefill(self, prompts, n: int, max_new: int):
         device = next(self.model.parameters()).device
         empty = torch.zeros((len(prompts), 0), dtype=torch.long, device=device)  # no columns before the prompts
-        logits, state = self._forward(prompts, DynamicCache(config=self.model.config), empty)
-        n = _repeats(n, device)  # rows per prompt: one number, or one each
-        state["cache"].batch_select_indices(torch.arange(len(prompts), device=device).repeat_interleave(n))
-        state["mask"], state["next"] = state["mask"].repeat_interleave(n, dim=0), state["next"].repeat_interleave(n, dim=0)
-        return logits.repeat_interleave(n, dim=0), state
+        return self._repeated(*self._forward(prompts, DynamicCache(config=self.model.config), empty), n)
 
-    def _extend(self, prompts, kept: list[Held | None], max_new: int):
-        """`_prefill` for one completion of each prompt, where kept[i] (or None) holds the keys and values of
-        prompts[i]'s first tokens: they go into a new cache, right-aligned, and only the rest of each prompt runs."""
+    def _extend(self, prompts, kept: list[Held | None], n, max_new: int):
+        """`_prefill` where kept[i] (or None) holds the keys and values of prompts[i]'s first tokens: they go
+        into a new cache, right-aligned, and only the rest of each prompt runs."""
         device = next(self.model.parameters()).device
         starts = [0 if h is None else len(h.ids) for h in kept]
         width, some = max(starts), next(h for h in kept if h is not None)
@@ -229,7 +253,18 @@ class HFSampler:
                     keys[i, :, width - s :], values[i, :, width - s :] = h.keys[layer], h.values[layer]
             data.append((keys, values))
         cache = DynamicCache(ddp_cache_data=data, config=self.model.config)
-        return self._forward([p[s:] for p, s in zip(prompts, starts)], cache, past)
+        return self._repeated(*self._forward([p[s:] for p, s in zip(prompts, starts)], cache, past), n)
+
+    def _repeated(self, logits, state, n):
+        """The logits and decode state of each prompt's row n times over (n: one number, or one per prompt),
+        for its n completions."""
+        counts = _counts(n, len(logits))
+        if all(c == 1 for c in counts):
+            return logits, state
+        index = torch.arange(len(counts)).repeat_interleave(torch.tensor(counts)).to(state["mask"].device)
+        state["cache"].batch_select_indices(index)
+        state["mask"], state["next"] = state["mask"][index], state["next"][index]
+        return logits[index.to(logits.device)], state
 
     def _forward(self, prompts, cache, past):
         """Run `prompts` (left-padded: each ends at the last column) after the columns `cache` holds, whose
@@ -265,18 +300,6 @@ class HFSampler:
         layers = state["cache"].layers
         return Held(ids, [layer.keys[live][:, columns] for layer in layers], [layer.values[live][:, columns] for layer in layers])
 
-    def _hit_stop(self, ids: list[int], stops) -> bool:
-        window = max(len(s) for s in stops) + 2  # every token decodes to at least one character
-        tail = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
-        return any(s in tail for s in stops)
-
-    def _text(self, ids: list[int], params: SamplingParams) -> str:
-        if ids and ids[-1] in self.eos:
-            ids = ids[:-1]
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        cuts = [text.find(s) for s in params.stop_strings if s in text]
-        return text[: min(cuts)] if cuts else text
-
     def _autocast(self):
         if not self.bf16:
             return contextlib.nullcontext()
@@ -300,8 +323,8 @@ class FastSampler(HFSampler):
     def _prefill(self, prompts, n: int, max_new: int):
         return self.runner.prefill(prompts, n, max_new, self._dtype())
 
-    def _extend(self, prompts, kept: list[Held | None], max_new: int):
-        return self.runner.extend(prompts, [None if h is None else (h.keys, h.values) for h in kept], max_new, self._dtype())
+    def _extend(self, prompts, kept: list[Held | None], n, max_new: int):
+        return self.runner.extend(prompts, [None if h is None else (h.keys, h.values) for h in kept], n, max_new, self._dtype())
 
     def _held(self, state, live: int, ids: list[int]) -> Held:
         return Held(ids, *state.held(live))
@@ -341,8 +364,8 @@ class GraphSampler(FastSampler):
         logits, state = super()._prefill(prompts, n, max_new)
         return logits, StaticDecoder(self.runner, state, graphs=self.graphs, block=self.block)
 
-    def _extend(self, prompts, kept: list[Held | None], max_new: int):
-        logits, state = super()._extend(prompts, kept, max_new)
+    def _extend(self, prompts, kept: list[Held | None], n, max_new: int):
+        logits, state = super()._extend(prompts, kept, n, max_new)
         return logits, StaticDecoder(self.runner, state, graphs=self.graphs, block=self.block)
 
     def _held(self, decoder, live: int, ids: list[int]) -> Held:
@@ -373,3 +396,8 @@ def make_sampler(model, tokenizer, eos_token_ids: list[int], max_batch_size: int
 def _repeats(n, device):
     """repeat_interleave's repeats: a number for every prompt, or one per prompt (a tensor on `device`)."""
     return n if isinstance(n, int) else torch.tensor(n, device=device)
+
+
+def _counts(n, prompts: int) -> list[int]:
+    """Rows per prompt, one each: n is one number for every prompt, or already one per prompt."""
+    return [n] * prompts if isinstance(n, int) else list(n)

@@ -35,7 +35,7 @@ from rlvr.config import RolloutSettings, UpdateSettings
 from rlvr.monitor import generation_metrics
 from rlvr.rewards import RewardError, merge_counters
 from rlvr.rollout.steps import token_steps, turn_steps
-from rlvr.types import Batch, Generation, Round, SampledGroup, TrainerState, oldest_token_version
+from rlvr.types import Batch, Generation, PartialGroup, Round, SampledGroup, TrainerState, oldest_token_version
 
 
 @dataclass(frozen=True)
@@ -278,7 +278,15 @@ class Generations:
     def rewind(self, position: tuple) -> None:
         self.prompts.load_state_dict(position[0])
         self.generator.set_state(position[1])
-        self.carry = position[2]
+        self.restore_carry(position[2])
+
+    def restore_carry(self, carry: tuple) -> None:
+        """Put back the groups carried on (a rewind's, a checkpoint's).  The caches the stage kept for the
+        groups carried until now go: they may be of completions further on than these (re-prefilled instead).
+        A group from a checkpoint written before groups had keys (PartialGroup.key) is given one."""
+        self.carry = tuple(tuple(g if hasattr(g, "key") else PartialGroup(g.example, g.text, g.rollouts) for g in part)
+                           for part in carry)
+        self.rollout.forget_kept()
 
     def generate_or_rewind(self, state: TrainerState) -> Generation:
         """generate(), or on any error (Ctrl-C included) leave data and sampler where they were."""

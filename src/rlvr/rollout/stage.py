@@ -23,6 +23,7 @@ from rlvr.rollout import SamplingParams
 from rlvr.rollout.home import HomeThread
 from rlvr.rollout.path import RolloutPath
 from rlvr.rollout.sampling import GroupGenerators
+from rlvr.rollout.turns import TurnCaches
 from rlvr.types import Example, PartialGroup, Rollout, TrainerState
 
 
@@ -40,7 +41,7 @@ class Sampled:
 class RolloutStage:
     def __init__(self, path: RolloutPath, params: SamplingParams, world: distributed.World = distributed.SINGLE,
                  home: HomeThread | None = None, *, source=None, subscribers=(), workers=None, off_policy: bool = False,
-                 window=None):
+                 window=None, turn_cache: bool = True):
         """`path`: prompts -> scored completions with the run's sampler (trainer.rollout_stage picks it
         from the settings); `params`: the training rollouts' SamplingParams.  `source`: the model whose
         whole weights `subscribers` (the engines outside the trained model: vLLM, a sampling copy, the
@@ -50,12 +51,15 @@ class RolloutStage:
         update, and get the importance correction (losses.py).  `home`: where reward functions run
         when a batch is sampled from another thread (rollout/home.py); without it, in the sampling thread.
         `window`: with fsdp and the in-process engine, a context in which the sampler's model holds
-        the whole weights (fsdp.GatheredCopy.gathered, a collective): sampling happens inside it."""
+        the whole weights (fsdp.GatheredCopy.gathered, a collective): sampling happens inside it.
+        `turn_cache`: with partial rollouts, keep each carried completion's cache from one round to the
+        next (rollout/turns.py), where the sampler can."""
         self.path, self.params, self.world, self.home = path, params, world, home
         self.sampler, self.tokenizer = path.sampler, path.tokenizer
         self.source, self.subscribers, self.workers, self.off_policy = source, list(subscribers), workers, off_policy
         self._stream = None  # see side_stream
         self.window = window or contextlib.nullcontext
+        self.kept = TurnCaches() if turn_cache and getattr(self.sampler, "keeps_turns", False) else None
 
     @property
     def pad_id(self) -> int:
@@ -88,17 +92,22 @@ class RolloutStage:
 
     def sample_partial(self, examples: list[Example], carried: list[PartialGroup], generator: torch.Generator,
                        state: TrainerState, round_tokens: int, version: int) -> tuple[Sampled, list[PartialGroup]]:
-        """Partial rollouts (one process, one turn): G completions for each of the new
+        """Partial rollouts (one turn; the producer's, on rank 0 with several processes): G completions for each of the new
         `examples` and the unfinished completions of the `carried` groups go on for at most round_tokens
-        tokens each (the sampler's resume: HFSampler's, or vLLM's, rollout/vllm_partial.py).  Returns (the groups now done, scored: carried ones first; the groups
-        still unfinished).  Tokens the engine did not record a version for were sampled by `version`,
-        the weights the samplers held when the round began (they change only between generations then)."""
+        tokens each (the sampler's resume: HFSampler's, or vLLM's, rollout/vllm_partial.py), with the in-process
+        engine each carried one from the cache it kept in the round before, where it did (`kept`).  Returns (the
+        groups now done, scored: carried ones first; the groups still unfinished).  Tokens the engine did not
+        record a version for were sampled by `version`, the weights the samplers held when the round began
+        (they change only between generations then)."""
         t0 = time.perf_counter()
         params = dataclasses.replace(self.params, round_tokens=round_tokens)
         size = params.n
         texts = self.path.render([ex.prompt for ex in examples]) if examples else []
         starts = [Rollout(ids, [], [], "partial", "", versions=[]) for ids in self.path.tokenize(texts) for _ in range(size)]
         partial = [r for group in carried for r in group.rollouts if r.finish_reason == "partial"]
+        new = [PartialGroup(ex, text, ()) for ex, text in zip(examples, texts)]  # their keys, before they are sampled
+        keys = [(g.key, j) for g in carried for j, r in enumerate(g.rollouts) if r.finish_reason == "partial"]
+        keys += [(g.key, j) for g in new for j in range(size)]
         # One decode loop for the round: the carried completions go on beside the new prompts' (each new
         # completion starts as an empty partial; the G of a prompt draw from its group's stream in turn).
         streams = self._streams(len(partial), generator), self._streams(len(examples), generator)
@@ -106,11 +115,13 @@ class RolloutStage:
             streams = GroupGenerators.per_row([(streams[0], 1), (streams[1], size)])
         else:
             streams = generator
-        out = iter(self.sampler.resume(partial + starts, params, streams) if partial or starts else [])
+        if self.kept is not None:
+            self.kept.keep(keys)  # the caches of groups no longer carried (dropped as too old) go
+        kept = {} if self.kept is None else {"turns": self.kept, "keys": keys}
+        out = iter(self.sampler.resume(partial + starts, params, streams, **kept) if partial or starts else [])
         every = [dataclasses.replace(g, rollouts=tuple(_stamped(next(out), r, version) if r.finish_reason == "partial" else r
                                                        for r in g.rollouts)) for g in carried]
-        every += [PartialGroup(ex, text, tuple(_stamped(next(out), None, version) for _ in range(size)))
-                  for ex, text in zip(examples, texts)]
+        every += [dataclasses.replace(g, rollouts=tuple(_stamped(next(out), None, version) for _ in range(size))) for g in new]
         done = [g for g in every if g.done]
         rollout_seconds = time.perf_counter() - t0
         score = ([g.example for g in done], [list(g.rollouts) for g in done], [g.text for g in done], state)
@@ -119,6 +130,12 @@ class RolloutStage:
         else:
             scores, reward_seconds = self.home.call(self._score, *score) if self.home else self._score(*score)
         return Sampled(score[0], score[1], scores, rollout_seconds, reward_seconds), [g for g in every if not g.done]
+
+    def forget_kept(self) -> None:
+        """Let go of the caches kept for carried completions: the groups carried now were put back (a
+        rewind, a checkpoint) and may be others, or earlier in their completions, than those caches."""
+        if self.kept is not None:
+            self.kept.clear()
 
     def _score(self, *args) -> tuple[Scores, float]:
         """(scores, seconds spent scoring): timed where it runs, not counting a wait for the home thread."""

@@ -1,4 +1,5 @@
-"""The keys and values of multi-turn rollouts, kept between their turns (rollout/multiturn.py).
+"""The keys and values of multi-turn rollouts, kept between their turns (rollout/multiturn.py), and of
+partial rollouts, kept between their rounds (rollout/stage.py).
 
 Why: each later turn of a rollout continues its whole history (the prompt, the turns so far, the
 observations between them).  Prefilled again every turn, the history is read once per turn; kept,
@@ -12,6 +13,16 @@ the sampler's own layout, one copy per rollout (a group's rows hold the prompt's
 takes the caches of the rollouts it continues (`take`, which checks that they are a prefix of the
 history given) and runs only the rest on them.  A rollout that ends is dropped (`keep`), and all of
 them when MultiTurn.generate returns (`clear`): at most one turn's caches of the live rollouts are held.
+
+Partial rollouts (partial_rollout_tokens) keep them the same way from one round to the next: the
+rollout stage holds one TurnCaches for the run and keys each completion by its group's token and its
+place in the group (PartialGroup.key).  A row the round cuts short leaves its cache (the sampler's
+`resume`); the next round takes it and runs only the token sampled last.  A row that finishes leaves
+none; before each round the caches of groups no longer carried (dropped as too old) are let go
+(`keep`), and all of them when the carried groups are put back (a rewind, a checkpoint: `clear`).
+Newer weights loaded between two rounds do not compute a kept cache again: its keys and values stay
+those of the weights that ran them, as a decode loop's cache stays over an in-flight load
+(rollout/producer.py) and vLLM's over a pause with mode=keep.
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ class Held:
 
 
 class TurnCaches:
-    """The Held caches of a multi-turn call's rollouts, by the key MultiTurn gives each rollout."""
+    """The Held caches of rollouts continued by a later call, by the key their caller gives each rollout."""
 
     def __init__(self):
         self.held: dict = {}

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from rlvr.rollout import SamplingParams
+from rlvr.rollout import SamplingParams, decoded_text, ends_with_stop
 from rlvr.rollout.vllm_request import check_prompts, params_dict, request_seeds
 from rlvr.types import Rollout
 
@@ -68,31 +68,18 @@ def joined(before: Rollout, new: dict, budget: int, params: SamplingParams, eos:
     if finish != "stop":
         ran_out = len(tokens) >= params.max_tokens or len(ids) < budget  # max_completion_length, or vLLM's context
         finish = "length" if ran_out or not params.round_tokens else "partial"
-    text = completion_text(tokens, params.stop_strings, eos, tokenizer) if before.completion_ids else new["text"]
+    text = decoded_text(tokens, params.stop_strings, eos, tokenizer) if before.completion_ids else new["text"]
     return Rollout(list(before.prompt_ids), tokens, before.logprobs + logprobs, finish, text)
 
 
 def straddling_stop(before: list[int], new: list[int], stops, tokenizer) -> int | None:
     """How many of `new` tokens a completion keeps when a stop string that begins in the tokens `before`
-    ends among them (the number up to the token that completes it), else None.  As HFSampler._hit_stop,
-    the last few tokens are decoded after each token."""
+    ends among them (the number up to the token that completes it), else None: the in-process engine's
+    check (ends_with_stop) after each of the first tokens that could complete one."""
     if not before or not stops:
         return None
-    window = max(len(s) for s in stops) + 2  # every token decodes to at least one character
-    for k in range(1, min(len(new), window) + 1):
-        tail = tokenizer.decode((before + new[:k])[-window:], skip_special_tokens=True)
-        if any(s in tail for s in stops):
-            return k
-    return None
-
-
-def completion_text(ids: list[int], stops, eos: set[int], tokenizer) -> str:
-    """The completion's text as the in-process engine writes it: without the EOS token, cut before its first stop string."""
-    if ids and ids[-1] in eos:
-        ids = ids[:-1]
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    cuts = [text.find(s) for s in stops if s in text]
-    return text[: min(cuts)] if cuts else text
+    window = max(len(s) for s in stops) + 2
+    return next((k for k in range(1, min(len(new), window) + 1) if ends_with_stop(before + new[:k], stops, tokenizer)), None)
 
 
 def numbered(seeds: list[int]) -> list[int]:
