@@ -14,7 +14,6 @@ load the servers after each step is checked on the weights it is sent.  Runs in 
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 import threading
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import launch_ranks
+from conftest import launch_ranks, metrics_rows
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                  reason="use_vllm=true needs vLLM installed: run in the vLLM environment (make test-vllm)"),
@@ -105,10 +104,6 @@ def weights(path: Path) -> dict:
     return load_file(str(path / "model.safetensors"))
 
 
-def rows(path: Path) -> list[dict]:
-    return [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines() if x.strip()]
-
-
 @pytest.mark.parametrize("fsdp", [False, True], ids=["two processes", "two processes, fsdp"])
 def test_two_processes_free_running_train_to_the_weights_of_one_on_policy_and_resume_exactly(server, tiny_model_dir, tmp_path, fsdp):
     engine, url = server
@@ -124,7 +119,7 @@ def test_two_processes_free_running_train_to_the_weights_of_one_on_policy_and_re
     assert max((one[k] - start[k]).abs().max().item() for k in one) > 1e-3  # training moved the weights
     gap = max((one[k] - two[k]).abs().max().item() for k in one)
     assert gap < 1e-5, gap
-    m1, m2 = rows(tmp_path / "one"), rows(tmp_path / "two")
+    m1, m2 = metrics_rows(tmp_path / "one"), metrics_rows(tmp_path / "two")
     assert [m["reward"] for m in m2] == [m["reward"] for m in m1]  # the same groups, in the same order
     assert [m["grad_norm"] for m in m2] == pytest.approx([m["grad_norm"] for m in m1], rel=1e-4)
     assert all(m["sampling/staleness_max"] <= 2 and m["sampling/stale_dropped_groups"] == 0 for m in m2)
@@ -157,7 +152,7 @@ def test_two_processes_with_partial_rollouts_train_to_the_weights_of_one(server,
     one, two = weights(tmp_path / "one"), weights(tmp_path / "two")
     gap = max((one[k] - two[k]).abs().max().item() for k in one)
     assert gap < 1e-5, gap
-    m1, m2 = rows(tmp_path / "one"), rows(tmp_path / "two")
+    m1, m2 = metrics_rows(tmp_path / "one"), metrics_rows(tmp_path / "two")
     assert [m["reward"] for m in m2] == [m["reward"] for m in m1]
     assert [m["sampling/rounds"] for m in m2] == [m["sampling/rounds"] for m in m1] and max(m["sampling/rounds"] for m in m2) >= 1
     assert sum(m["sampling/carried_groups"] for m in m2) >= 1  # some groups went on into a later generation

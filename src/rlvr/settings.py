@@ -117,8 +117,9 @@ def check_runnable(cfg: Config, world: World) -> None:
                 "samples and trains on whole groups; make per_device_train_batch_size x steps_per_generation a multiple of "
                 f"{cfg.num_generations}"
             )
-        if cfg.async_mode == "free" and free_running_obstacles(cfg.rollout_settings, world.world_size, cfg.fsdp):
-            raise ConfigError("; ".join(free_running_obstacles(cfg.rollout_settings, world.world_size, cfg.fsdp)))
+        obstacles = free_running_obstacles(cfg.rollout_settings, world.world_size, cfg.fsdp)
+        if cfg.async_mode == "free" and obstacles:
+            raise ConfigError("; ".join(obstacles))
         if free_running(cfg.rollout_settings, world.world_size, cfg.fsdp) and cfg.fsdp and cfg.beta > 0 and cfg.kl_penalty == "reward":
             raise ConfigError("async_mode=free with fsdp and kl_penalty=reward is not supported: the reward's KL would be "
                               "computed on rank 0's sampling thread from a reference sharded over every process; use "

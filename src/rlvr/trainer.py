@@ -409,7 +409,7 @@ class Trainer(RunCore):
         self.batches = Generations(generation, self.rollout, self.prompts, self.generator, self.kl,
                                    distributed.SINGLE if self.from_rank0 else world, self.home,
                                    self.audit)  # 1-3: sampling rounds, advantages, sampling ahead
-        self.batches.keep_parts = self.batches.keep_parts or self.from_rank0
+        self.batches.keep_parts = self.from_rank0  # (partial rollouts keep them too: carry_partials)
         self.updater = PolicyUpdate(UpdateSettings.from_sections(cfg.update_settings, cfg.rollout_settings, cfg.steps_per_optimizer_step,
                                                                   self.rollout.off_policy, self.full_model.config,
                                                                   self.rollout.path.rollout_func is not None), model, self.optimizer,
