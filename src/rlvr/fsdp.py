@@ -47,7 +47,7 @@ import torch
 from rlvr import distributed
 from rlvr.lora import unwrap
 from rlvr.models import WeightCopy
-from rlvr.runtime import configure_allocator, map_large_blocks, release_free_memory
+from rlvr.runtime import configure_allocator, heap_from_decoding, map_large_blocks, release_free_memory
 
 
 def shard(model, device: str, world_size: int, offload: bool = False):
@@ -196,8 +196,8 @@ class GatheredCopy:
             if trained_only and not shard.requires_grad:
                 continue
             self._params[name].data = shard.full_tensor().detach().to(self.device)  # offloaded shards gather on the CPU
-        if self.device.type == "cpu":  # sampling: its blocks kept for reuse (the gathered ones stay mapped, freed whole)
-            map_large_blocks(False)
+        if self.device.type == "cpu":  # the sampler's copy of them mapped too; the decoding's blocks kept for reuse
+            heap_from_decoding()
 
     def _free(self) -> None:
         for param in self._params.values():

@@ -23,6 +23,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
 _MAPPED_FROM = 1 << 20  # map_large_blocks(True): blocks of 1 MiB or more get their own mapping
 _done = False
 _libc = None  # glibc, once configure_allocator applied
+_heap_when_decoding = False  # map_large_blocks(True) until the next decode loop starts (heap_from_decoding)
 
 
 def configure_allocator() -> bool:
@@ -48,11 +49,31 @@ def map_large_blocks(on: bool) -> bool:
     logits-sized blocks every token, where a fresh mapping costs more than the arithmetic).  Kept in
     the heap, the update's blocks of many sizes were freed but not reusable by the next phase, and a
     rank's peak grew past the plan by a quarter to two fifths (docs/scaling.md).  Returns whether it applied."""
+    global _heap_when_decoding
+    _heap_when_decoding = False
     if _libc is None:
         return False
     if on:
         return bool(_libc.mallopt(_M_MMAP_THRESHOLD, _MAPPED_FROM)) and bool(_libc.mallopt(_M_MMAP_MAX, 1 << 16))
     return bool(_libc.mallopt(_M_MMAP_MAX, 0))
+
+
+def heap_from_decoding() -> None:
+    """map_large_blocks(True) until the next decode loop starts (`decoding`), then off.  For fsdp's whole
+    weights gathered to sample: the sampler's own copy of them built next (fused, prepacked; with LoRA
+    each weight merged first, a temporary of its size) and the KV cache get mappings of their own,
+    freed whole, and only the decoding's logits-sized blocks come from the heap.  Built in the heap,
+    the copy's temporaries left free blocks the next phases could not reuse: with LoRA a rank's
+    second sampling round peaked 120 MiB above its first (docs/scaling.md)."""
+    global _heap_when_decoding
+    map_large_blocks(True)
+    _heap_when_decoding = _libc is not None
+
+
+def decoding() -> None:
+    """A decode loop starts (its first token sampled next): see heap_from_decoding."""
+    if _heap_when_decoding:
+        map_large_blocks(False)
 
 
 def release_free_memory() -> bool:

@@ -28,7 +28,7 @@ from rlvr.rollout import RolloutError, SamplingParams, decoded_text, ends_with_s
 from rlvr.rollout.graphs import StaticDecoder
 from rlvr.rollout.sampling import GroupGenerators, sample_next, seen_tokens
 from rlvr.rollout.turns import Held, TurnCaches
-from rlvr.runtime import configure_allocator
+from rlvr.runtime import configure_allocator, decoding
 from rlvr.types import Rollout
 
 
@@ -148,6 +148,7 @@ class HFSampler:
         if params.round_tokens:
             steps = min(steps, params.round_tokens)
         logits, state = self._start(prompts, n, steps, turns, keys)
+        decoding()  # fsdp on the CPU: the sampler's copy of the weights was built in mappings of its own, the rest in the heap
         stream = torch.arange(total) if repeats is not None else torch.arange(total) // params.n  # each row's random stream
         rows = torch.arange(total)  # which completion each live cache row belongs to
         tokens = [list(c.completion_ids) for c in carried] if carried else [[] for _ in range(total)]
