@@ -4,6 +4,9 @@
     python benchmarks/memory.py --model default --lora --steps 2
     python benchmarks/memory.py --model default --steps 3 --max-staleness 1
     python benchmarks/memory.py --model default --processes 2 --fsdp   # per rank, 2 gloo processes
+    python benchmarks/memory.py --model default --processes 2 --fsdp --beta 0   # no KL reference
+    python benchmarks/memory.py --model default --processes 2 --fsdp --server URL   # sampling on a server
+                                   # (`rlvr vllm-serve` of the same model, started by you)
 
 Each configuration runs in its own process (peak RSS is per process); with --processes N, under
 torchrun, each rank measures its own and the plan is the per-GPU one for N GPUs (plan.trainer_gpu).  The measured number
@@ -29,25 +32,29 @@ ROOT = Path(__file__).resolve().parents[1]
 RANDOM_REWARD = "import random\ndef noisy(completions, **kw):\n    return [random.random() for _ in completions]\n"
 
 
-def settings(model: str, lora: bool, steps: int, out: str, staleness: int = 0, fsdp: bool = False) -> dict:
+def settings(model: str, lora: bool, steps: int, out: str, staleness: int = 0, fsdp: bool = False, beta: float = 0.04,
+             server: str | None = None) -> dict:
     # Random rewards: every group carries signal, so every step really updates (gradients, AdamW state).
     plugin = Path(out).parent / "noisy.py"
     plugin.parent.mkdir(parents=True, exist_ok=True)
     plugin.write_text(RANDOM_REWARD)
-    return {"model": model, "use_peft": lora, "reward_funcs": [f"{plugin}:noisy"], "num_generations": 4, "per_device_train_batch_size": 8,
-            "gradient_accumulation_steps": 1, "max_completion_length": 32, "max_steps": steps, "beta": 0.04,
+    where = {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": server} if server else {}
+    return {**where, "model": model, "use_peft": lora, "reward_funcs": [f"{plugin}:noisy"], "num_generations": 4, "per_device_train_batch_size": 8,
+            "gradient_accumulation_steps": 1, "max_completion_length": 32, "max_steps": steps, "beta": beta,
             "save_steps": 1000, "logging_steps": 1, "eval_on_start": False, "eval_on_end": False,
             "report_steps": 0, "output_dir": out, "max_staleness": staleness, "fsdp": fsdp, "use_cpu": True}
 
 
-def child(model: str, lora: bool, steps: int, staleness: int = 0, fsdp: bool = False, scratch: str | None = None) -> dict:
+def child(model: str, lora: bool, steps: int, staleness: int = 0, fsdp: bool = False, scratch: str | None = None,
+          beta: float = 0.04, server: str | None = None) -> dict:
     if scratch is not None:  # several processes: one run directory for all, made by the parent
-        return _measure(model, lora, steps, Path(scratch), staleness, fsdp)
+        return _measure(model, lora, steps, Path(scratch), staleness, fsdp, beta, server)
     with tempfile.TemporaryDirectory(prefix="rlvr-mem-") as scratch:  # the run's checkpoints go with it
-        return _measure(model, lora, steps, Path(scratch), staleness, fsdp)
+        return _measure(model, lora, steps, Path(scratch), staleness, fsdp, beta, server)
 
 
-def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, fsdp: bool = False) -> dict:
+def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, fsdp: bool = False, beta: float = 0.04,
+             server: str | None = None) -> dict:
     from rlvr.chat import render_prompts, tokenize_prompts
     from rlvr.config import build_config
     from rlvr.models import load_tokenizer, resolve_model_path
@@ -59,7 +66,7 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, 
         model = str(scratch / "tiny-llama")
         if not Path(model).is_dir():
             _make_tiny(model)
-    cfg = build_config(settings(model, lora, steps, str(scratch / "run"), staleness, fsdp))
+    cfg = build_config(settings(model, lora, steps, str(scratch / "run"), staleness, fsdp, beta, server))
     tokenizer = load_tokenizer(resolve_model_path(cfg.model))
     train_examples, _ = load_splits(cfg.data_settings, cfg.seed)
     texts = render_prompts(tokenizer, [e.prompt for e in train_examples[:200]], cfg.system_prompt, cfg.chat_template_kwargs,
@@ -77,8 +84,8 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"model": "tiny" if "tiny-llama" in str(model) else model, "lora": lora, "plan_bytes": planned["total"],
             "measured_bytes": peak - baseline, "baseline_bytes": baseline, "longest_prompt": longest,
-            "rank": int(os.environ.get("RANK", "0")), "processes": cfg.processes, "fsdp": fsdp,
-            "plan_rows": {k: v for k, v in planned.items() if k != "total"}, **({"phases": phases} if phases is not None else {})}
+            "rank": int(os.environ.get("RANK", "0")), "processes": cfg.processes, "fsdp": fsdp, "beta": beta, "server": server,
+            "plan_rows": {k: v for k, v in planned.items() if k != "total"},**({"phases": phases} if phases is not None else {})}
 
 
 def _watch_phases(baseline: int) -> list:
@@ -147,11 +154,13 @@ def main() -> None:
     ap.add_argument("--max-staleness", type=int, default=0, choices=[0, 1], help="sample the next batch during the update")
     ap.add_argument("--processes", type=int, default=1, help="training processes under torchrun (gloo, CPU)")
     ap.add_argument("--fsdp", action="store_true", help="fsdp=true (needs --processes > 1)")
+    ap.add_argument("--beta", type=float, default=0.04, help="the KL coefficient: 0 holds no reference")
+    ap.add_argument("--server", help="sample on this `rlvr vllm-serve` of the same model (use_vllm=true vllm_mode=server)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--scratch", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.child:
-        result = json.dumps(child(ns.model, ns.lora, ns.steps, ns.max_staleness, ns.fsdp, ns.scratch))
+        result = json.dumps(child(ns.model, ns.lora, ns.steps, ns.max_staleness, ns.fsdp, ns.scratch, ns.beta, ns.server))
         if ns.scratch is None:
             print("RESULT " + result, flush=True)
         else:  # each rank its own file: two ranks' lines on one pipe can interleave
@@ -172,16 +181,17 @@ def main() -> None:
 
 def _run(model: str, lora: bool, ns) -> list[dict]:
     """Each rank's result of one configuration, in its own process(es)."""
-    args = ["--child", "--model", model, "--steps", str(ns.steps), "--max-staleness", str(ns.max_staleness)]
+    args = ["--child", "--model", model, "--steps", str(ns.steps), "--max-staleness", str(ns.max_staleness), "--beta", str(ns.beta)]
+    args += ["--server", ns.server] if ns.server else []
     args += (["--lora"] if lora else []) + (["--fsdp"] if ns.fsdp else [])
     if ns.processes == 1:
-        out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([sys.executable, sys.argv[0], *args], capture_output=True, text=True, check=True).stdout
         return [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
     with tempfile.TemporaryDirectory(prefix="rlvr-mem-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None) as scratch:
         if model == "tiny":
             _make_tiny(str(Path(scratch) / "tiny-llama"))
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ns.processes}"]
-        done = subprocess.run(launch + [__file__, *args, "--scratch", scratch], capture_output=True, text=True,
+        done = subprocess.run(launch + [sys.argv[0], *args, "--scratch", scratch], capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": scratch})  # torchrun's logs go with it
         if done.returncode:
             raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])

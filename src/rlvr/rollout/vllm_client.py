@@ -152,7 +152,8 @@ class VLLMServers:
         self.version = 0
         self.failures = 0  # servers dropped since the start
         self.last_sync: tuple[int, float] = (0, 0.0)  # bytes and seconds of the last weight update sent
-        self._update = None  # the last weight update, to send to a server that restarted since
+        self._update = None  # the last weight update, to send to a server that restarted since (none from shards)
+        self._adapter = False  # whether the servers hold the policy as an adapter (the last update was one)
         self._decoding = False  # a generation's requests are out (a load now is an in-flight one)
         infos = self._wait_ready()
         self.dtype = wire_dtype(infos[0].get("dtype", "float32"))
@@ -211,7 +212,7 @@ class VLLMServers:
     def _sample(self, prompt_ids: list[list[int]], params: dict, seeds: list[int]) -> list[list[dict]]:
         """Per prompt, its completions as dicts (Rollout's fields): the prompts split over the servers that
         answer, newer weights loaded into vLLM's own servers while the requests are out (see `live`)."""
-        adapter = self._update is not None and self._update.adapter is not None
+        adapter = self._adapter
         body = {"version": self.version,
                 "adapter": vllm_openai.adapter_name(self.version) if adapter else None}  # (rlvr's server ignores it)
         alive = self.alive
@@ -251,7 +252,7 @@ class VLLMServers:
         try:
             return self._ask(server, body)
         except StaleWeights as e:  # restarted since the last update: send it the current weights, then ask again
-            if self._update is None or self._update.sharded:  # fsdp: only every rank together can gather them
+            if self._update is None:  # none yet, or fsdp's: only every rank together can gather its shards
                 raise VLLMError(f"{e}; it is sent the weights at the next update") from None
             self._push_to([server], self._update)
             return self._ask(server, body)
@@ -279,7 +280,12 @@ class VLLMServers:
         rank then waits until it is there, so no rank samples from the old weights.  From a sharded
         model (fsdp) each tensor is gathered as rank 0 sends it, the other ranks joining (weights.Relay)."""
         self.version += 1
-        self._update = update = weight_update(model, self.adapters, self.version)
+        update = weight_update(model, self.adapters, self.version)
+        self._adapter = update.adapter is not None
+        # Kept to resend, but not shards, which every rank must gather together: with LoRA merged into
+        # the weights they are a copy of the shards (policy_weights), held for nothing (a rank's RSS was
+        # 1.34x the plan with it: docs/scaling.md).
+        self._update = None if update.sharded else update
         relay = Relay(update, self.world) if update.sharded and self.world.enabled else None
         if relay is not None:  # every rank done with its own calls to the servers (the first health wait) before
             distributed.wait_for_all(self.world)  # rank 0's stream holds a server while the others join its gathers
