@@ -58,7 +58,7 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, 
     from rlvr.chat import render_prompts, tokenize_prompts
     from rlvr.config import build_config
     from rlvr.models import load_tokenizer, resolve_model_path
-    from rlvr.plan import ModelSize, estimate, read_model_config
+    from rlvr.plan import ModelSize, on_trainer, read_model_config
     from rlvr.run import train
     from rlvr.tasks import load_splits
 
@@ -77,7 +77,7 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, 
     from rlvr.plan import Layout, trainer_gpu
 
     size, sized = ModelSize.from_config(read_model_config(cfg.model)), dataclasses.replace(cfg, max_prompt_length=longest)
-    planned = estimate(size, sized) if cfg.processes == 1 else trainer_gpu(size, sized, Layout(gpus=cfg.processes))
+    planned = on_trainer(size, sized) if cfg.processes == 1 else trainer_gpu(size, sized, Layout(gpus=cfg.processes))
     baseline = _rss()
     phases = _watch_phases(baseline) if os.environ.get("RLVR_MEMORY_PHASES") else None
     train(cfg)

@@ -160,6 +160,36 @@ def test_a_restarted_server_gets_the_current_weights_before_it_samples(servers):
         fresh.stop()
 
 
+def test_an_update_made_of_shards_is_sent_but_not_kept(servers, tmp_path, capsys):
+    """fsdp: the update's tensors are shards (with LoRA merged in, a copy of each rank's shards), which only
+    every rank together can gather: they are sent, not kept to resend.  A server that restarts is told it
+    gets the weights at the next update, and its prompts go to another one."""
+    from torch.distributed.fsdp import fully_shard
+
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = Policy()
+        whole = {k: v.detach().clone() for k, v in model.named_parameters()}
+        fully_shard(model, mesh=torch.distributed.device_mesh.init_device_mesh("cpu", (1,)))
+        assert all(hasattr(p, "full_tensor") for p in model.parameters())
+        pool = VLLMServers([servers[0].url, servers[1].url], TOKENIZER, [2], timeout=5)
+        pool.update_weights(model)
+        assert pool._update is None
+        assert servers[0].engine.version == 1 and all(torch.equal(servers[0].engine.weights[k], whole[k]) for k in whole)
+        port = servers[0].server.server_address[1]
+        servers[0].stop()
+        fresh = Running(RecordingEngine(), port)
+        try:
+            groups = pool.generate([[1, 2], [1, 3]], SamplingParams(n=2), GroupGenerators([1, 2]))
+            assert [len(g) for g in groups] == [2, 2] and fresh.engine.version == 0 and fresh.engine.prompts_seen == 0
+            assert "it is sent the weights at the next update" in capsys.readouterr().err
+        finally:
+            fresh.stop()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_a_dropped_server_that_answers_again_rejoins_at_the_next_update(servers):
     pool = VLLMServers([servers[0].url, servers[1].url], TOKENIZER, [2], timeout=5)
     pool.update_weights(Policy())
