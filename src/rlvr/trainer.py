@@ -670,7 +670,9 @@ class Trainer(RunCore):
         # partial rollouts: the groups carried on (a run resumed without partial_rollout_tokens does not use them)
         self.batches.restore_carry(state.get("carry") or ((), ()))
         self.pending = state["pending"]
-        if self.world.enabled:  # one pending batch per rank, or none (then the generation is sampled again)
+        # Several processes save one pending batch per rank (a list, also when resumed in one process):
+        # this rank's, or none where the count of ranks differs (then the generation is sampled again).
+        if self.world.enabled or isinstance(self.pending, list):
             fits = isinstance(self.pending, list) and len(self.pending) == self.world.world_size
             self.pending = self.pending[self.world.rank] if fits else None
 
