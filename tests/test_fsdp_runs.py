@@ -138,32 +138,44 @@ def test_fsdp_with_a_kl_reference_shards_it_trains_to_the_weights_of_one_process
 WHOLE_FSDP_CHECKPOINT = Path(__file__).parent / "data" / "fsdp_whole_checkpoint" / "checkpoint-2"
 
 
+def _same_steps(a, b, steps: list[int]) -> None:
+    """Run `a`, resumed, logs `steps` with the rewards, losses, grad norms and KL that run `b` logs for
+    them, and ends with b's weights (within 1e-5)."""
+    wa, wb = _weights(a), _weights(b)
+    gap = max((wa[k] - wb[k]).abs().max().item() for k in wa)
+    assert gap < 1e-5, gap  # measured: 0.0
+    ma, mb = _metrics(a), [m for m in _metrics(b) if m["step"] >= steps[0]]
+    assert [m["step"] for m in ma] == [m["step"] for m in mb] == steps
+    assert [m["reward"] for m in ma] == [m["reward"] for m in mb]
+    for name in ("loss", "grad_norm", "kl"):
+        assert [m[name] for m in ma] == pytest.approx([m[name] for m in mb], rel=1e-5, abs=1e-9), name
+
+
 @pytest.mark.trains
 @pytest.mark.processes
 def test_an_fsdp_checkpoint_of_an_rlvr_before_sharded_checkpoints_resumes_under_fsdp_as_in_one_process(tiny_model_dir, tmp_path):
     """A user upgrading rlvr mid-run: the whole checkpoint resumes under fsdp (the weights scattered into
     the shards, the optimizer state and the moved reference loaded into theirs) to the weights, rewards,
-    losses and KL of the same checkpoint resumed in one process without fsdp; the run then writes
-    sharded checkpoints."""
+    losses and KL of the same checkpoint resumed in one process without fsdp.  The run then writes
+    sharded checkpoints, and its checkpoint-4 resumed in one process (the optimizer state and the moved
+    reference read whole from its shards) ends as the run itself."""
     checkpoint = tmp_path / "old" / "checkpoint-2"
     shutil.copytree(WHOLE_FSDP_CHECKPOINT, checkpoint)
     assert verify(checkpoint) is None and not is_sharded(checkpoint)  # resume takes it, by the old layout's branch
     plugin = tmp_path / "reward.py"
     plugin.write_text(REWARD)
-    resume = [f"resume_from_checkpoint={checkpoint}"]
-    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo", processes=2) + KL + resume, processes=2)
-    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo") + [k for k in KL if k != "fsdp=true"] + resume,
-         processes=1)
-    old, one, two = _weights(checkpoint), _weights(tmp_path / "one"), _weights(tmp_path / "fsdp")
-    assert max((one[k] - old[k]).abs().max().item() for k in one) > 1e-3  # steps 3 and 4 trained
-    gap = max((one[k] - two[k]).abs().max().item() for k in one)
-    assert gap < 1e-5, gap  # measured: 0.0
-    m1, m2 = _metrics(tmp_path / "one"), _metrics(tmp_path / "fsdp")
-    assert [m["step"] for m in m2] == [3, 4]
-    assert [m["reward"] for m in m1] == [m["reward"] for m in m2]
-    for name in ("loss", "grad_norm", "kl"):
-        assert [m[name] for m in m1] == pytest.approx([m[name] for m in m2], rel=1e-5, abs=1e-9), name
-    assert is_sharded(tmp_path / "fsdp" / "checkpoint-4") and verify(tmp_path / "fsdp" / "checkpoint-4") is None
+    six = ["max_steps=6", f"resume_from_checkpoint={checkpoint}"]
+    one_process = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo") + [k for k in KL if k != "fsdp=true"]
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo", processes=2) + KL + six, processes=2)
+    _run(one_process + six, processes=1)
+    old = _weights(checkpoint)
+    assert max((t - old[k]).abs().max().item() for k, t in _weights(tmp_path / "one").items()) > 1e-3  # steps 3 to 6 trained
+    _same_steps(tmp_path / "one", tmp_path / "fsdp", [3, 4, 5, 6])
+    sharded = tmp_path / "fsdp" / "checkpoint-4"
+    assert is_sharded(sharded) and verify(sharded) is None
+    _run([a.replace(str(tmp_path / "one"), str(tmp_path / "one-from-4")) for a in one_process] + ["max_steps=6",
+         f"resume_from_checkpoint={sharded}"], processes=1)
+    _same_steps(tmp_path / "one-from-4", tmp_path / "fsdp", [5, 6])
 
 
 FIRST_EVALUATION_BEST = """
