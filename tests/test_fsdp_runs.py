@@ -1,14 +1,16 @@
 """FSDP runs of two gloo processes (fsdp.py) beyond the weights of one process (test_distributed.py):
-LoRA, a sharded KL reference, the best checkpoint loaded from its shards, what a rank holds while it
-samples and while it updates, weights streamed from the shards, and a kill -9 of one rank resumed."""
+LoRA, a sharded KL reference, the best checkpoint loaded from its shards, a checkpoint of an rlvr before
+sharded checkpoints resumed, what a rank holds while it samples and while it updates, weights streamed
+from the shards, and a kill -9 of one rank resumed."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-from rlvr.checkpoint import verify
+from rlvr.checkpoint import is_sharded, verify
 from rlvr.models import load_model
 from test_distributed import REWARD, _launch, _metrics, _run, _settings, _weights
 
@@ -128,6 +130,52 @@ def test_fsdp_with_a_kl_reference_shards_it_trains_to_the_weights_of_one_process
     _run(args + ["resume=true"], processes=2)
     resumed = _weights(where / "run")
     assert max((resumed[k] - two[k]).abs().max().item() for k in two) == 0.0
+
+
+# checkpoint-2 of the KL layout's run on 2 processes, written by rlvr at 84a20b8 (before sharded checkpoints):
+# the whole weights in model.safetensors, and in trainer_state.pt the optimizer state gathered whole (keyed
+# by parameter name) and the reference moved at step 2.  How it was made: its directory's README.md.
+WHOLE_FSDP_CHECKPOINT = Path(__file__).parent / "data" / "fsdp_whole_checkpoint" / "checkpoint-2"
+
+
+def _same_steps(a, b, steps: list[int]) -> None:
+    """Run `a`, resumed, logs `steps` with the rewards, losses, grad norms and KL that run `b` logs for
+    them, and ends with b's weights (within 1e-5)."""
+    wa, wb = _weights(a), _weights(b)
+    gap = max((wa[k] - wb[k]).abs().max().item() for k in wa)
+    assert gap < 1e-5, gap  # measured: 0.0
+    ma, mb = _metrics(a), [m for m in _metrics(b) if m["step"] >= steps[0]]
+    assert [m["step"] for m in ma] == [m["step"] for m in mb] == steps
+    assert [m["reward"] for m in ma] == [m["reward"] for m in mb]
+    for name in ("loss", "grad_norm", "kl"):
+        assert [m[name] for m in ma] == pytest.approx([m[name] for m in mb], rel=1e-5, abs=1e-9), name
+
+
+@pytest.mark.trains
+@pytest.mark.processes
+def test_an_fsdp_checkpoint_of_an_rlvr_before_sharded_checkpoints_resumes_under_fsdp_as_in_one_process(tiny_model_dir, tmp_path):
+    """A user upgrading rlvr mid-run: the whole checkpoint resumes under fsdp (the weights scattered into
+    the shards, the optimizer state and the moved reference loaded into theirs) to the weights, rewards,
+    losses and KL of the same checkpoint resumed in one process without fsdp.  The run then writes
+    sharded checkpoints, and its checkpoint-4 resumed in one process (the optimizer state and the moved
+    reference read whole from its shards) ends as the run itself."""
+    checkpoint = tmp_path / "old" / "checkpoint-2"
+    shutil.copytree(WHOLE_FSDP_CHECKPOINT, checkpoint)
+    assert verify(checkpoint) is None and not is_sharded(checkpoint)  # resume takes it, by the old layout's branch
+    plugin = tmp_path / "reward.py"
+    plugin.write_text(REWARD)
+    six = ["max_steps=6", f"resume_from_checkpoint={checkpoint}"]
+    one_process = _settings(tiny_model_dir, plugin, "distinct", tmp_path / "one", "grpo") + [k for k in KL if k != "fsdp=true"]
+    _run(_settings(tiny_model_dir, plugin, "distinct", tmp_path / "fsdp", "grpo", processes=2) + KL + six, processes=2)
+    _run(one_process + six, processes=1)
+    old = _weights(checkpoint)
+    assert max((t - old[k]).abs().max().item() for k, t in _weights(tmp_path / "one").items()) > 1e-3  # steps 3 to 6 trained
+    _same_steps(tmp_path / "one", tmp_path / "fsdp", [3, 4, 5, 6])
+    sharded = tmp_path / "fsdp" / "checkpoint-4"
+    assert is_sharded(sharded) and verify(sharded) is None
+    _run([a.replace(str(tmp_path / "one"), str(tmp_path / "one-from-4")) for a in one_process] + ["max_steps=6",
+         f"resume_from_checkpoint={sharded}"], processes=1)
+    _same_steps(tmp_path / "one-from-4", tmp_path / "fsdp", [5, 6])
 
 
 FIRST_EVALUATION_BEST = """

@@ -18,8 +18,8 @@ optimizer state's shards (and a moved KL reference's), each rank its own file, w
 torch.distributed.checkpoint; rank 0 writes the rest (the model's config, with LoRA the adapter
 in peft's format, the tokenizer, trainer_state.pt) and the manifest over every rank's files.
 The output directory must be one that every rank sees (as torch.distributed.checkpoint needs).
-Such a checkpoint also loads in one process (`load_weights`: `rlvr eval` of it, a run resumed
-without fsdp).
+Such a checkpoint also loads in one process (`load_weights`: `rlvr eval` of it), and a run resumes
+from it without fsdp, the optimizer state and a moved reference read whole (`load_shards`).
 """
 
 from __future__ import annotations
@@ -300,8 +300,14 @@ def is_sharded(path: Path) -> bool:
 
 def load_shards(path: Path, shards: dict) -> None:
     """Fill `shards` (laid out as save_sharded_checkpoint was given them) from a sharded checkpoint:
-    every rank reads its own part (a collective); onto another number of ranks too."""
-    _dcp_load(path, shards, checkpoint_id=Path(path) / DCP_DIR)
+    every rank reads its own part (a collective); onto another number of ranks too, and whole in one
+    process (a run resumed without fsdp)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        _dcp_load(path, shards, checkpoint_id=Path(path) / DCP_DIR)
+        return
+    with warnings.catch_warnings():  # it says it assumes one process, which is what this is
+        warnings.simplefilter("ignore", UserWarning)
+        _dcp_load(path, shards, checkpoint_id=Path(path) / DCP_DIR, no_dist=True)
 
 
 def _dcp_load(path: Path, shards: dict, **how) -> None:

@@ -123,8 +123,9 @@ class KLReference:
         return state
 
     def shards(self) -> dict:
-        """With fsdp, a moved reference's shards, which each rank saves of its own in a checkpoint."""
-        if self.sharded and self.synced and self.ref_model is not None:
+        """A moved reference's shards: with fsdp each rank's own, which it saves in a checkpoint;
+        without, the whole reference, which a sharded checkpoint resumed without fsdp reads back."""
+        if self.synced and self.ref_model is not None:
             return {"ref_model": fsdp.model_shards(self.ref_model, trained_only=False)}
         return {}
 

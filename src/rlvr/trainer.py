@@ -261,7 +261,8 @@ class RunCore(StepRecord):
 
     def _shards(self) -> dict:
         """With fsdp, what each rank saves of its own into a checkpoint (its dcp/): its shards of the
-        trained weights and of the optimizer's state, and a method's own (`_own_shards`)."""
+        trained weights and of the optimizer's state, and a method's own (`_own_shards`); without, the
+        same whole, as a sharded checkpoint resumed without fsdp reads them."""
         return {"model": fsdp.model_shards(self.model), "optimizer": fsdp.optimizer_shards(self.model, self.optimizer),
                 **self._own_shards()}
 
@@ -269,7 +270,8 @@ class RunCore(StepRecord):
         return {}
 
     def _load_shards(self, shards: dict) -> None:
-        fsdp.load_model_shards(self.model, shards["model"])
+        if "model" in shards:
+            fsdp.load_model_shards(self.model, shards["model"])
         fsdp.load_optimizer_shards(self.model, self.optimizer, shards["optimizer"])
 
     def _own_state(self, collective: bool) -> dict:
@@ -321,8 +323,10 @@ class RunCore(StepRecord):
                 fsdp.load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self._load_own(state)  # before the parts: a method's own values may make a part (finetune's round stream)
         restore_trainer_state(state, self._parts())
-        if self.sharded and is_sharded(checkpoint):  # after the parts: they say which shards there are (a moved reference)
+        if is_sharded(checkpoint):  # after the parts: they say which shards there are (a moved reference)
             shards = self._shards()
+            if not self.sharded:  # resumed without fsdp: the weights are in (load_checkpoint), the rest is read whole
+                del shards["model"]
             load_shards(checkpoint, shards)
             self._load_shards(shards)
         if self.cfg.resume_override:  # the optimizer settings given now, not the checkpoint's
@@ -670,7 +674,9 @@ class Trainer(RunCore):
         # partial rollouts: the groups carried on (a run resumed without partial_rollout_tokens does not use them)
         self.batches.restore_carry(state.get("carry") or ((), ()))
         self.pending = state["pending"]
-        if self.world.enabled:  # one pending batch per rank, or none (then the generation is sampled again)
+        # Several processes save one pending batch per rank (a list, also when resumed in one process):
+        # this rank's, or none where the count of ranks differs (then the generation is sampled again).
+        if self.world.enabled or isinstance(self.pending, list):
             fits = isinstance(self.pending, list) and len(self.pending) == self.world.world_size
             self.pending = self.pending[self.world.rank] if fits else None
 
