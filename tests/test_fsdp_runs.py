@@ -303,6 +303,30 @@ if world.is_main:
     torch.save({"streamed": streams[0], "colocated": colocated, "aliases": meta["aliases"]}, sys.argv[2])
 else:
     relay.follow()
+# The same from a sharded LoRA model, for servers that take no adapter: each weight sent with its adapter
+# merged in, made from the gathered shards as it is sent (rank 0 keeps the most it differs from peft's merge).
+import copy
+from peft import LoraConfig, get_peft_model
+adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(sys.argv[1]), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+gen = torch.Generator().manual_seed(1)
+with torch.no_grad():
+    for name, p in adapted.named_parameters():
+        if "lora_B" in name:
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+merged = copy.deepcopy(adapted).merge_and_unload().state_dict()
+adapted = fsdp.shard(adapted, world.device, world.world_size)
+update = weight_update(adapted, False, 2)
+assert update.sharded and len(update.merged) == 14
+relay = Relay(update, world)
+if world.is_main:
+    relay.lead()
+    gap = max((t - merged[name]).abs().max().item() for name, t in update.pairs())
+    moved = max((merged[name] - AutoModelForCausalLM.from_pretrained(sys.argv[1]).state_dict()[name]).abs().max().item()
+                for name in update.merged)
+    relay.done()
+    Path(sys.argv[2] + ".lora.json").write_text(json.dumps({"gap": gap, "moved": moved}))
+else:
+    relay.follow()
 # The final model: saved by fsdp.save_streamed into safetensors shards of at most argv[4] bytes (plus one
 # tensor); rank 0 records the most bytes of weights it held at once.
 out, most = Path(sys.argv[3]), [0]
@@ -326,7 +350,8 @@ def test_a_sharded_models_weights_stream_one_gathered_tensor_at_a_time(tiny_mode
     """vLLM servers and colocated engines are sent the weights of a sharded model (fsdp) as each
     tensor is gathered: rank 0 sends, the other ranks join each gather it asks for, also when it
     sends the update twice (a failed server, a relay) or a tensor out of order; what arrives is the
-    unsharded model's weights exactly.  The final model of an fsdp run is streamed the same way
+    unsharded model's weights exactly, and from a LoRA model peft's merged weights, each merged from
+    its gathered shards as it is sent.  The final model of an fsdp run is streamed the same way
     (fsdp.save_streamed) into Hugging Face's sharded layout (the shards and their index), rank 0
     holding no more than one shard's weights at a time; it loads to the unsharded weights."""
     from safetensors.torch import load_file
@@ -354,6 +379,8 @@ def test_a_sharded_models_weights_stream_one_gathered_tensor_at_a_time(tiny_mode
     loaded = AutoModelForCausalLM.from_pretrained(saved).state_dict()
     assert sorted(loaded) == sorted(expected_state) and all(torch.equal(loaded[k], expected_state[k]) for k in expected_state)
     assert "lm_head.weight" not in index["weight_map"]  # tied: saved once
+    lora = json.loads((tmp_path / "got.pt.lora.json").read_text())
+    assert lora["moved"] > 1e-2 and lora["gap"] < 1e-6, lora  # a LoRA model's shards: its merged weights
 
 
 KILLS_RANK_0 = """

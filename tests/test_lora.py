@@ -107,6 +107,32 @@ def test_fast_path_includes_the_adapter(tiny_model_dir, tmp_path):
     assert (recomputed - sampled.sampler_logprobs)[sampled.completion_mask].abs().max() < 1e-4
 
 
+def test_the_weights_sent_to_an_engine_without_adapters_are_the_merged_model_made_one_at_a_time(tiny_model_dir):
+    """vLLM without LoRA gets the policy with its adapter merged in (rollout/weights.py): peft's own
+    merge_and_unload's weights under Hugging Face names, each made as it is sent, the model never
+    merged in place (a forward may run on another thread) and the same while the adapter is disabled
+    (the reference's pass)."""
+    import copy
+
+    from rlvr.rollout.weights import weight_update
+
+    model, _ = _adapted(tiny_model_dir, _cfg(tiny_model_dir))
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    update = weight_update(model, adapter_only=False, version=1)
+    assert update.adapter is None and len(update.merged) == 2 * 7  # every adapted linear of the 2 layers
+    params = {p.data_ptr() for p in model.parameters()}
+    assert all(t.data_ptr() in params for t in update.tensors.values())  # nothing copied up front: the model's own
+    sent = dict(update.pairs())
+    assert sent.keys() == {k for k in expected if k != "lm_head.weight"}  # the tied head travels as an alias
+    assert max((sent[k] - expected[k]).abs().max().item() for k in sent) < 1e-6
+    assert any((sent[k] - before["base_model.model." + k.replace(".weight", ".base_layer.weight")]).abs().max() > 1e-3
+               for k in update.merged)  # the adapter moved them
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the model was not merged
+    with lora.reference_off(model):
+        assert all(torch.equal(v, sent[k]) for k, v in update.pairs())
+
+
 def test_gradients_flow_only_into_the_adapter(tiny_model_dir, tmp_path):
     cfg = _cfg(tiny_model_dir)
     model, tokenizer = _adapted(tiny_model_dir, cfg)

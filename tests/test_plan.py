@@ -49,22 +49,19 @@ def test_sampling_ahead_adds_a_weight_copy_and_overlaps_the_phases():
     assert with_vllm["sampler copy"] == 0 and with_vllm["total"] == 657472  # vLLM samples elsewhere
 
 
-def test_one_process_sampling_elsewhere_holds_no_sampler_and_with_lora_a_merged_copy():
-    """With vLLM (or rollout workers) the trainer process holds no rollout weights, KV cache or logits;
-    with LoRA and servers the last update kept to resend is the adapter merged into a copy of the weights."""
+def test_one_process_sampling_elsewhere_holds_no_sampler():
+    """With vLLM (or rollout workers) the trainer process holds no rollout weights, KV cache or logits
+    (with LoRA not even a merged copy: rollout/weights.py merges each weight as it is sent)."""
     size = ModelSize.from_config(TINY)
     for settings in ({"use_vllm": True, "vllm_mode": "server"}, {"use_vllm": True}, {"rollout_workers": 2}):
         est = on_trainer(size, _cfg(**settings))
-        assert est["rollout weights"] == est["KV cache"] == est["rollout logits"] == est["merged copy"] == 0
+        assert est["rollout weights"] == est["KV cache"] == est["rollout logits"] == 0
         # policy, reference, gradients 81408 each, optimizer 162816, then the update 159104 + 10560
         assert est["total"] == 81408 * 3 + 162816 + 159104 + 10560 == 576704
     assert on_trainer(size, _cfg())["total"] == estimate(size, _cfg())["total"] == 657472  # sampling here: as before
     lora = on_trainer(size, _cfg(use_vllm=True, vllm_mode="server", use_peft=True, lora_r=4, lora_target_modules=["all-linear"]))
-    assert lora["merged copy"] == 20352 * 4
-    # policy with the adapter 81408 + 16384, gradients 16384, optimizer 32768, the merged copy 81408, the update
-    assert lora["total"] == 81408 + 16384 + 16384 + 32768 + 81408 + 159104 + 10560
-    sharded = on_trainer(size, _cfg(use_vllm=True, vllm_mode="server", use_peft=True, lora_r=4, fsdp=True))
-    assert sharded["merged copy"] == 0  # fsdp: the update is made of shards, sent and not kept
+    # the policy with its adapter 81408 + 16384, gradients 16384, optimizer 32768, then the update
+    assert lora["total"] == 81408 + 16384 + 16384 + 32768 + 159104 + 10560
 
 
 def test_lora_has_no_reference_and_a_small_optimizer():

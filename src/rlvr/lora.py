@@ -127,6 +127,16 @@ def effective_weight(module):
     return weight
 
 
+def merged_weight(module):
+    """W + scale * B A for each active adapter of a LoRA layer, the policy's weight, also while its
+    adapter is disabled (a reference pass, on another thread); the module is not changed."""
+    weight = module.weight
+    for name in module.active_adapters:
+        if name in module.lora_A:
+            weight = weight + module.get_delta_weight(name).to(weight.dtype)
+    return weight
+
+
 def adapters_enabled(model) -> bool:
     return not any(getattr(m, "disable_adapters", False) for m in model.modules() if is_adapted(m))
 

@@ -33,20 +33,17 @@ Trainable parameters T = P, or with LoRA r (in + out) summed over every adapted 
                        autocast keeps during a forward, P x 2
     sampler copy       with max_staleness=1 and the in-process sampler: the weights it
                        samples from while the policy trains, P w
-    merged copy        with LoRA and vLLM servers (vllm_mode=server), no fsdp: the last weight
-                       update, the adapter merged into a copy of the weights, P w, kept to
-                       resend to a server that restarts; 0 in fact when the servers take the
-                       adapter itself (`rlvr vllm-serve use_peft=true`), which the plan cannot know
     teacher            rlvr distill (`rlvr plan method=distill teacher=...`): the teacher's own
                        parameters (from its config) x w, frozen
 
     total = policy + reference + teacher + gradients + optimizer + rollout weights + sampler copy
-            + merged copy + max(KV cache + rollout logits, activations (checkpointed or not) + logits chunk + bf16 casts)
+            + max(KV cache + rollout logits, activations (checkpointed or not) + logits chunk + bf16 casts)
+
+    (with max_staleness=1 and the in-process sampler, rollout and update overlap in time:
+    the sum of the two instead of the max)
 
 With use_vllm or rollout_workers the one-process table (`on_trainer`) counts no rollout
 weights, KV cache, rollout logits or sampler copy: the sampling happens elsewhere.
-    (with max_staleness=1 and the in-process sampler, rollout and update overlap in time:
-    the sum of the two instead of the max)
 
 Not counted: the Python / torch / transformers process itself (about 0.5-0.7 GB of RSS
 on CPU), allocator slack and fragmentation, the reward workers.  benchmarks/memory.py
@@ -220,7 +217,6 @@ def estimate(size: ModelSize, cfg, sampling_prompts: int | None = None) -> dict[
         "bf16 casts": P * 2 if cfg.bf16 and w == 4 else 0,
         "sampler copy": P * w if overlap else 0,
         "teacher": size.teacher_params * w,  # frozen, in the run's dtype, on the training device
-        "merged copy": P * w if cfg.use_peft and cfg.use_vllm and cfg.vllm_mode == "server" and not cfg.fsdp else 0,
     }
     out["total"] = _total(out, cfg.gradient_checkpointing, overlap)
     out["trainable parameters"], out["parameters"] = T, P
@@ -237,7 +233,7 @@ def sampling_bytes(cfg) -> int:
 
 
 RESIDENT = ("policy", "reference", "teacher", "gradients", "optimizer", "rollout weights", "sampler copy",
-            "merged copy", "vLLM, colocated")
+            "vLLM, colocated")
 
 IN_PROCESS_SAMPLER = ("rollout weights", "KV cache", "rollout logits", "sampler copy")
 
@@ -275,8 +271,8 @@ def format_plan(size: ModelSize, cfg, est: dict[str, float]) -> str:
     gib = GIB
     lines = [*_header(size, cfg), ""]
     for key in ("policy", "reference", "teacher", "gradients", "optimizer", "rollout weights", "KV cache", "rollout logits",
-                "activations", "activations, checkpointed", "logits chunk", "bf16 casts", "sampler copy", "merged copy", "total"):
-        if key in ("teacher", "merged copy") and not est[key]:
+                "activations", "activations, checkpointed", "logits chunk", "bf16 casts", "sampler copy", "total"):
+        if key == "teacher" and not est[key]:
             continue
         counted = "activations, checkpointed" if cfg.gradient_checkpointing else "activations"
         note = "  (in the total)" if key == counted else ""
@@ -317,7 +313,6 @@ def trainer_gpu(size: ModelSize, cfg, layout: Layout) -> dict[str, float]:
     out["teacher"] = base["teacher"]  # whole on each training GPU (rlvr distill refuses fsdp)
     for k in IN_PROCESS_SAMPLER:
         out[k] = 0 if elsewhere else base[k]
-    out["merged copy"] = base["merged copy"]  # every rank builds the update (rollout/weights.py)
     for k in ("activations", "activations, checkpointed", "logits chunk", "bf16 casts"):
         out[k] = base[k]
     out["FSDP gathered"] = fsdp_gathered(size, cfg) if cfg.fsdp else 0
@@ -392,7 +387,7 @@ def refusals(cfg, layout: Layout) -> list[str]:
 
 
 TRAINER_ROWS = ("policy", "gathered to sample", "reference", "teacher", "gradients", "optimizer", "rollout weights", "KV cache",
-                "rollout logits", "sampler copy", "merged copy", "vLLM, colocated", "activations", "activations, checkpointed",
+                "rollout logits", "sampler copy", "vLLM, colocated", "activations", "activations, checkpointed",
                 "logits chunk", "bf16 casts", "FSDP gathered")
 
 
@@ -422,7 +417,6 @@ def _trainer_notes(cfg, layout: Layout) -> dict[str, str]:
         notes["reference"] = f"1/{layout.gpus}: sharded like the policy (fsdp.shard)"
     notes["vLLM, colocated"] = "vLLM's share, below"
     notes["teacher"] = "rlvr distill: the teacher's weights, frozen, whole on each GPU"
-    notes["merged copy"] = "LoRA merged, the last update kept to resend; 0 if the servers take adapters"
     return notes
 
 

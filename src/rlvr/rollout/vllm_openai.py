@@ -122,8 +122,7 @@ def chunks(update: WeightUpdate, dtype, limit: int | None = None):
 
 def _part(update: WeightUpdate, names: list[str], aliases: dict) -> WeightUpdate:
     held = {alias: source for alias, source in aliases.items() if source in names}
-    return WeightUpdate({n: update.tensors[n] for n in names}, update.adapter, update.version,
-                        {**update.meta, "aliases": held}, gather=update.gather)
+    return update.only(names, {**update.meta, "aliases": held})
 
 
 def push(server, update: WeightUpdate, dtype, in_flight: bool = False) -> int:
@@ -133,8 +132,8 @@ def push(server, update: WeightUpdate, dtype, in_flight: bool = False) -> int:
     decode step runs on half-written weights, and resumed after; the requests keep their cache and go on
     with the new weights."""
     if update.adapter is not None:
-        update = WeightUpdate(update.tensors, update.adapter, update.version, gather=update.gather,
-                              meta={**update.meta, "adapter_name": adapter_name(update.version), "base_model": server.stock["model"]})
+        update = update.only(update.tensors, {**update.meta, "adapter_name": adapter_name(update.version),
+                                              "base_model": server.stock["model"]})
     if in_flight:
         server.call("POST", "/pause?mode=keep")
     try:

@@ -4,6 +4,9 @@ What is sent (`WeightUpdate`): after an optimizer step, either every weight of t
 its Hugging Face name (a LoRA adapter merged in, for an engine that takes no adapters), or with
 LoRA only the adapter: its A and B matrices under peft's saved names and its LoraConfig, a few
 MB where the merged model is GB.  Frozen weights never change, so the adapter is all that moved.
+A merged weight (W + scale B A) is made as it is sent, one at a time (`WeightUpdate.merged`): the
+model is never merged in place, where a forward may be running on another thread (a producer's
+load during the update), and no merged copy of the whole model is ever held.
 
 How it travels over HTTP (`encode` / `decode`): one stream, written and read a tensor at a time,
 so neither side ever holds a second serialised copy of the model:
@@ -32,6 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlvr.lora import is_adapted, merged_weight
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -45,12 +50,27 @@ class WeightUpdate:
     version: int = 0
     meta: dict = field(default_factory=dict)
     gather: Callable[[str], torch.Tensor] | None = None  # set by Relay on rank 0: a shard's whole value, the others joining
+    # name -> the LoRA layer whose weight, its adapter merged in, is sent under it (`tensors` holds the base
+    # weight, of the same shape and dtype): made when sent (policy_weights)
+    merged: dict = field(default_factory=dict)
 
     def value(self, name: str) -> torch.Tensor:
         """The tensor to send as `name`: a shard gathered whole (a collective), else itself."""
         if self.gather is not None:
             return self.gather(name)
+        return self.whole(name)
+
+    def whole(self, name: str) -> torch.Tensor:
+        """`name`'s whole value, its adapter merged in where it has one (shards: a collective, every rank)."""
+        if name in self.merged:
+            with torch.no_grad():
+                return whole(merged_weight(self.merged[name]))
         return whole(self.tensors[name])
+
+    def only(self, names, meta: dict | None = None) -> "WeightUpdate":
+        """The same update, of `names` alone (a part of the stream), with `meta` if given."""
+        return WeightUpdate({n: self.tensors[n] for n in names}, self.adapter, self.version,
+                            self.meta if meta is None else meta, self.gather, {n: m for n, m in self.merged.items() if n in names})
 
     def pairs(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) one at a time, each shard gathered as it comes (every rank in the same order)."""
@@ -90,7 +110,7 @@ class Relay:
 
     def _gather(self, name: str) -> torch.Tensor:
         self._say(self.names.index(name))
-        return whole(self.update.tensors[name])
+        return self.update.whole(name)
 
     def done(self) -> None:
         """On rank 0: the other ranks stop following."""
@@ -100,7 +120,7 @@ class Relay:
     def follow(self) -> None:
         """On the other ranks: join every gather rank 0 asks for, until done()."""
         while (index := self._say(0)) >= 0:
-            whole(self.update.tensors[self.names[index]])
+            self.update.whole(self.names[index])
 
     def _say(self, index: int) -> int:
         t = torch.tensor([index], dtype=torch.long, device=self.world.device)
@@ -108,22 +128,26 @@ class Relay:
         return int(t.item())
 
 
-def policy_weights(model) -> dict[str, torch.Tensor]:
-    """The policy's weights under Hugging Face names; a LoRA (peft) model's adapters are merged in.
+def policy_weights(model) -> tuple[dict[str, torch.Tensor], dict]:
+    """The policy's weights under Hugging Face names, and for a LoRA (peft) model which of them are
+    sent with their adapter merged in (name -> its LoRA layer; `WeightUpdate.merged`).
 
     A tied output layer is not listed (named_parameters() shows the shared tensor once, as the
     embedding): `weight_update` names it as an alias, so that it travels once."""
-    if hasattr(model, "merge_adapter"):
-        model.merge_adapter()
-        try:
-            prefix = "base_model.model."
-            weights = {name.removeprefix(prefix).replace(".base_layer", ""): p.detach().clone()
-                       for name, p in model.named_parameters() if "lora_" not in name}
-        finally:
-            model.unmerge_adapter()
-    else:
-        weights = {name: p.detach() for name, p in model.named_parameters()}
-    return weights
+    if not hasattr(model, "merge_adapter"):
+        return {name: p.detach() for name, p in model.named_parameters()}, {}
+    weights, merged = {}, {}
+    for path, module in model.named_modules():
+        for own, p in module.named_parameters(recurse=False):
+            name = f"{path}.{own}" if path else own
+            if "lora_" in name:
+                continue
+            name = name.removeprefix("base_model.model.").replace(".base_layer", "")
+            weights.setdefault(name, p.detach())
+            layer = model.get_submodule(path.removesuffix(".base_layer")) if path.endswith(".base_layer") else None
+            if own == "weight" and layer is not None and is_adapted(layer):
+                merged[name] = layer
+    return weights, merged
 
 
 def tied_aliases(model, weights: dict) -> dict[str, str]:
@@ -162,8 +186,8 @@ def weight_update(model, adapter_only: bool, version: int = 0) -> WeightUpdate:
     if adapter_only and hasattr(model, "peft_config"):
         tensors, config = adapter_weights(model)
         return WeightUpdate(tensors, config, version)
-    weights = policy_weights(model)
-    return WeightUpdate(weights, None, version, {"aliases": tied_aliases(model, weights)})
+    weights, merged = policy_weights(model)
+    return WeightUpdate(weights, None, version, {"aliases": tied_aliases(model, weights)}, merged=merged)
 
 
 def wire_dtype(engine_dtype: str) -> torch.dtype:

@@ -242,7 +242,7 @@ class RolloutWorkers:
         if self.engine_args is not None and update.adapter is None:  # vLLM holds the weights in its own dtype: send that
             dtype = wire_dtype(self.engine_args["dtype"])
         tensors = {name: t.to("cpu", dtype) if dtype is not None and t.is_floating_point() else t.cpu()
-                   for name, t in update.tensors.items()}
+                   for name, t in update.pairs()}
         ref = self.ray.put(({**update.meta, "version": update.version, "adapter": update.adapter}, tensors))
         self.last_sync = (sum(t.numel() * t.element_size() for t in tensors.values()), time.perf_counter() - t0)
         return ref
