@@ -307,6 +307,7 @@ else:
 # merged in, made from the gathered shards as it is sent (rank 0 keeps the most it differs from peft's merge).
 import copy
 from peft import LoraConfig, get_peft_model
+torch.manual_seed(0)  # A's random start, the same on every rank (as lora.wrap seeds it)
 adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(sys.argv[1]), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
 gen = torch.Generator().manual_seed(1)
 with torch.no_grad():

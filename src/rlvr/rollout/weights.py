@@ -136,14 +136,15 @@ def policy_weights(model) -> tuple[dict[str, torch.Tensor], dict]:
     embedding): `weight_update` names it as an alias, so that it travels once."""
     if not hasattr(model, "merge_adapter"):
         return {name: p.detach() for name, p in model.named_parameters()}, {}
-    weights, merged = {}, {}
+    weights, merged, seen = {}, {}, set()
     for path, module in model.named_modules():
         for own, p in module.named_parameters(recurse=False):
             name = f"{path}.{own}" if path else own
-            if "lora_" in name:
+            if "lora_" in name or id(p) in seen:  # a tied weight once, under its first name (as named_parameters)
                 continue
+            seen.add(id(p))
             name = name.removeprefix("base_model.model.").replace(".base_layer", "")
-            weights.setdefault(name, p.detach())
+            weights[name] = p.detach()
             layer = model.get_submodule(path.removesuffix(".base_layer")) if path.endswith(".base_layer") else None
             if own == "weight" and layer is not None and is_adapted(layer):
                 merged[name] = layer
