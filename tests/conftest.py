@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import warm
+
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 +-*=?.,{}\\<>/\n")
 SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
 CHAT_TEMPLATE = (
@@ -52,6 +54,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    warm.stop()
     root = getattr(config, "rlvr_tmp", None)
     if root and not os.environ.get("RLVR_KEEP_TMP"):
         shutil.rmtree(root, ignore_errors=True)
@@ -101,7 +104,8 @@ def pytest_collection_modifyitems(config, items):
 def launch_ranks(argv: list[str], processes: int, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python argv` as `processes` training processes, each with the environment torchrun gives its
     workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: all rlvr reads),
-    without torchrun's agent process, which costs 2.6 s of CPU a launch on the 2-core machine.  As
+    without torchrun's agent process, which costs 2.6 s of CPU a launch on the 2-core machine, each
+    forked from an interpreter that has imported torch and rlvr already (warm.py: 5 s of CPU less).  As
     torchrun does, the others are stopped when one fails.  Returns rank 0's stdout, every rank's stderr
     and the exit code of the first rank to fail (0 when all succeed); a launch still running at
     `timeout` is killed whole and fails the test."""
@@ -113,11 +117,8 @@ def launch_ranks(argv: list[str], processes: int, timeout: float, env: dict | No
     base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(processes),
             "LOCAL_WORLD_SIZE": str(processes)}
     with tempfile.TemporaryDirectory() as logs:
-        procs = []
-        for rank in range(processes):
-            with open(Path(logs) / f"{rank}.out", "w") as out, open(Path(logs) / f"{rank}.err", "w") as err:
-                procs.append(subprocess.Popen([sys.executable, *argv], stdout=out, stderr=err, start_new_session=True,
-                                              env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
+        procs = [warm.Process(argv, str(Path(logs) / f"{rank}.out"), str(Path(logs) / f"{rank}.err"),
+                              {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(processes)]
         deadline, timed_out = time.monotonic() + timeout, False
         try:
             while None in [p.poll() for p in procs]:  # every rank polled (any() would stop at the first running)
@@ -132,7 +133,7 @@ def launch_ranks(argv: list[str], processes: int, timeout: float, env: dict | No
         finally:  # also when the test itself is interrupted: no rank is left running
             for p in procs:
                 if p.poll() is None:
-                    os.killpg(p.pid, 9)
+                    p.kill_session()
             for p in procs:
                 p.wait()
         stdout = (Path(logs) / "0.out").read_text()

@@ -15,12 +15,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+import warm
 
 pytestmark = [pytest.mark.chaos, pytest.mark.trains, pytest.mark.processes]
 TRIALS = int(os.environ.get("RLVR_CHAOS_TRIALS", "1"))
@@ -36,10 +39,14 @@ def _settings(model_dir, reward_file, out) -> list[str]:
             "eval_on_end=false", "report_steps=0", "alert_window=2", f"output_dir={out}"]
 
 
-def _start(args: list[str]) -> subprocess.Popen:
+def _start(args: list[str]) -> warm.Process:
+    """`rlvr train args` in a process of its own (forked warm: tests/warm.py); its stderr in `.stderr`."""
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    fd, err = tempfile.mkstemp(suffix=".err")
+    os.close(fd)
+    proc = warm.Process(["-m", "rlvr.cli", "train", *args], os.devnull, err, env)
+    proc.stderr = open(err)  # read once the process has ended
+    return proc
 
 
 def _rows(out: Path, name: str) -> list[dict]:

@@ -8,10 +8,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
 from conftest import launch_ranks
+import warm
 
 from rlvr import distributed
 from rlvr.config import ConfigError, build_config
@@ -52,8 +54,8 @@ def _run(args: list[str], processes: int, timeout: int = 150, torchrun: bool = F
     if processes > 1:
         out = _launch(args, processes, timeout, torchrun=torchrun)
     else:
-        out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train"] + args, capture_output=True, text=True, timeout=timeout,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        with tempfile.TemporaryDirectory() as logs:
+            out = warm.run(["-m", "rlvr.cli", "train"] + args, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout, logs)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
