@@ -70,7 +70,7 @@ def test_a_reward_model_scores_the_default_models_completions(run_dir, tiny_rewa
 
 
 def test_resume_continues_from_the_latest_checkpoint(run_dir, capsys):
-    assert cli.main(["train", "resume=true", f"output_dir={run_dir}", "max_steps=3", "eval_on_end=false"]) == 0  # (evaluated above)
+    assert cli.main(["train", "resume=true", f"output_dir={run_dir}", "max_steps=3"]) == 0
     out = capsys.readouterr().out
     assert "resumed from" in out and "checkpoint-2" in out
     metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
