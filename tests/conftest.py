@@ -101,6 +101,22 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -sizes[item.path.name], str(item.path)))
 
 
+# The modules that look at report.html and its plots, or run everything as a user would: their runs draw them.
+DRAW_REPORTS = ("test_report.py", "test_audit.py", "test_end_to_end.py")
+
+
+@pytest.fixture(autouse=True)
+def _no_report_drawing(request, monkeypatch):
+    """Training runs in this process draw no report (rlvr.loop.LiveReport), outside DRAW_REPORTS: its
+    plots cost about 0.8 s a run, a third or more of a module of short runs' time (test_resume,
+    test_step_faults, test_timeline, test_interrupts: 121 s with them, 41 s without, 93 reports)."""
+    if request.node.path.name in DRAW_REPORTS:
+        return
+    from rlvr.loop import LiveReport
+
+    monkeypatch.setattr(LiveReport, "refresh", lambda self: None)
+
+
 def launch_ranks(argv: list[str], processes: int, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python argv` as `processes` training processes, each with the environment torchrun gives its
     workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: all rlvr reads),

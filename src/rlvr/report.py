@@ -259,8 +259,10 @@ def draw_panel(title: str, lines: dict, spans: list[Span], x_range: tuple, right
             labels.append(_label(f"alert: {span.rule}"))
     if handles:
         ax.legend(handles, labels, fontsize=7, loc="best")
+    fig.get_layout_engine().execute(fig)  # the constrained layout once, then kept: savefig would redo it in each draw
+    fig.set_layout_engine("none")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format="png", pil_kwargs={"compress_level": 1})  # 10% more bytes than the default 6, written faster
     return buf.getvalue()
 
 
