@@ -282,9 +282,8 @@ class VLLMServers:
         self.version += 1
         update = weight_update(model, self.adapters, self.version)
         self._adapter = update.adapter is not None
-        # Kept to resend, but not shards, which every rank must gather together: with LoRA merged into
-        # the weights they are a copy of the shards (policy_weights), held for nothing (a rank's RSS was
-        # 1.34x the plan with it: docs/scaling.md).
+        # Kept to resend (it holds the model's own tensors, no copy), but not shards: only every rank
+        # together can gather them, so a restarted server waits for the next update.
         self._update = None if update.sharded else update
         relay = Relay(update, self.world) if update.sharded and self.world.enabled else None
         if relay is not None:  # every rank done with its own calls to the servers (the first health wait) before
