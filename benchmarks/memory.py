@@ -85,7 +85,7 @@ def _measure(model: str, lora: bool, steps: int, scratch: Path, staleness: int, 
     return {"model": "tiny" if "tiny-llama" in str(model) else model, "lora": lora, "plan_bytes": planned["total"],
             "measured_bytes": peak - baseline, "baseline_bytes": baseline, "longest_prompt": longest,
             "rank": int(os.environ.get("RANK", "0")), "processes": cfg.processes, "fsdp": fsdp, "beta": beta, "server": server,
-            "plan_rows": {k: v for k, v in planned.items() if k != "total"},**({"phases": phases} if phases is not None else {})}
+            "plan_rows": {k: v for k, v in planned.items() if k != "total"}, **({"phases": phases} if phases is not None else {})}
 
 
 def _watch_phases(baseline: int) -> list:
@@ -185,13 +185,13 @@ def _run(model: str, lora: bool, ns) -> list[dict]:
     args += ["--server", ns.server] if ns.server else []
     args += (["--lora"] if lora else []) + (["--fsdp"] if ns.fsdp else [])
     if ns.processes == 1:
-        out = subprocess.run([sys.executable, sys.argv[0], *args], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True).stdout
         return [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
     with tempfile.TemporaryDirectory(prefix="rlvr-mem-", dir=ROOT / "runs" if (ROOT / "runs").is_dir() else None) as scratch:
         if model == "tiny":
             _make_tiny(str(Path(scratch) / "tiny-llama"))
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ns.processes}"]
-        done = subprocess.run(launch + [sys.argv[0], *args, "--scratch", scratch], capture_output=True, text=True,
+        done = subprocess.run(launch + [__file__, *args, "--scratch", scratch], capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": scratch})  # torchrun's logs go with it
         if done.returncode:
             raise SystemExit(done.stdout[-3000:] + done.stderr[-3000:])

@@ -196,7 +196,7 @@ def estimate(size: ModelSize, cfg, sampling_prompts: int | None = None) -> dict[
     else:
         T, tw = P, w
     rows = G * min(sampling_prompts or cfg.prompts_per_step, max(1, SAMPLER_ROWS // G))
-    overlap = cfg.max_staleness > 0 and not cfg.use_vllm and cfg.rollout_workers == 0  # sampling in this process, during the update
+    overlap = cfg.max_staleness > 0 and not samples_elsewhere(cfg)  # sampling in this process, during the update
     prompts = math.ceil(B / G)
     tokens = B * lc + prompts * lp
     per_token = 4 * d + 3 * H * D + 3 * K * D + 4 * I
@@ -238,11 +238,16 @@ RESIDENT = ("policy", "reference", "teacher", "gradients", "optimizer", "rollout
 IN_PROCESS_SAMPLER = ("rollout weights", "KV cache", "rollout logits", "sampler copy")
 
 
+def samples_elsewhere(cfg) -> bool:
+    """No sampler in the training process: vLLM (a server, or its own share colocated) or rollout workers."""
+    return bool(cfg.use_vllm or cfg.rollout_workers > 0)
+
+
 def on_trainer(size: ModelSize, cfg) -> dict[str, float]:
     """The one-process table: `estimate`, without the in-process sampler's rows when the sampling
     happens elsewhere (use_vllm: a server, or vLLM's own share colocated; rollout_workers)."""
     out = estimate(size, cfg)
-    if cfg.use_vllm or cfg.rollout_workers:
+    if samples_elsewhere(cfg):
         out.update({k: 0 for k in IN_PROCESS_SAMPLER})
         out["total"] = _total(out, cfg.gradient_checkpointing, overlap=False)
     return out
@@ -307,7 +312,7 @@ def trainer_gpu(size: ModelSize, cfg, layout: Layout) -> dict[str, float]:
     cfg = cfg.for_processes(layout.gpus)
     base = estimate(size, cfg, sampling_prompts=math.ceil(cfg.prompts_per_step / layout.gpus))
     shards = layout.gpus if cfg.fsdp else 1
-    elsewhere = cfg.use_vllm or cfg.rollout_workers > 0  # no in-process sampler on this GPU
+    elsewhere = samples_elsewhere(cfg)
     out = {k: base[k] / shards for k in ("policy", "gradients", "optimizer")}
     out["reference"] = base["reference"] / shards  # with fsdp sharded like the policy (fsdp.shard)
     out["teacher"] = base["teacher"]  # whole on each training GPU (rlvr distill refuses fsdp)
